@@ -1,0 +1,55 @@
+"""advisor: find, by measurement, the fastest way to train a PyTorch model on this machine."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from advisor.api import tune, validate
+from advisor.config import TrialConfig, TuneSettings
+from advisor.errors import (
+    AdvisorError,
+    BadInputError,
+    FactoryError,
+    FirstStepError,
+    NoFeasibleConfigError,
+    SettingsError,
+    SpecError,
+    StorageError,
+)
+from advisor.results import (
+    FixedKnob,
+    GpuInfo,
+    HardwareProfile,
+    Recommendation,
+    TaskSummary,
+    TrialResult,
+    TuneResult,
+)
+from advisor.task import TrainingTask
+
+try:
+    __version__ = version("advisor")
+except PackageNotFoundError:  # running from a source tree that was not installed
+    __version__ = "0.0.0+unknown"
+
+__all__ = [
+    "AdvisorError",
+    "BadInputError",
+    "FactoryError",
+    "FirstStepError",
+    "FixedKnob",
+    "GpuInfo",
+    "HardwareProfile",
+    "NoFeasibleConfigError",
+    "Recommendation",
+    "SettingsError",
+    "SpecError",
+    "StorageError",
+    "TaskSummary",
+    "TrainingTask",
+    "TrialConfig",
+    "TrialResult",
+    "TuneResult",
+    "TuneSettings",
+    "__version__",
+    "tune",
+    "validate",
+]

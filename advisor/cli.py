@@ -1,0 +1,135 @@
+"""The `advisor` command: a thin layer that turns flags into settings and calls the API."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+import advisor
+import advisor.console
+from advisor.api import make_settings, tune_with, validate
+from advisor.codegen import render_training_script
+from advisor.errors import AdvisorError, BadInputError
+from advisor.hardware import probe
+from advisor.results import Recommendation
+from advisor.storage import mask_url
+
+__all__ = ["cli", "main"]
+
+out = Console()
+err = Console(stderr=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(advisor.__version__, prog_name="advisor")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+def cli(debug: bool) -> None:
+    """Find, by measurement, the fastest way to train your PyTorch model on this machine."""
+
+
+@cli.command()
+@click.argument("spec")
+@click.option("--trials", type=int, help="Distinct configurations to measure [20].")
+@click.option("--timeout", type=float, help="Stop starting trials after this many seconds.")
+@click.option("--trial-seconds", type=float, help="Timed window of each trial [3].")
+@click.option("--trial-timeout", type=float, help="Hard limit per trial in seconds.")
+@click.option("--warmup-steps", type=int, help="Optimizer steps before timing [3].")
+@click.option("--global-batch-size", type=int, help="Keep batch x accumulation at this value.")
+@click.option("--batch-sizes", help="Micro-batch sizes to try, e.g. 16,32,64.")
+@click.option("--accumulation-steps", help="Accumulation steps to try [1,2,4,8].")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="[auto]")
+@click.option("--storage", help="Optuna storage URL [sqlite:///OUT/study.db].")
+@click.option("--study-name", help="Study name [from the spec].")
+@click.option("--out", type=click.Path(path_type=Path), help="Output folder [reports/STUDY].")
+@click.option("--seed", type=int, help="Sampler seed [0].")
+@click.option("--sampler", type=click.Choice(["tpe", "random", "grid"]), help="[tpe]")
+@click.option("--confirm-top", type=int, help="Finalists re-measured [3].")
+@click.option("--memory-headroom", type=float, help="Memory fraction to keep free [0.1].")
+@click.option("--json", "as_json", is_flag=True, help="Print only the recommendation as JSON.")
+@click.option("--quiet", is_flag=True, help="No progress output.")
+def tune(spec: str, as_json: bool, quiet: bool, **flags: Any) -> None:
+    """Search for the fastest training configuration of SPEC (file.py:factory)."""
+    settings = make_settings(spec, **{k: v for k, v in flags.items() if v is not None})
+    progress = advisor.console.ConsoleProgress(err, quiet=quiet or as_json)
+    try:
+        result = tune_with(settings, progress)
+    except KeyboardInterrupt:
+        click.echo(
+            f"\ninterrupted: finished trials are saved in {mask_url(settings.storage_url)} "
+            f"(study {settings.resolved_study_name}); run the same command to resume",
+            err=True,
+        )
+        sys.exit(130)
+    if as_json:
+        click.echo(result.recommendation.model_dump_json(indent=2))
+        return
+    rec = result.recommendation
+    out.print(advisor.console.recommendation_table(rec))
+    for warning in rec.warnings:
+        out.print(f"[yellow]note:[/] {warning}", highlight=False)
+    out.print(
+        f"wrote {result.out_dir}/: recommendation.json, trials.csv, report.md, train.py, logs/"
+    )
+    out.print(f"train with it: python {result.out_dir / 'train.py'} --epochs 1", highlight=False)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
+def probe_command(as_json: bool) -> None:
+    """Show the hardware advisor tunes for."""
+    hardware = probe()
+    if as_json:
+        click.echo(hardware.model_dump_json(indent=2))
+    else:
+        out.print(advisor.console.hardware_table(hardware))
+
+
+@cli.command(name="validate")
+@click.argument("spec")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto")
+def validate_command(spec: str, device: str) -> None:
+    """Build SPEC's task and run two real training steps."""
+    out.print(advisor.console.validation_table(validate(spec, device=device)))
+
+
+@cli.command()
+@click.argument("recommendation", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("train.py"))
+def codegen(recommendation: Path, output: Path) -> None:
+    """Write the training script for a recommendation.json."""
+    try:
+        rec = Recommendation.model_validate_json(recommendation.read_text())
+    except ValueError as exc:
+        raise BadInputError(f"{recommendation} is not a valid recommendation.json: {exc}") from exc
+    output.write_text(render_training_script(rec, output.parent))
+    out.print(f"wrote {output}")
+
+
+cli.add_command(probe_command, name="probe")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: one line per error, the documented exit codes, tracebacks only with --debug."""
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args
+    try:
+        cli.main(args=args, prog_name="advisor", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.UsageError as exc:
+        command = exc.ctx.command_path if exc.ctx else "advisor"
+        click.echo(f"error: {exc.format_message()} (see '{command} --help')", err=True)
+        sys.exit(2)
+    except AdvisorError as exc:
+        if debug:
+            traceback.print_exc()
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except (KeyboardInterrupt, click.Abort):
+        click.echo("interrupted", err=True)
+        sys.exit(130)

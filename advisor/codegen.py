@@ -1,0 +1,82 @@
+"""Render the ready-to-run `train.py` for a recommendation (a pure function of the data)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from jinja2 import Environment, PackageLoader, StrictUndefined
+
+from advisor.results import Recommendation
+from advisor.task import is_file_spec
+
+__all__ = ["render_training_script"]
+
+_AMP_DTYPES = {"off": "None", "bf16": "torch.bfloat16", "fp16": "torch.float16"}
+
+
+def _environment() -> Environment:
+    environment = Environment(
+        loader=PackageLoader("advisor", "templates"),
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    # Every user string becomes a valid, inert Python literal (JSON strings are Python strings).
+    environment.filters["py"] = json.dumps
+    environment.filters["doc"] = _docstring_safe
+    return environment
+
+
+def render_training_script(recommendation: Recommendation, script_dir: Path) -> str:
+    """The training script, to be written into `script_dir` (its factory path is relative)."""
+    config = recommendation.config
+    cores = recommendation.hardware.cores
+    threads = config.main_process_threads(cores)
+    threads_reason = (
+        f"{cores} cores less {config.num_workers} loader workers (at least 1): no oversubscription"
+        if config.num_workers
+        else f"all {cores} cores"
+    )
+    return (
+        _environment()
+        .get_template("train.py.j2")
+        .render(
+            spec=recommendation.spec,
+            version=recommendation.advisor_version,
+            created_at=recommendation.created_at,
+            study_name=recommendation.study_name,
+            samples_per_s=recommendation.samples_per_s,
+            speedup=recommendation.speedup,
+            baseline_samples_per_s=recommendation.baseline_samples_per_s,
+            script_path=f"{script_dir.as_posix().rstrip('/')}/train.py",
+            file_spec=is_file_spec(recommendation.spec),
+            root_from_script=_relative_root(recommendation.workdir, script_dir),
+            workdir=recommendation.workdir,
+            trial=recommendation.chosen_from_trial,
+            config=config,
+            global_batch_changed=recommendation.global_batch_changed,
+            baseline_global_batch=recommendation.baseline_config.global_batch_size,
+            amp_dtype=_AMP_DTYPES[config.amp],
+            torch_threads=threads,
+            threads_reason=threads_reason,
+            task=recommendation.task,
+        )
+    )
+
+
+def _relative_root(workdir: str, script_dir: Path) -> str | None:
+    """The factory's root relative to the script when the script lives inside it, else None."""
+    script = script_dir.resolve()
+    if not script.is_relative_to(Path(workdir)):
+        return None
+    return os.path.relpath(workdir, script)
+
+
+def _docstring_safe(text: str) -> str:
+    """Text that cannot end a triple-quoted docstring or start a new line of code."""
+    one_line = " ".join(str(text).split())
+    return one_line.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')

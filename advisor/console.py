@@ -1,0 +1,120 @@
+"""Rich rendering for the CLI: live trial progress and the final tables."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.status import Status
+from rich.table import Table
+
+from advisor.config import TrialConfig
+from advisor.results import HardwareProfile, Recommendation, TaskSummary, TrialRecord, TrialResult
+
+__all__ = ["ConsoleProgress", "hardware_table", "recommendation_table", "validation_table"]
+
+
+class ConsoleProgress:
+    """Live progress on a terminal (a spinner line for the running trial); plain lines otherwise."""
+
+    def __init__(self, console: Console, quiet: bool = False) -> None:
+        self._console = console
+        self._quiet = quiet
+        self._status: Status | None = None
+        self._label = ""
+        self._best: float | None = None
+
+    def stage(self, message: str) -> None:
+        if not self._quiet:
+            self._console.print(f"[dim]·[/] {message}", highlight=False)
+
+    def trial_started(self, label: str, config: TrialConfig) -> None:
+        self._label = f"{label}  {config.label()}"
+        if self._quiet:
+            return
+        if self._console.is_terminal:
+            self._status = self._console.status(self._status_text("starting"))
+            self._status.start()
+        else:
+            self._console.print(f"  {self._label} …", highlight=False)
+
+    def trial_phase(self, phase: str) -> None:
+        if self._status is not None:
+            self._status.update(self._status_text(phase))
+
+    def trial_finished(self, record: TrialRecord, best: float | None) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+        self._best = best or self._best
+        if self._quiet:
+            return
+        result = record.result
+        if record.eligible:
+            outcome = f"[green]{result.samples_per_s:>10,.0f} samples/s[/]"
+        else:
+            why = record.infeasible_reason or result.reason or ""
+            outcome = f"[red]{result.status}[/] {why}"
+        mark = "[green]✓[/]" if record.eligible else "[red]✗[/]"
+        self._console.print(f"{mark} {self._label}  {outcome}", highlight=False)
+
+    def _status_text(self, phase: str) -> str:
+        best = f" · best {self._best:,.0f} samples/s" if self._best else ""
+        return f"{self._label} · {phase}{best}"
+
+
+def recommendation_table(rec: Recommendation) -> Table:
+    speedup = f"{rec.speedup:.2f}x" if rec.speedup else "–"
+    table = Table(title=f"Recommended configuration ({speedup} your baseline)")
+    table.add_column("knob")
+    table.add_column("recommended", style="bold green")
+    table.add_column("baseline")
+    for name in ("batch_size", "accumulation_steps", "amp", "num_workers", "pin_memory"):
+        table.add_row(name, str(getattr(rec.config, name)), str(getattr(rec.baseline_config, name)))
+    table.add_row(
+        "cudnn_benchmark", str(rec.config.cudnn_benchmark), str(rec.baseline_config.cudnn_benchmark)
+    )
+    table.add_row(
+        "global batch",
+        str(rec.config.global_batch_size),
+        str(rec.baseline_config.global_batch_size),
+    )
+    base = f"{rec.baseline_samples_per_s:,.0f}" if rec.baseline_samples_per_s else "failed"
+    table.add_row("samples/s", f"{rec.samples_per_s:,.0f}", base)
+    return table
+
+
+def hardware_table(hardware: HardwareProfile) -> Table:
+    table = Table(title="Hardware", show_header=False)
+    table.add_column("what")
+    table.add_column("value")
+    table.add_row("CPU", f"{hardware.cpu_model}, {hardware.cores} cores, {hardware.cpu_capability}")
+    table.add_row("CPU bf16", "native (AVX512-BF16/AMX)" if hardware.cpu_bf16 else "emulated")
+    table.add_row("memory", f"{hardware.memory_bytes / 2**30:.1f} GiB")
+    table.add_row("Python / torch", f"{hardware.python_version} / {hardware.torch_version}")
+    table.add_row(
+        "CUDA / cuDNN", f"{hardware.cuda_version or '–'} / {hardware.cudnn_version or '–'}"
+    )
+    if not hardware.gpus:
+        table.add_row("GPUs", "none")
+    for index, gpu in enumerate(hardware.gpus):
+        details = f"{gpu.name}, {gpu.memory_bytes / 2**30:.1f} GiB, capability {gpu.capability}"
+        table.add_row(f"GPU {index}", f"{details}, fp16, {'bf16' if gpu.bf16 else 'no bf16'}")
+    return table
+
+
+def validation_table(result: TrialResult) -> Table:
+    task: TaskSummary | None = result.task
+    table = Table(title="The task builds and trains", show_header=False)
+    table.add_column("what")
+    table.add_column("value")
+    if task is not None:
+        table.add_row("model", f"{task.model_class}, {task.num_parameters:,} parameters")
+        size = f", {task.dataset_size:,} samples" if task.dataset_size is not None else ""
+        table.add_row("dataset", f"{task.dataset_class}{size}")
+        table.add_row("batch", f"{task.batch_description} ({task.batch_kind})")
+        table.add_row("loss", "returned by the model" if task.loss_from_model else "loss_fn")
+        table.add_row("your batch size", str(task.user_batch_size))
+    if result.step_time_median_s is not None:
+        table.add_row("step time", f"{result.step_time_median_s * 1e3:.1f} ms (second step)")
+    if result.startup_s is not None:
+        table.add_row("startup", f"{result.startup_s:.1f} s to the first step")
+    return table

@@ -1,0 +1,76 @@
+"""Probe the machine into a `HardwareProfile`.
+
+`probe()` imports torch in the calling process (and initialises CUDA where present);
+`probe_isolated()` runs it in a child so that the tuning parent holds no CUDA context.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+
+from advisor.results import GpuInfo, HardwareProfile
+
+__all__ = ["probe", "probe_isolated"]
+
+
+def probe() -> HardwareProfile:
+    import psutil
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return HardwareProfile(
+        cpu_model=_cpu_model(),
+        cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        memory_bytes=psutil.virtual_memory().total,
+        cpu_capability=torch.backends.cpu.get_cpu_capability(),
+        cpu_bf16=_cpu_has_bf16(),
+        python_version=platform.python_version(),
+        torch_version=torch.__version__,
+        cuda_version=torch.version.cuda,
+        cudnn_version=torch.backends.cudnn.version() if cuda else None,
+        gpus=tuple(_gpu(index) for index in range(torch.cuda.device_count())) if cuda else (),
+    )
+
+
+def probe_isolated() -> HardwareProfile:
+    """`probe()` in a fresh interpreter; its JSON comes back on stdout."""
+    code = "from advisor.hardware import probe; print(probe().model_dump_json())"
+    completed = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    return HardwareProfile.model_validate_json(completed.stdout.strip().splitlines()[-1])
+
+
+def _gpu(index: int) -> GpuInfo:
+    import torch as _torch
+
+    properties = _torch.cuda.get_device_properties(index)
+    with _torch.cuda.device(index):
+        bf16 = _torch.cuda.is_bf16_supported()
+    return GpuInfo(
+        name=properties.name,
+        memory_bytes=properties.total_memory,
+        capability=f"{properties.major}.{properties.minor}",
+        bf16=bf16,
+    )
+
+
+def _cpu_has_bf16() -> bool:
+    import torch as _torch
+
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(_torch.cpu, name, lambda: False)() for name in checks)
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -1,0 +1,38 @@
+"""How a tuning run reports what it is doing; the CLI renders it, the Python API may ignore it."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from advisor.config import TrialConfig
+from advisor.results import TrialRecord
+
+__all__ = ["NullProgress", "Progress"]
+
+
+class Progress(Protocol):
+    def stage(self, message: str) -> None:
+        """A step of the run outside trials (probing, pre-flight, writing outputs)."""
+
+    def trial_started(self, label: str, config: TrialConfig) -> None:
+        """A trial process is starting; `label` says which, e.g. 'trial 3/12' or 'confirm 1/4'."""
+
+    def trial_phase(self, phase: str) -> None:
+        """The running trial entered a phase: first_step, warmup, measure."""
+
+    def trial_finished(self, record: TrialRecord, best: float | None) -> None:
+        """A trial ended (any status); `best` is the best eligible samples/s so far."""
+
+
+class NullProgress:
+    def stage(self, message: str) -> None:
+        pass
+
+    def trial_started(self, label: str, config: TrialConfig) -> None:
+        pass
+
+    def trial_phase(self, phase: str) -> None:
+        pass
+
+    def trial_finished(self, record: TrialRecord, best: float | None) -> None:
+        pass

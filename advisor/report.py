@@ -1,0 +1,120 @@
+"""Render a `TuneResult` as `report.md` and `trials.csv` (pure functions of the result)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import Counter
+
+from jinja2 import Environment, PackageLoader, StrictUndefined
+
+from advisor.results import TrialRecord, TuneResult
+
+__all__ = ["render_markdown", "render_trials_csv"]
+
+KNOBS = (
+    "device",
+    "parallel_mode",
+    "world_size",
+    "batch_size",
+    "accumulation_steps",
+    "amp",
+    "num_workers",
+    "pin_memory",
+    "cudnn_benchmark",
+)
+CSV_RESULT_FIELDS = (
+    "status",
+    "samples_per_s",
+    "step_time_median_s",
+    "step_time_p10_s",
+    "step_time_p90_s",
+    "data_wait_fraction",
+    "peak_memory_bytes",
+    "startup_s",
+    "warmup_s",
+    "window_s",
+    "steps_measured",
+    "wall_s",
+    "reason",
+    "log_path",
+)
+
+
+def _md(value: object) -> str:
+    """A table-cell-safe Markdown string: no pipes, no line breaks, no raw HTML."""
+    text = " ".join(str(value).split())
+    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _fmt(pattern: str, scale: float = 1.0):  # type: ignore[no-untyped-def]
+    return lambda v: "–" if v is None else pattern.format(v * scale)
+
+
+def _environment() -> Environment:
+    environment = Environment(
+        loader=PackageLoader("advisor", "templates"),
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    environment.filters.update(
+        md=_md,
+        rate=_fmt("{:,.0f}"),
+        ms=_fmt("{:.1f}", 1e3),
+        pct=_fmt("{:.0%}"),
+        sec=_fmt("{:.1f}"),
+        mib=_fmt("{:,.0f} MiB", 1 / 2**20),
+        gib=_fmt("{:.1f} GiB", 1 / 2**30),
+        runs=lambda runs: ", ".join(f"{r:,.0f}" for r in runs) or "none",
+    )
+    return environment
+
+
+def render_markdown(result: TuneResult) -> str:
+    rec = result.recommendation
+    baseline = next((t for t in result.trials if t.role == "baseline"), None)
+    return (
+        _environment()
+        .get_template("report.md.j2")
+        .render(
+            rec=rec,
+            knobs=KNOBS,
+            baseline_memory=baseline.result.peak_memory_bytes if baseline else None,
+            script=(result.out_dir / "train.py").as_posix(),
+            trials=result.trials,
+            confirmations=result.confirmations,
+            counts=_counts(result.trials),
+            hw=rec.hardware,
+        )
+    )
+
+
+def _counts(trials: tuple[TrialRecord, ...]) -> str:
+    measured = [t for t in trials if t.role != "duplicate"]
+    by_status = Counter("infeasible" if t.infeasible_reason else t.result.status for t in measured)
+    parts = ", ".join(f"{n} {status}" for status, n in by_status.most_common())
+    duplicates = len(trials) - len(measured)
+    repeated = (
+        f"; {duplicates} repeated proposals answered from earlier trials" if duplicates else ""
+    )
+    return f"{len(measured)} configurations measured: {parts}{repeated}."
+
+
+def render_trials_csv(result: TuneResult) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["number", "role", *KNOBS, *CSV_RESULT_FIELDS, "infeasible_reason"])
+    for record in (*result.trials, *result.confirmations):
+        config = record.result.config
+        writer.writerow(
+            [
+                record.number,
+                record.role,
+                *(getattr(config, name) for name in KNOBS),
+                *(getattr(record.result, name) for name in CSV_RESULT_FIELDS),
+                record.infeasible_reason or "",
+            ]
+        )
+    return buffer.getvalue()

@@ -1,0 +1,163 @@
+"""What advisor measured and concluded: hardware, trial results, the recommendation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from advisor.config import TrialConfig, TuneSettings
+
+__all__ = [
+    "FixedKnob",
+    "GpuInfo",
+    "HardwareProfile",
+    "Recommendation",
+    "TaskSummary",
+    "TrialRecord",
+    "TrialResult",
+    "TrialStatus",
+    "TuneResult",
+]
+
+TrialStatus = Literal["ok", "oom", "timeout", "crashed", "error", "diverged"]
+FailurePhase = Literal["build", "first_step", "warmup", "measure"]
+RECOMMENDATION_SCHEMA_VERSION = 1
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuInfo(_Frozen):
+    name: str
+    memory_bytes: int
+    capability: str = Field(description="compute capability, e.g. '8.0'")
+    bf16: bool
+
+
+class HardwareProfile(_Frozen):
+    """The machine trials run on; throughput is only comparable on the same profile."""
+
+    cpu_model: str
+    cores: int = Field(ge=1, description="CPU cores this process may use")
+    memory_bytes: int
+    cpu_capability: str = Field(description="torch's CPU kernel level, e.g. AVX512")
+    cpu_bf16: bool = Field(description="the CPU has native bf16 instructions (AVX512-BF16/AMX)")
+    python_version: str
+    torch_version: str
+    cuda_version: str | None = None
+    cudnn_version: int | None = None
+    gpus: tuple[GpuInfo, ...] = ()
+
+    @property
+    def has_cuda(self) -> bool:
+        return bool(self.gpus)
+
+
+class TaskSummary(_Frozen):
+    """What the factory built, as the trial child saw it; also shapes the generated script."""
+
+    return_kind: Literal["task", "tuple"]
+    model_class: str
+    num_parameters: int
+    dataset_class: str
+    dataset_size: int | None = Field(description="None for an IterableDataset without len()")
+    iterable: bool
+    batch_kind: Literal["pair", "tuple", "dict", "tensor"]
+    batch_description: str = Field(description="shapes and dtypes of one collated batch")
+    loss_from_model: bool
+    custom_optimizer: bool
+    custom_collate: bool
+    user_batch_size: int
+
+
+class TrialResult(_Frozen):
+    """One isolated trial, as the child (or, when it died, the parent) recorded it."""
+
+    config: TrialConfig
+    status: TrialStatus
+    reason: str | None = None
+    failure_phase: FailurePhase | None = None
+    error_type: str | None = Field(default=None, description="exception class of an 'error'")
+    samples_per_s: float | None = None
+    step_time_median_s: float | None = None
+    step_time_p10_s: float | None = None
+    step_time_p90_s: float | None = None
+    data_wait_fraction: float | None = None
+    peak_memory_bytes: int | None = None
+    startup_s: float | None = Field(default=None, description="process start to first step")
+    warmup_s: float | None = None
+    window_s: float | None = None
+    steps_measured: int = 0
+    samples_measured: int = 0
+    losses: tuple[float, ...] = ()
+    wall_s: float | None = Field(default=None, description="whole trial as the parent saw it")
+    task: TaskSummary | None = None
+    log_path: str | None = None
+
+    @property
+    def feasible(self) -> bool:
+        return self.status == "ok"
+
+
+class TrialRecord(_Frozen):
+    """A trial as stored in the study: its Optuna number, role and result."""
+
+    number: int
+    role: Literal["baseline", "search", "confirm", "duplicate"]
+    result: TrialResult
+    infeasible_reason: str | None = Field(
+        default=None,
+        description="why an 'ok' trial is still not eligible (e.g. memory)",
+    )
+    duplicate_of: int | None = None
+
+    @property
+    def eligible(self) -> bool:
+        return self.result.feasible and self.infeasible_reason is None
+
+
+class FixedKnob(_Frozen):
+    """A knob advisor did not search, with the value used and why."""
+
+    name: str
+    value: str
+    reason: str
+
+
+class Recommendation(_Frozen):
+    """The chosen configuration and the evidence for it (`recommendation.json`)."""
+
+    schema_version: int = RECOMMENDATION_SCHEMA_VERSION
+    advisor_version: str
+    spec: str
+    workdir: str = Field(description="the folder the spec resolves from")
+    config: TrialConfig
+    samples_per_s: float
+    peak_memory_bytes: int | None
+    baseline_config: TrialConfig
+    baseline_samples_per_s: float | None = Field(description="None when the baseline failed")
+    speedup: float | None
+    chosen_from_trial: int
+    confirm_runs: tuple[float, ...] = Field(description="samples/s of each re-measurement")
+    baseline_runs: tuple[float, ...]
+    global_batch_changed: bool
+    warnings: tuple[str, ...] = ()
+    fixed_knobs: tuple[FixedKnob, ...] = ()
+    hardware: HardwareProfile
+    task: TaskSummary
+    storage: str
+    study_name: str
+    created_at: str
+
+
+class TuneResult(_Frozen):
+    """What `advisor.tune()` returns."""
+
+    settings: TuneSettings
+    recommendation: Recommendation
+    trials: tuple[TrialRecord, ...]
+    confirmations: tuple[TrialRecord, ...]
+    out_dir: Path

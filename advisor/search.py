@@ -1,0 +1,172 @@
+"""The Optuna search: the baseline first, then sampled configurations, each an isolated trial.
+
+A failed or infeasible trial is told to the study as COMPLETE with a violated constraint and a
+penalty value, so the sampler learns to avoid the region (FAIL trials are ignored by samplers).
+`--trials N` counts distinct configurations measured in the study, over all runs of the command:
+a re-run resumes and never measures a finished configuration again.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from advisor.config import TrialConfig, TuneSettings
+from advisor.progress import Progress
+from advisor.results import HardwareProfile, TrialRecord, TrialResult
+from advisor.space import SearchSpace
+from advisor.trial.runner import TrialLaunch, run_trial
+
+__all__ = ["SearchContext", "make_sampler", "memory_problem", "records_of", "run_search"]
+
+MAX_DUPLICATES_IN_A_ROW = 200
+PENALTY = 0.0
+
+
+@dataclass(frozen=True)
+class SearchContext:
+    """What the search and the confirmation runs share."""
+
+    settings: TuneSettings
+    space: SearchSpace
+    hardware: HardwareProfile
+    launch: TrialLaunch
+    logs_dir: Path
+    progress: Progress
+
+
+def make_sampler(settings: TuneSettings, space: SearchSpace) -> optuna.samplers.BaseSampler:
+    if settings.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=settings.seed)
+    if settings.sampler == "grid":
+        return optuna.samplers.GridSampler(space.domains, seed=settings.seed)
+    startup = max(3, min(10, settings.trials // 3))
+    return optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=startup)
+
+
+def records_of(study: optuna.Study) -> list[TrialRecord]:
+    """Every finished trial of the study that carries a result, in trial order."""
+    records = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if "result" not in trial.user_attrs:
+            continue
+        records.append(
+            TrialRecord(
+                number=trial.number,
+                role=trial.user_attrs.get("role", "search"),
+                result=TrialResult.model_validate(trial.user_attrs["result"]),
+                infeasible_reason=trial.user_attrs.get("infeasible_reason"),
+                duplicate_of=trial.user_attrs.get("duplicate_of"),
+            )
+        )
+    return records
+
+
+def memory_problem(result: TrialResult, hardware: HardwareProfile, headroom: float) -> str | None:
+    """Why a finished trial leaves too little memory free, or None when it fits."""
+    if not result.feasible or result.peak_memory_bytes is None:
+        return None
+    if result.config.device == "cuda" and hardware.gpus:
+        capacity, where = hardware.gpus[0].memory_bytes, "GPU"
+    else:
+        capacity, where = hardware.memory_bytes, "host"
+    if result.peak_memory_bytes <= (1 - headroom) * capacity:
+        return None
+    return (
+        f"peak {where} memory {result.peak_memory_bytes / 2**30:.1f} GiB leaves less than "
+        f"{headroom:.0%} of {capacity / 2**30:.1f} GiB free"
+    )
+
+
+def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]:
+    """Measure configurations until `--trials` distinct ones are done or a budget runs out."""
+    settings, space = context.settings, context.space
+    _enqueue_baseline(study, space)
+    deadline = time.monotonic() + settings.timeout if settings.timeout else None
+    duplicates_in_a_row = 0
+    while True:
+        records = records_of(study)
+        measured = {r.result.config: r for r in records if r.role != "duplicate"}
+        if len(measured) >= settings.trials or len(measured) >= space.size:
+            return records
+        if deadline is not None and time.monotonic() > deadline:
+            context.progress.stage(f"--timeout {settings.timeout:g} s reached")
+            return records
+        trial = study.ask()
+        config = space.suggest(trial)
+        earlier = measured.get(config)
+        if earlier is not None:
+            _tell_duplicate(study, trial, earlier)
+            duplicates_in_a_row += 1
+            if duplicates_in_a_row >= MAX_DUPLICATES_IN_A_ROW:
+                context.progress.stage("the sampler keeps proposing measured configurations")
+                return records_of(study)
+            continue
+        duplicates_in_a_row = 0
+        role = trial.user_attrs.get("role", "search")
+        label = f"trial {len(measured) + 1}/{settings.trials}"
+        _measure(study, trial, config, role, label, context)
+
+
+def _enqueue_baseline(study: optuna.Study, space: SearchSpace) -> None:
+    params = space.params_of(space.baseline)
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.WAITING)):
+        if trial.system_attrs.get("fixed_params", trial.params) == params:
+            return
+    study.enqueue_trial(params, user_attrs={"role": "baseline"})
+
+
+def _measure(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    config: TrialConfig,
+    role: str,
+    label: str,
+    context: SearchContext,
+) -> TrialRecord:
+    context.progress.trial_started(f"{label} ({role})" if role != "search" else label, config)
+    log_path = context.logs_dir / f"trial-{trial.number}.log"
+    try:
+        result = run_trial(context.launch, config, log_path, on_phase=context.progress.trial_phase)
+    except BaseException:
+        study.tell(trial, state=TrialState.FAIL)  # interrupted: the study stays consistent
+        raise
+    record = TrialRecord(
+        number=trial.number,
+        role=role,  # type: ignore[arg-type]
+        result=result,
+        infeasible_reason=memory_problem(
+            result, context.hardware, context.settings.memory_headroom
+        ),
+    )
+    _tell(study, trial, record)
+    context.progress.trial_finished(record, _best(records_of(study)))
+    return record
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, record: TrialRecord) -> None:
+    trial.set_user_attr("role", record.role)
+    trial.set_user_attr("result", record.result.model_dump(mode="json"))
+    if record.infeasible_reason:
+        trial.set_user_attr("infeasible_reason", record.infeasible_reason)
+    if record.duplicate_of is not None:
+        trial.set_user_attr("duplicate_of", record.duplicate_of)
+    trial.set_constraint("feasible", 0.0 if record.eligible else 1.0)
+    value = record.result.samples_per_s if record.eligible else PENALTY
+    study.tell(trial, value)
+
+
+def _tell_duplicate(study: optuna.Study, trial: optuna.Trial, earlier: TrialRecord) -> None:
+    duplicate = earlier.model_copy(
+        update={"number": trial.number, "role": "duplicate", "duplicate_of": earlier.number}
+    )
+    _tell(study, trial, duplicate)
+
+
+def _best(records: list[TrialRecord]) -> float | None:
+    values = [r.result.samples_per_s for r in records if r.eligible and r.result.samples_per_s]
+    return max(values) if values else None

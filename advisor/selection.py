@@ -1,0 +1,105 @@
+"""Re-measure the best candidates and the baseline, then choose the winner (DESIGN.md §3.5).
+
+A configuration is recommended only if it was feasible again in its confirmation run, with finite
+losses and the memory headroom the settings ask for. The baseline is always re-measured too, so
+the speed-up compares measurements taken the same way, and the winner is never slower than it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+
+from advisor.config import TrialConfig
+from advisor.errors import NoFeasibleConfigError
+from advisor.results import TrialRecord
+from advisor.search import SearchContext, memory_problem
+from advisor.trial.runner import run_trial
+
+__all__ = ["Selection", "failure_summary", "select_winner"]
+
+
+@dataclass(frozen=True)
+class Selection:
+    winner: TrialRecord
+    winner_runs: tuple[float, ...]
+    baseline_runs: tuple[float, ...]
+    confirmations: tuple[TrialRecord, ...]
+
+    @property
+    def samples_per_s(self) -> float:
+        return statistics.median(self.winner_runs)
+
+    @property
+    def baseline_samples_per_s(self) -> float | None:
+        return statistics.median(self.baseline_runs) if self.baseline_runs else None
+
+
+def select_winner(records: list[TrialRecord], context: SearchContext) -> Selection:
+    measured = [r for r in records if r.role != "duplicate"]
+    eligible = sorted(
+        (r for r in measured if r.eligible), key=lambda r: r.result.samples_per_s or 0, reverse=True
+    )
+    if not eligible:
+        raise NoFeasibleConfigError(failure_summary(measured))
+    baseline = next((r for r in measured if r.role == "baseline"), None)
+    finalists = eligible[: context.settings.confirm_top]
+    if baseline is not None and baseline.eligible and baseline not in finalists:
+        finalists.append(baseline)
+    confirmations = _confirm(finalists, context)
+    runs = {
+        record.result.config: _runs(record, confirmation)
+        for record, confirmation in zip(finalists, confirmations, strict=True)
+    }
+    confirmed = [r for r, c in zip(finalists, confirmations, strict=True) if c.eligible]
+    if not confirmed:
+        raise NoFeasibleConfigError(
+            "no finalist was feasible when re-measured: " + failure_summary(list(confirmations))
+        )
+    winner = max(confirmed, key=lambda r: statistics.median(runs[r.result.config]))
+    baseline_runs = runs.get(baseline.result.config, ()) if baseline is not None else ()
+    return Selection(winner, runs[winner.result.config], baseline_runs, tuple(confirmations))
+
+
+def _confirm(finalists: list[TrialRecord], context: SearchContext) -> list[TrialRecord]:
+    confirmations = []
+    for index, record in enumerate(finalists, start=1):
+        config: TrialConfig = record.result.config
+        context.progress.trial_started(f"confirm {index}/{len(finalists)}", config)
+        log_path = context.logs_dir / f"confirm-{record.number}.log"
+        result = run_trial(context.launch, config, log_path, on_phase=context.progress.trial_phase)
+        confirmation = TrialRecord(
+            number=record.number,
+            role="confirm",
+            result=result,
+            infeasible_reason=memory_problem(
+                result, context.hardware, context.settings.memory_headroom
+            ),
+        )
+        context.progress.trial_finished(confirmation, None)
+        confirmations.append(confirmation)
+    return confirmations
+
+
+def _runs(record: TrialRecord, confirmation: TrialRecord) -> tuple[float, ...]:
+    """Every eligible measurement of a configuration: the search trial and its re-run."""
+    return tuple(
+        r.result.samples_per_s
+        for r in (record, confirmation)
+        if r.eligible and r.result.samples_per_s is not None
+    )
+
+
+def failure_summary(records: list[TrialRecord]) -> str:
+    """E.g. `all 12 trials failed: 8 oom, 4 error (trial 3: ValueError: ...)`."""
+    if not records:
+        return "no trial was measured: raise --trials or --timeout"
+    counts = Counter("memory" if r.infeasible_reason else r.result.status for r in records)
+    first = next((r for r in records if not r.eligible), records[0])
+    reason = first.infeasible_reason or first.result.reason or first.result.status
+    by_count = ", ".join(f"{n} {status}" for status, n in counts.most_common())
+    return (
+        f"all {len(records)} trials failed: {by_count} (trial {first.number}: {reason}); "
+        "see the logs folder for details"
+    )

@@ -1,0 +1,43 @@
+"""Open the Optuna study a tuning run writes to; keep passwords out of everything we print."""
+
+from __future__ import annotations
+
+import optuna
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from advisor.errors import StorageError
+
+__all__ = ["mask_url", "open_study"]
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password replaced by `***`."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return url.split("@", 1)[-1] if "@" in url else url
+
+
+def open_study(url: str, study_name: str, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+    """Create the study, or load it when it exists (so the same command resumes)."""
+    try:
+        storage = optuna.storages.RDBStorage(url)
+        return optuna.create_study(
+            study_name=study_name,
+            storage=storage,
+            sampler=sampler,
+            direction="maximize",
+            load_if_exists=True,
+        )
+    except ImportError as exc:
+        raise StorageError(
+            f"cannot open storage {mask_url(url)}: its database driver is missing "
+            f"({exc.name or exc}); install it (e.g. pip install psycopg2-binary)"
+        ) from exc
+    except Exception as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise StorageError(
+            f"cannot open storage {mask_url(url)}: {message.replace(url, mask_url(url))}; "
+            "check the URL, the server and your credentials"
+        ) from exc

@@ -1,0 +1,193 @@
+"""The training loop a trial measures: exactly the knobs of one `TrialConfig`.
+
+The generated `train.py` (templates/train.py.j2) does the same steps; keep the two in line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from advisor.config import TrialConfig
+from advisor.task import TrainingTask
+from advisor.trial.batches import (
+    BatchKind,
+    batch_kind,
+    compute_loss,
+    describe_batch,
+    to_device,
+)
+
+__all__ = ["Trainer", "Window", "run_window", "usable_cores"]
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+PREFETCH_FACTOR = 2
+
+
+class DivergedError(ArithmeticError):
+    """A loss was NaN or infinite."""
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class Trainer:
+    """Model, optimizer, loader and AMP for one configuration; `step()` is one optimizer step."""
+
+    def __init__(self, task: TrainingTask, config: TrialConfig, device: torch.device) -> None:
+        self.config = config
+        self.device = device
+        torch.set_num_threads(config.main_process_threads(usable_cores()))
+        torch.backends.cudnn.benchmark = config.cudnn_benchmark
+        self.model = task.model.to(device)
+        self.model.train()
+        make_optimizer = task.optimizer or (lambda params: torch.optim.AdamW(params, lr=1e-3))
+        self.optimizer = make_optimizer(self.model.parameters())
+        self.loss_fn = task.loss_fn
+        self.loader = _build_loader(task, config)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=config.amp == "fp16")
+        self.data_wait_s = 0.0
+        self.first_batch: str | None = None
+        self.first_batch_kind: BatchKind | None = None
+        self._batches = self._endless_batches()
+
+    def step(self) -> torch.Tensor:
+        """One optimizer step over `accumulation_steps` micro-batches; returns the mean loss."""
+        accumulation = self.config.accumulation_steps
+        total = torch.zeros((), device=self.device)
+        for _ in range(accumulation):
+            batch = next(self._batches)
+            with self._autocast():
+                loss = compute_loss(self.model, batch, self.loss_fn)
+            self.scaler.scale(loss / accumulation).backward()
+            total += loss.detach().float()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total / accumulation
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.config.amp == "off":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=AMP_DTYPES[self.config.amp])
+
+    def _endless_batches(self) -> Iterator[Any]:
+        non_blocking = self.config.pin_memory
+        while True:
+            yielded = False
+            iterator = iter(self.loader)
+            while True:
+                started = time.perf_counter()
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    break
+                self.data_wait_s += time.perf_counter() - started
+                if self.first_batch is None:
+                    self.first_batch = describe_batch(batch)
+                    self.first_batch_kind = batch_kind(batch)
+                yielded = True
+                yield to_device(batch, self.device, non_blocking)
+            if not yielded:
+                raise ValueError(
+                    f"the loader yields no full batch of {self.config.batch_size}: "
+                    "the dataset is smaller than the batch size"
+                )
+
+
+def _build_loader(task: TrainingTask, config: TrialConfig) -> DataLoader[Any]:
+    dataset = task.dataset
+    iterable = isinstance(dataset, IterableDataset)
+    if not iterable and len(dataset) < config.batch_size:
+        raise ValueError(
+            f"batch size {config.batch_size} exceeds the dataset's {len(dataset)} samples"
+        )
+    workers = config.num_workers
+    return DataLoader(
+        dataset,
+        batch_size=config.batch_size,
+        shuffle=not iterable,
+        num_workers=workers,
+        pin_memory=config.pin_memory,
+        drop_last=True,  # a partial last batch would change shapes mid-window
+        collate_fn=task.collate_fn,
+        persistent_workers=workers > 0,
+        prefetch_factor=PREFETCH_FACTOR if workers > 0 else None,
+    )
+
+
+@dataclass
+class Window:
+    """Steps run back to back, timed between device synchronisations."""
+
+    steps: int = 0
+    micro_batches: int = 0
+    elapsed_s: float = 0.0
+    data_wait_s: float = 0.0
+    step_times_s: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+
+    def percentile(self, q: float) -> float:
+        ordered = sorted(self.step_times_s)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    @property
+    def median_step_s(self) -> float:
+        return statistics.median(self.step_times_s)
+
+
+def run_window(
+    trainer: Trainer,
+    *,
+    min_steps: int,
+    min_seconds: float = 0.0,
+    max_steps: int | None = None,
+) -> Window:
+    """Run optimizer steps until both minimums are met (or `max_steps`), then check the losses.
+
+    The window also spans at least two full worker cycles (`num_workers × prefetch_factor`
+    micro-batches): loaders with workers deliver batches in bursts.
+    """
+    min_micro = 2 * trainer.config.num_workers * PREFETCH_FACTOR
+    window = Window()
+    loss_tensors = []
+    trainer.synchronize()
+    wait_before = trainer.data_wait_s
+    started = last = time.perf_counter()
+    while True:
+        loss_tensors.append(trainer.step())
+        now = time.perf_counter()
+        window.step_times_s.append(now - last)
+        last = now
+        window.steps += 1
+        window.micro_batches += trainer.config.accumulation_steps
+        done = window.steps >= min_steps and window.micro_batches >= min_micro
+        if (done and now - started >= min_seconds) or window.steps == max_steps:
+            break
+    trainer.synchronize()
+    window.elapsed_s = time.perf_counter() - started
+    window.data_wait_s = trainer.data_wait_s - wait_before
+    window.losses = torch.stack(loss_tensors).cpu().tolist()
+    if not all(torch.isfinite(torch.tensor(window.losses))):
+        raise DivergedError(f"the loss became non-finite ({_first_bad(window.losses)})")
+    return window
+
+
+def _first_bad(losses: list[float]) -> str:
+    for index, value in enumerate(losses):
+        if value != value or value in (float("inf"), float("-inf")):
+            return f"{value} at step {index + 1} of the window"
+    return "unknown"

@@ -1,0 +1,58 @@
+"""Peak memory of a trial: CUDA allocator peaks, or the host memory of the process tree."""
+
+from __future__ import annotations
+
+import resource
+import threading
+
+import psutil
+import torch
+
+__all__ = ["PeakMemory"]
+
+
+class PeakMemory:
+    """Track peak memory from `start()` to `stop()`.
+
+    On CUDA this is `max_memory_reserved` (what the allocator took from the device). On CPU it is
+    the larger of this process's lifetime peak RSS and the sampled RSS of this process plus the
+    unique memory (USS) of its children (DataLoader workers), so shared pages count once.
+    """
+
+    def __init__(self, device: torch.device, interval_s: float = 0.2) -> None:
+        self._device = device
+        self._interval_s = interval_s
+        self._peak = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self._device)
+            return
+        self._thread = threading.Thread(target=self._sample_loop, name="peak-memory", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> int:
+        if self._device.type == "cuda":
+            return int(torch.cuda.max_memory_reserved(self._device))
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._sample()
+        own_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return max(self._peak, own_peak)
+
+    def _sample_loop(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self._sample()
+
+    def _sample(self) -> None:
+        process = psutil.Process()
+        total = process.memory_info().rss
+        for child in process.children(recursive=True):
+            try:
+                total += child.memory_full_info().uss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        self._peak = max(self._peak, total)

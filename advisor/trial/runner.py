@@ -1,0 +1,228 @@
+"""Parent side of a trial: start an isolated child, enforce the timeout, read its result.
+
+The child runs in a new session (its own process group), so killing the group also kills its
+DataLoader workers. Nothing the child does (raise, hang, segfault, get OOM-killed) escapes as an
+exception here: it comes back as a `TrialResult` with a status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+import advisor
+from advisor.config import TrialConfig
+from advisor.results import TrialResult
+from advisor.trial.protocol import TrialRequest
+
+__all__ = ["TrialLaunch", "run_trial"]
+
+GRACE_S = 3.0
+POLL_S = 0.2
+PhaseCallback = Callable[[str], None]
+
+
+class TrialLaunch:
+    """Everything but the config that a trial needs: what to build, how long, where to log."""
+
+    def __init__(
+        self,
+        *,
+        spec: str,
+        cwd: Path,
+        warmup_steps: int,
+        trial_seconds: float,
+        timeout_s: float,
+        seed: int = 0,
+        max_measure_steps: int | None = None,
+    ) -> None:
+        self.spec = spec
+        self.cwd = cwd
+        self.warmup_steps = warmup_steps
+        self.trial_seconds = trial_seconds
+        self.timeout_s = timeout_s
+        self.seed = seed
+        self.max_measure_steps = max_measure_steps
+
+
+def run_trial(
+    launch: TrialLaunch,
+    config: TrialConfig,
+    log_path: Path,
+    *,
+    mode: str = "trial",
+    on_phase: PhaseCallback | None = None,
+) -> TrialResult:
+    """Run one trial in a fresh child process and return what it measured (or why it failed)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="advisor-trial-") as scratch:
+        request = TrialRequest(
+            spec=launch.spec,
+            cwd=str(launch.cwd),
+            config=config,
+            mode=mode,  # type: ignore[arg-type]
+            warmup_steps=launch.warmup_steps,
+            trial_seconds=launch.trial_seconds,
+            max_measure_steps=launch.max_measure_steps,
+            seed=launch.seed,
+            launched_at=time.time(),
+            result_path=str(Path(scratch) / "result.json"),
+            phase_path=str(Path(scratch) / "phase"),
+        )
+        request_path = Path(scratch) / "request.json"
+        request_path.write_text(request.model_dump_json())
+        started = time.perf_counter()
+        outcome, returncode = _supervise(request, request_path, launch, log_path, on_phase)
+        wall_s = time.perf_counter() - started
+        result = outcome or _read_result(request, returncode, log_path)
+    return result.model_copy(update={"wall_s": wall_s, "log_path": str(log_path)})
+
+
+def _supervise(
+    request: TrialRequest,
+    request_path: Path,
+    launch: TrialLaunch,
+    log_path: Path,
+    on_phase: PhaseCallback | None,
+) -> tuple[TrialResult | None, int]:
+    """Wait for the child; return a result only when the parent decided the outcome."""
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "advisor.trial.worker", str(request_path)],
+            cwd=launch.cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=_child_env(),
+        )
+        try:
+            timed_out, phase = _wait(process, request, launch.timeout_s, on_phase)
+        finally:
+            # Also on Ctrl-C: the child is in another session, so the terminal's SIGINT
+            # never reached it. Orphaned loader workers die with the group too.
+            _kill_group(process)
+    if timed_out:
+        return _timed_out(request, launch.timeout_s, phase), process.returncode
+    return None, process.returncode
+
+
+def _timed_out(request: TrialRequest, timeout_s: float, phase: str) -> TrialResult:
+    return TrialResult(
+        config=request.config,
+        status="timeout",
+        reason=f"no result after {timeout_s:.0f} s (phase: {phase}); "
+        "the trial's process group was killed",
+        failure_phase=phase if phase in ("build", "first_step", "warmup", "measure") else None,
+    )
+
+
+def _wait(
+    process: subprocess.Popen[bytes],
+    request: TrialRequest,
+    timeout_s: float,
+    on_phase: PhaseCallback | None,
+) -> tuple[bool, str]:
+    deadline = time.monotonic() + timeout_s
+    phases: list[str] = []
+    phase_path = Path(request.phase_path) if request.phase_path else None
+    while True:
+        finished = process.poll() is not None
+        if phase_path is not None and phase_path.exists():
+            complete = phase_path.read_text().split("\n")[:-1]  # the last piece may be partial
+            for phase in complete[len(phases) :]:
+                phases.append(phase)
+                if on_phase is not None:
+                    on_phase(phase)
+        if finished:
+            return False, phases[-1] if phases else "build"
+        if time.monotonic() > deadline:
+            return True, phases[-1] if phases else "build"
+        time.sleep(POLL_S)
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the child's process group, then SIGKILL whatever is left, then reap."""
+    if process.poll() is not None:
+        # The trial finished: whatever is left in its group (orphaned loader workers) goes now.
+        _signal_group(process.pid, signal.SIGKILL)
+        return
+    members = _group_members(process.pid)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        _signal_group(process.pid, sig)
+        for member in members:
+            try:
+                member.send_signal(sig)
+            except psutil.Error:
+                continue
+        gone_by = time.monotonic() + GRACE_S
+        while time.monotonic() < gone_by and _alive(process, members):
+            time.sleep(0.05)
+        if not _alive(process, members):
+            break
+    process.wait()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_members(pid: int) -> list[psutil.Process]:
+    """Descendants of the child, recorded so that any that left the group are killed too."""
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _alive(process: subprocess.Popen[bytes], members: list[psutil.Process]) -> bool:
+    if process.poll() is None:
+        return True
+    return any(m.is_running() and m.status() != psutil.STATUS_ZOMBIE for m in members)
+
+
+def _read_result(request: TrialRequest, returncode: int, log_path: Path) -> TrialResult:
+    result_path = Path(request.result_path)
+    if result_path.exists():
+        return TrialResult.model_validate_json(result_path.read_text())
+    return _died(request, returncode, log_path)
+
+
+def _died(request: TrialRequest, code: int, log_path: Path) -> TrialResult:
+    if code < 0:
+        name = signal.Signals(-code).name
+        if -code == signal.SIGKILL:
+            return TrialResult(
+                config=request.config,
+                status="oom",
+                reason="the trial process was killed by SIGKILL, which is what the kernel's "
+                "OOM killer does when host memory runs out",
+            )
+        return TrialResult(
+            config=request.config,
+            status="crashed",
+            reason=f"the trial process died of {name}",
+        )
+    return TrialResult(
+        config=request.config,
+        status="crashed",
+        reason=f"the trial process exited with code {code} without a result; see {log_path}",
+    )
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # Make the child import this very advisor, installed or not.
+    package_root = str(Path(advisor.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    return env

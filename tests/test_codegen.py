@@ -1,0 +1,114 @@
+"""The generated train.py is product code: it must lint clean and train every contract form."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from advisor.api import validate
+from advisor.codegen import render_training_script
+from advisor.config import TrialConfig
+from advisor.hardware import probe
+from advisor.results import Recommendation
+from tests.conftest import ROOT, TINY
+
+
+def _recommendation(spec: str, config: TrialConfig) -> Recommendation:
+    checked = validate(spec)
+    return Recommendation(
+        advisor_version="test",
+        spec=spec,
+        workdir=str(ROOT),
+        config=config,
+        samples_per_s=1000.0,
+        peak_memory_bytes=None,
+        baseline_config=TrialConfig(batch_size=checked.task.user_batch_size),
+        baseline_samples_per_s=500.0,
+        speedup=2.0,
+        chosen_from_trial=3,
+        confirm_runs=(990.0, 1010.0),
+        baseline_runs=(500.0,),
+        global_batch_changed=config.global_batch_size != checked.task.user_batch_size,
+        hardware=probe(),
+        task=checked.task,
+        storage="sqlite:///x.db",
+        study_name="s",
+        created_at="2026-11-22T00:00:00+00:00",
+    )
+
+
+def _write_and_run(rec: Recommendation, folder: Path, *args: str) -> subprocess.CompletedProcess:
+    script = folder / "train.py"
+    script.write_text(render_training_script(rec, folder))
+    return subprocess.run(
+        [sys.executable, str(script), "--checkpoint", str(folder / "ckpt.pt"), *args],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "knobs"),
+    [
+        (f"{TINY}:factory", {"amp": "bf16", "num_workers": 1, "accumulation_steps": 2}),
+        (f"{TINY}:dict_task", {"num_workers": 2}),
+        (f"{TINY}:triple_task", {"accumulation_steps": 4}),
+        (f"{TINY}:iterable_task", {}),
+        ("tests.workloads.tiny:factory", {"amp": "bf16"}),
+    ],
+)
+def test_generated_script_trains_with_the_recommended_knobs(spec, knobs, tmp_path):
+    rec = _recommendation(spec, TrialConfig(batch_size=32, **knobs))
+    folder = ROOT / "reports" / f"test-codegen-{tmp_path.name}"
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        completed = _write_and_run(rec, folder, "--max-steps", "3")
+        assert completed.returncode == 0, completed.stderr
+        assert "done: 3 steps" in completed.stdout
+        assert (folder / "ckpt.pt").exists()
+    finally:
+        for path in folder.iterdir():
+            path.unlink()
+        folder.rmdir()
+
+
+def test_script_outside_the_project_uses_an_absolute_root_and_runs_epochs(tmp_path):
+    rec = _recommendation(f"{TINY}:factory", TrialConfig(batch_size=128))
+    completed = _write_and_run(rec, tmp_path, "--epochs", "2")
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.count("epoch ") == 2  # 512 samples / 128 = 4 steps per epoch
+    assert f'FACTORY_ROOT = Path("{ROOT}")' in (tmp_path / "train.py").read_text()
+
+
+def test_generated_script_is_lint_and_format_clean(tmp_path):
+    rec = _recommendation(f"{TINY}:dict_task", TrialConfig(batch_size=64, amp="bf16"))
+    script = tmp_path / "train.py"
+    script.write_text(render_training_script(rec, Path("reports/dict-task")))
+    ruff = [sys.executable, "-m", "ruff"]
+    lint = subprocess.run(
+        [*ruff, "check", "--select", "E,F,W,I,B,UP", "--line-length", "100", str(script)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert lint.returncode == 0, lint.stdout
+    fmt = subprocess.run(
+        [*ruff, "format", "--check", "--line-length", "100", str(script)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert fmt.returncode == 0, fmt.stdout
+
+
+def test_user_strings_become_inert_python_literals(tmp_path):
+    rec = _recommendation(f"{TINY}:factory", TrialConfig(batch_size=32))
+    payload = 'x"""\nimport os; os._exit(7)\n"""'
+    hostile = rec.model_copy(update={"study_name": payload, "spec": rec.spec + "\\"})
+    source = render_training_script(hostile, tmp_path)
+    module = compile(source, "train.py", "exec")
+    assert "os" not in module.co_names  # the payload stayed inside the docstring

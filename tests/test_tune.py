@@ -1,0 +1,127 @@
+"""A real tuning run of a tiny workload, end to end, then its resumption."""
+
+import csv
+import subprocess
+import sys
+
+import optuna
+import pytest
+
+import advisor
+from advisor import TuneResult
+from advisor.results import Recommendation
+from tests.conftest import ROOT, TINY
+
+pytestmark = pytest.mark.slow
+
+SETTINGS = {
+    "trial_seconds": 0.3,
+    "warmup_steps": 2,
+    "confirm_top": 2,
+    "batch_sizes": "16,32,64,128",
+}
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory) -> TuneResult:
+    out = tmp_path_factory.mktemp("tune")
+    return advisor.tune(f"{TINY}:factory", trials=4, out=out, **SETTINGS)
+
+
+def test_python_api_returns_a_feasible_recommendation_not_slower_than_baseline(first_run):
+    rec = first_run.recommendation
+    assert isinstance(first_run, TuneResult)
+    assert rec.config.batch_size in (16, 32, 64, 128)
+    assert rec.baseline_config.batch_size == 32 and rec.baseline_config.amp == "off"
+    assert rec.speedup >= 1.0  # the baseline is always a finalist
+    assert len(rec.confirm_runs) == 2 and all(run > 0 for run in rec.confirm_runs)
+    assert {knob.name for knob in rec.fixed_knobs} >= {"pin_memory", "cudnn_benchmark"}
+    winner_confirmation = [c for c in first_run.confirmations if c.result.config == rec.config]
+    assert winner_confirmation and winner_confirmation[0].eligible
+
+
+def test_the_baseline_is_the_first_trial_and_every_trial_is_stored(first_run):
+    trials = first_run.trials
+    assert trials[0].role == "baseline" and trials[0].number == 0
+    measured = {t.result.config for t in trials if t.role != "duplicate"}
+    assert len(measured) == 4
+    assert all(t.result.startup_s > 0 for t in trials if t.result.feasible)
+
+
+def test_outputs_are_written(first_run):
+    out = first_run.out_dir
+    for name in ("recommendation.json", "trials.csv", "report.md", "train.py", "study.db"):
+        assert (out / name).is_file(), name
+    assert (out / "logs" / "trial-0.log").is_file()
+    rec = Recommendation.model_validate_json((out / "recommendation.json").read_text())
+    assert rec == first_run.recommendation and rec.schema_version == 1
+    rows = list(csv.DictReader((out / "trials.csv").open()))
+    assert len(rows) == len(first_run.trials) + len(first_run.confirmations)
+    report = (out / "report.md").read_text()
+    assert f"{rec.speedup:.2f}x your baseline" in report
+    assert "no CUDA device: pinned memory only speeds host-to-GPU copies" in report
+    for trial in first_run.trials:
+        assert f"| {trial.number} | {trial.role} | {trial.result.config.label()} |" in report
+
+
+def test_generated_script_runs_as_is(first_run):
+    completed = subprocess.run(
+        [
+            sys.executable,
+            str(first_run.out_dir / "train.py"),
+            "--max-steps",
+            "3",
+            "--checkpoint",
+            str(first_run.out_dir / "ckpt.pt"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "epoch 0 done at step" in completed.stdout
+    assert (first_run.out_dir / "ckpt.pt").is_file()
+
+
+def test_rerun_resumes_without_repeating_finished_trials(first_run):
+    out = first_run.out_dir
+    before = {t.number: t.result for t in first_run.trials}
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "advisor",
+            "tune",
+            f"{TINY}:factory",
+            "--trials",
+            "6",
+            "--out",
+            str(out),
+            "--trial-seconds",
+            "0.3",
+            "--warmup-steps",
+            "2",
+            "--confirm-top",
+            "2",
+            "--batch-sizes",
+            "16,32,64,128",
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    Recommendation.model_validate_json(completed.stdout)  # --json: only the result on stdout
+    study = optuna.load_study(study_name="tiny-factory", storage=f"sqlite:///{out / 'study.db'}")
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    measured = [t for t in done if t.user_attrs["role"] != "duplicate"]
+    assert len(measured) == 6
+    for trial in done:
+        if trial.number in before:  # the first run's trials were kept, not re-measured
+            assert trial.user_attrs["result"]["wall_s"] == before[trial.number].wall_s
+    assert len({tuple(sorted(t.params.items())) for t in measured}) == 6

@@ -1,0 +1,115 @@
+"""Real trials in real child processes: every status the study can see."""
+
+from pathlib import Path
+
+import psutil
+import pytest
+
+from advisor.config import TrialConfig
+from advisor.trial.runner import TrialLaunch, run_trial
+from tests.conftest import ROOT, TINY
+
+
+def _run(name: str, tmp_path: Path, timeout_s: float = 120, **config):
+    launch = TrialLaunch(
+        spec=f"{TINY}:{name}", cwd=ROOT, warmup_steps=2, trial_seconds=0.3, timeout_s=timeout_s
+    )
+    phases: list[str] = []
+    result = run_trial(
+        launch,
+        TrialConfig(batch_size=config.pop("batch_size", 16), **config),
+        tmp_path / "trial.log",
+        on_phase=phases.append,
+    )
+    return result, phases
+
+
+def _worker_processes() -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if "advisor.trial.worker" in " ".join(process.info["cmdline"] or []):
+            found.append(process)
+    return found
+
+
+def test_ok_trial_records_every_measurement(tmp_path):
+    result, phases = _run("factory", tmp_path, num_workers=1, accumulation_steps=2, amp="bf16")
+    assert result.status == "ok", result.reason
+    assert result.samples_per_s > 0
+    assert result.samples_measured == result.steps_measured * 2 * 16
+    assert result.window_s >= 0.3 and result.steps_measured >= 3
+    assert result.step_time_p10_s <= result.step_time_median_s <= result.step_time_p90_s
+    assert 0 <= result.data_wait_fraction <= 1
+    assert result.peak_memory_bytes > 10 * 2**20
+    assert 0 < result.startup_s < result.wall_s
+    assert result.warmup_s > 0
+    assert all(loss == loss for loss in result.losses) and result.losses
+    assert result.task.batch_description == "(float32[16, 8], int64[16])"
+    assert phases == ["first_step", "warmup", "measure"]
+    assert "trial ok" in Path(result.log_path).read_text()
+
+
+def test_window_spans_two_worker_cycles(tmp_path):
+    result, _ = _run("factory", tmp_path, num_workers=2)
+    assert result.status == "ok"
+    assert result.steps_measured >= 2 * 2 * 2  # num_workers x prefetch_factor x 2
+
+
+@pytest.mark.parametrize("spec", ["dict_task", "triple_task", "iterable_task"])
+def test_every_batch_form_of_the_contract_trains(spec, tmp_path):
+    result, _ = _run(spec, tmp_path)
+    assert result.status == "ok", result.reason
+
+
+def test_user_error_is_status_error_with_the_first_step_named(tmp_path):
+    result, _ = _run("bad_shapes", tmp_path)
+    assert result.status == "error"
+    assert result.failure_phase == "first_step"
+    assert result.reason.startswith("the first training step failed with RuntimeError")
+    assert result.error_type == "RuntimeError"
+    assert "Traceback" in Path(result.log_path).read_text()
+
+
+def test_out_of_memory_error_is_status_oom(tmp_path):
+    result, _ = _run("oom_above_64", tmp_path, batch_size=128)
+    assert result.status == "oom"
+    assert "simulated: tried to allocate" in result.reason
+    fits, _ = _run("oom_above_64", tmp_path, batch_size=64)
+    assert fits.status == "ok"
+
+
+def test_non_finite_loss_is_status_diverged(tmp_path):
+    result, _ = _run("nan_loss", tmp_path)
+    assert result.status == "diverged"
+    assert "non-finite" in result.reason
+
+
+def test_abort_is_status_crashed_with_the_signal(tmp_path):
+    result, _ = _run("abort", tmp_path)
+    assert result.status == "crashed"
+    assert "SIGABRT" in result.reason
+
+
+def test_sigkill_reads_as_the_oom_killer(tmp_path):
+    result, _ = _run("sigkill", tmp_path)
+    assert result.status == "oom"
+    assert "SIGKILL" in result.reason
+
+
+def test_hang_times_out_and_kills_the_whole_group(tmp_path):
+    result, _ = _run("hang", tmp_path, timeout_s=12, num_workers=2)
+    assert result.status == "timeout"
+    assert "no result after 12 s" in result.reason
+    assert result.wall_s < 30
+    assert _worker_processes() == []
+
+
+def test_bad_factory_fails_in_build_phase(tmp_path):
+    result, phases = _run("raises", tmp_path)
+    assert (result.status, result.failure_phase, result.error_type) == (
+        "error",
+        "build",
+        "FactoryError",
+    )
+    assert "cannot find the data folder" in result.reason
+    assert phases == []

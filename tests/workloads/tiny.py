@@ -1,0 +1,166 @@
+"""Tiny real workloads for the tests: each factory builds in milliseconds and trains on CPU."""
+
+import functools
+import os
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, IterableDataset, TensorDataset
+
+from advisor import TrainingTask
+
+FEATURES = 8
+SAMPLES = 512
+
+
+def _data(samples: int = SAMPLES) -> TensorDataset:
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.randn(samples, FEATURES, generator=generator)
+    return TensorDataset(inputs, (inputs.sum(dim=1) > 0).long())
+
+
+def _model() -> nn.Module:
+    return nn.Sequential(nn.Linear(FEATURES, 16), nn.ReLU(), nn.Linear(16, 2))
+
+
+def factory():
+    """The plain tuple form: (model, dataset, loss_fn)."""
+    return _model(), _data(), nn.CrossEntropyLoss()
+
+
+class LossModel(nn.Module):
+    """Takes dict batches and returns {"loss": ...}: the loss_fn=None contract."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _model()
+
+    def forward(self, features: torch.Tensor, label: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": nn.functional.cross_entropy(self.net(features), label)}
+
+
+class DictDataset(Dataset):
+    def __init__(self) -> None:
+        self.inner = _data()
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        features, label = self.inner[index]
+        return {"features": features, "label": label}
+
+
+def dict_task() -> TrainingTask:
+    """TrainingTask form, dict batches, model returns the loss, custom optimizer, batch 16."""
+    return TrainingTask(
+        model=LossModel(),
+        dataset=DictDataset(),
+        optimizer=functools.partial(torch.optim.SGD, lr=0.1),
+        batch_size=16,
+    )
+
+
+class TripleModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _model()
+
+    def forward(self, features: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return self.net(features * scale[:, None])
+
+
+def triple_task():
+    """Batches of three tensors: loss_fn(model(x, scale), y)."""
+    base = _data()
+    dataset = TensorDataset(base.tensors[0], torch.ones(SAMPLES), base.tensors[1])
+    return TripleModel(), dataset, nn.CrossEntropyLoss()
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        inputs, labels = _data().tensors
+        yield from zip(inputs, labels, strict=True)
+
+
+def iterable_task():
+    return _model(), Stream(), nn.CrossEntropyLoss()
+
+
+# --- bad factories -------------------------------------------------------------------------
+not_callable = 5
+
+
+def raises():
+    raise ValueError("cannot find the data folder")
+
+
+def wrong_type():
+    return 42
+
+
+def not_a_module():
+    return "a model", _data(), nn.CrossEntropyLoss()
+
+
+def empty_dataset():
+    return _model(), TensorDataset(torch.empty(0, FEATURES), torch.empty(0)), nn.CrossEntropyLoss()
+
+
+def bad_shapes():
+    """The model expects 10 features; the data has 8."""
+    return nn.Linear(10, 2), _data(), nn.CrossEntropyLoss()
+
+
+# --- trials that fail in known ways ---------------------------------------------------------
+class Faulty(nn.Module):
+    """Behaves like the tiny model until `fault` triggers inside forward."""
+
+    def __init__(self, fault) -> None:
+        super().__init__()
+        self.net = _model()
+        self.fault = fault
+        self.calls = 0
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        self.fault(self, features)
+        return self.net(features)
+
+
+def _oom_above_64(model: Faulty, features: torch.Tensor) -> None:
+    if features.shape[0] > 64:
+        raise torch.OutOfMemoryError("simulated: tried to allocate 8.00 GiB")
+
+
+def _nan_after_first_steps(model: Faulty, features: torch.Tensor) -> None:
+    if model.calls > 2:
+        with torch.no_grad():
+            model.net[0].weight.fill_(float("nan"))
+
+
+def _hang(model: Faulty, features: torch.Tensor) -> None:
+    if model.calls > 2:
+        time.sleep(3600)
+
+
+def _abort(model: Faulty, features: torch.Tensor) -> None:
+    if model.calls > 2:
+        os.abort()
+
+
+def _sigkill(model: Faulty, features: torch.Tensor) -> None:
+    if model.calls > 2:
+        os.kill(os.getpid(), 9)
+
+
+def _fault_factory(fault):
+    return lambda: (Faulty(fault), _data(), nn.CrossEntropyLoss())
+
+
+oom_above_64 = _fault_factory(_oom_above_64)
+nan_loss = _fault_factory(_nan_after_first_steps)
+hang = _fault_factory(_hang)
+abort = _fault_factory(_abort)
+sigkill = _fault_factory(_sigkill)
