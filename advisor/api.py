@@ -16,7 +16,7 @@ from advisor.hardware import probe_isolated
 from advisor.preflight import preflight
 from advisor.progress import NullProgress, Progress
 from advisor.report import render_markdown, render_trials_csv
-from advisor.results import Recommendation, TrialResult, TuneResult
+from advisor.results import Recommendation, TaskSummary, TrialResult, TuneResult
 from advisor.search import SearchContext, make_sampler, records_of, run_search
 from advisor.selection import Selection, select_winner
 from advisor.space import SearchSpace, build_space, resolve_device
@@ -71,8 +71,7 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
     checked = preflight(
         settings.spec, Path.cwd(), device, settings.trial_timeout_s, logs_dir / "validate.log"
     )
-    assert checked.task is not None  # an ok validation always carries the summary
-    space = build_space(settings, hardware, checked.task)
+    space = build_space(settings, hardware, _summary(checked))
     progress.stage(
         f"searching {space.size} configurations with {settings.sampler}; storage "
         f"{mask_url(settings.storage_url)}, study {settings.resolved_study_name}"
@@ -145,7 +144,7 @@ def _recommend(
         warnings=tuple(warnings),
         fixed_knobs=space.fixed,
         hardware=hardware,
-        task=checked.task,
+        task=_summary(checked),
         storage=mask_url(settings.storage_url),
         study_name=settings.resolved_study_name,
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -158,6 +157,12 @@ def _write_outputs(result: TuneResult) -> None:
     (out / "trials.csv").write_text(render_trials_csv(result))
     (out / "report.md").write_text(render_markdown(result))
     (out / "train.py").write_text(render_training_script(result.recommendation, out))
+
+
+def _summary(checked: TrialResult) -> TaskSummary:
+    if checked.task is None:  # a successful validation always carries it
+        raise RuntimeError("the validation trial returned no task summary")
+    return checked.task
 
 
 def _scratch_logs() -> str:

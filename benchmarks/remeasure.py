@@ -1,0 +1,57 @@
+"""Re-measure a recommendation independently and compare with what it claims.
+
+    python benchmarks/remeasure.py reports/data_bound-factory/recommendation.json [--repeats 3]
+
+Runs the recommended configuration and the baseline again as fresh isolated trials (new
+processes, after the tuning run is over) and prints each one's median samples/s next to the
+figure in recommendation.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+from advisor.config import TrialConfig
+from advisor.results import Recommendation
+from advisor.trial.runner import TrialLaunch, run_trial
+
+
+def remeasure(launch: TrialLaunch, config: TrialConfig, repeats: int) -> list[float]:
+    rates = []
+    with tempfile.TemporaryDirectory() as logs:
+        for index in range(repeats):
+            result = run_trial(launch, config, Path(logs) / f"{index}.log")
+            rates.append(result.samples_per_s or 0.0)
+    return rates
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("recommendation", type=Path)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--trial-seconds", type=float, default=3.0)
+    args = parser.parse_args()
+    rec = Recommendation.model_validate_json(args.recommendation.read_text())
+    launch = TrialLaunch(
+        spec=rec.spec,
+        cwd=Path(rec.workdir),
+        warmup_steps=3,
+        trial_seconds=args.trial_seconds,
+        timeout_s=600,
+    )
+    for name, config, claim in (
+        ("recommended", rec.config, rec.samples_per_s),
+        ("baseline", rec.baseline_config, rec.baseline_samples_per_s),
+    ):
+        rates = remeasure(launch, config, args.repeats)
+        median = statistics.median(rates)
+        versus = f", {median / claim - 1:+.1%} vs the claimed {claim:,.0f}" if claim else ""
+        runs = ", ".join(f"{rate:,.0f}" for rate in rates)
+        print(f"{name} ({config.label()}): median {median:,.0f} samples/s [{runs}]{versus}")
+
+
+if __name__ == "__main__":
+    main()
