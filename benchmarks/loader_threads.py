@@ -28,6 +28,7 @@ def measure(spec: str, config: TrialConfig, threads: int, seconds: float) -> flo
     torch.set_num_threads(threads)  # after Trainer, which sets the advisor default
     run_window(trainer, min_steps=3)
     window = run_window(trainer, min_steps=3, min_seconds=seconds)
+    trainer.close()
     return window.micro_batches * config.batch_size / window.elapsed_s
 
 

@@ -75,6 +75,10 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return total / accumulation
 
+    def close(self) -> None:
+        """Stop the loader's worker processes now rather than at garbage collection."""
+        self._batches.close()
+
     def synchronize(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
