@@ -35,7 +35,7 @@ def cli(debug: bool) -> None:
 @cli.command()
 @click.argument("spec")
 @click.option("--trials", type=int, help="Distinct configurations to measure [20].")
-@click.option("--timeout", type=float, help="Stop starting trials after this many seconds.")
+@click.option("--timeout", type=float, help="Search budget in seconds (re-measurements follow).")
 @click.option("--trial-seconds", type=float, help="Timed window of each trial [3].")
 @click.option("--trial-timeout", type=float, help="Hard limit per trial in seconds.")
 @click.option("--warmup-steps", type=int, help="Optimizer steps before timing [3].")
@@ -71,11 +71,11 @@ def tune(spec: str, as_json: bool, quiet: bool, **flags: Any) -> None:
     rec = result.recommendation
     out.print(advisor.console.recommendation_table(rec))
     for warning in rec.warnings:
-        out.print(f"[yellow]note:[/] {warning}", highlight=False)
-    out.print(
-        f"wrote {result.out_dir}/: recommendation.json, trials.csv, report.md, train.py, logs/"
-    )
-    out.print(f"train with it: python {result.out_dir / 'train.py'} --epochs 1", highlight=False)
+        out.print(f"[yellow]note:[/] {warning}", highlight=False, soft_wrap=True)
+    files = "recommendation.json, trials.csv, report.md, train.py, logs/"
+    out.print(f"wrote {result.out_dir}/: {files}", highlight=False, soft_wrap=True)
+    script = result.out_dir / "train.py"
+    out.print(f"train with it: python {script} --epochs 1", highlight=False, soft_wrap=True)
 
 
 @cli.command()

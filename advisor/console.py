@@ -24,7 +24,7 @@ class ConsoleProgress:
 
     def stage(self, message: str) -> None:
         if not self._quiet:
-            self._console.print(f"[dim]·[/] {message}", highlight=False)
+            self._console.print(f"[dim]·[/] {message}", highlight=False, soft_wrap=True)
 
     def trial_started(self, label: str, config: TrialConfig) -> None:
         self._label = f"{label}  {config.label()}"

@@ -87,7 +87,7 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
     settings, space = context.settings, context.space
     _enqueue_baseline(study, space)
     deadline = time.monotonic() + settings.timeout if settings.timeout else None
-    duplicates_in_a_row = 0
+    objective = _Objective(context)
     while True:
         records = records_of(study)
         measured = {r.result.config: r for r in records if r.role != "duplicate"}
@@ -96,20 +96,37 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
         if deadline is not None and time.monotonic() > deadline:
             context.progress.stage(f"--timeout {settings.timeout:g} s reached")
             return records
-        trial = study.ask()
-        config = space.suggest(trial)
-        earlier = measured.get(config)
+        if objective.duplicates_in_a_row >= MAX_DUPLICATES_IN_A_ROW:
+            context.progress.stage("the sampler keeps proposing measured configurations")
+            return records
+        objective.measured = measured
+        # One trial per optimize() call: GridSampler stops the study when exhausted, which Optuna
+        # allows only inside optimize(); an interrupt marks the running trial FAIL.
+        study.optimize(objective, n_trials=1)
+
+
+class _Objective:
+    """Measure the sampled configuration, or answer a repeat from the trial that measured it."""
+
+    def __init__(self, context: SearchContext) -> None:
+        self.context = context
+        self.measured: dict[TrialConfig, TrialRecord] = {}
+        self.duplicates_in_a_row = 0
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        config = self.context.space.suggest(trial)
+        earlier = self.measured.get(config)
         if earlier is not None:
-            _tell_duplicate(study, trial, earlier)
-            duplicates_in_a_row += 1
-            if duplicates_in_a_row >= MAX_DUPLICATES_IN_A_ROW:
-                context.progress.stage("the sampler keeps proposing measured configurations")
-                return records_of(study)
-            continue
-        duplicates_in_a_row = 0
+            self.duplicates_in_a_row += 1
+            repeat = {"number": trial.number, "role": "duplicate", "duplicate_of": earlier.number}
+            return _record(trial, earlier.model_copy(update=repeat))
+        self.duplicates_in_a_row = 0
         role = trial.user_attrs.get("role", "search")
-        label = f"trial {len(measured) + 1}/{settings.trials}"
-        _measure(study, trial, config, role, label, context)
+        label = f"trial {len(self.measured) + 1}/{self.context.settings.trials}"
+        record = _measure(trial, config, role, label, self.context)
+        value = _record(trial, record)
+        self.context.progress.trial_finished(record, _best([*self.measured.values(), record]))
+        return value
 
 
 def _enqueue_baseline(study: optuna.Study, space: SearchSpace) -> None:
@@ -121,21 +138,12 @@ def _enqueue_baseline(study: optuna.Study, space: SearchSpace) -> None:
 
 
 def _measure(
-    study: optuna.Study,
-    trial: optuna.Trial,
-    config: TrialConfig,
-    role: str,
-    label: str,
-    context: SearchContext,
+    trial: optuna.Trial, config: TrialConfig, role: str, label: str, context: SearchContext
 ) -> TrialRecord:
     context.progress.trial_started(f"{label} ({role})" if role != "search" else label, config)
     log_path = context.logs_dir / f"trial-{trial.number}.log"
-    try:
-        result = run_trial(context.launch, config, log_path, on_phase=context.progress.trial_phase)
-    except BaseException:
-        study.tell(trial, state=TrialState.FAIL)  # interrupted: the study stays consistent
-        raise
-    record = TrialRecord(
+    result = run_trial(context.launch, config, log_path, on_phase=context.progress.trial_phase)
+    return TrialRecord(
         number=trial.number,
         role=role,  # type: ignore[arg-type]
         result=result,
@@ -143,12 +151,10 @@ def _measure(
             result, context.hardware, context.settings.memory_headroom
         ),
     )
-    _tell(study, trial, record)
-    context.progress.trial_finished(record, _best(records_of(study)))
-    return record
 
 
-def _tell(study: optuna.Study, trial: optuna.Trial, record: TrialRecord) -> None:
+def _record(trial: optuna.Trial, record: TrialRecord) -> float:
+    """Store the record on the trial; infeasible trials get a violated constraint and a penalty."""
     trial.set_user_attr("role", record.role)
     trial.set_user_attr("result", record.result.model_dump(mode="json"))
     if record.infeasible_reason:
@@ -156,15 +162,9 @@ def _tell(study: optuna.Study, trial: optuna.Trial, record: TrialRecord) -> None
     if record.duplicate_of is not None:
         trial.set_user_attr("duplicate_of", record.duplicate_of)
     trial.set_constraint("feasible", 0.0 if record.eligible else 1.0)
-    value = record.result.samples_per_s if record.eligible else PENALTY
-    study.tell(trial, value)
-
-
-def _tell_duplicate(study: optuna.Study, trial: optuna.Trial, earlier: TrialRecord) -> None:
-    duplicate = earlier.model_copy(
-        update={"number": trial.number, "role": "duplicate", "duplicate_of": earlier.number}
+    return (
+        record.result.samples_per_s if record.eligible and record.result.samples_per_s else PENALTY
     )
-    _tell(study, trial, duplicate)
 
 
 def _best(records: list[TrialRecord]) -> float | None:

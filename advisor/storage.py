@@ -21,6 +21,8 @@ def mask_url(url: str) -> str:
 
 def open_study(url: str, study_name: str, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
     """Create the study, or load it when it exists (so the same command resumes)."""
+    # advisor reports progress and failures itself; Optuna would log a traceback per Ctrl-C.
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
         storage = optuna.storages.RDBStorage(url)
         return optuna.create_study(

@@ -125,3 +125,56 @@ def test_rerun_resumes_without_repeating_finished_trials(first_run):
         if trial.number in before:  # the first run's trials were kept, not re-measured
             assert trial.user_attrs["result"]["wall_s"] == before[trial.number].wall_s
     assert len({tuple(sorted(t.params.items())) for t in measured}) == 6
+
+
+def _completed_trials(out) -> int:
+    try:
+        study = optuna.load_study(study_name="tiny-factory", storage=f"sqlite:///{out}/study.db")
+    except KeyError:
+        return 0
+    return sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+
+
+def test_ctrl_c_keeps_finished_trials_and_the_same_command_resumes(tmp_path):
+    import signal
+    import time
+
+    import psutil
+
+    command = [
+        sys.executable,
+        "-m",
+        "advisor",
+        "tune",
+        f"{TINY}:factory",
+        "--trials",
+        "5",
+        "--out",
+        str(tmp_path),
+        "--trial-seconds",
+        "1",
+        "--confirm-top",
+        "1",
+    ]
+    process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while _completed_trials(tmp_path) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    children = psutil.Process(process.pid).children(recursive=True)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "run the same command to resume" in stderr
+    assert "Traceback" not in stderr
+    kept = _completed_trials(tmp_path)
+    assert kept >= 2
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    study = optuna.load_study(study_name="tiny-factory", storage=f"sqlite:///{tmp_path}/study.db")
+    measured = [
+        t
+        for t in study.trials
+        if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs["role"] != "duplicate"
+    ]
+    assert len(measured) == 5

@@ -19,8 +19,13 @@ class PeakMemory:
     unique memory (USS) of its children (DataLoader workers), so shared pages count once.
     """
 
-    def __init__(self, device: torch.device, interval_s: float = 0.2) -> None:
+    def __init__(
+        self, device: torch.device, *, has_children: bool, interval_s: float = 0.2
+    ) -> None:
         self._device = device
+        # Without loader workers the lifetime peak RSS is exact, and a sampling thread would
+        # only compete with the measured loop for the GIL.
+        self._has_children = has_children
         self._interval_s = interval_s
         self._peak = 0
         self._stop = threading.Event()
@@ -29,6 +34,8 @@ class PeakMemory:
     def start(self) -> None:
         if self._device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self._device)
+            return
+        if not self._has_children:
             return
         self._thread = threading.Thread(target=self._sample_loop, name="peak-memory", daemon=True)
         self._thread.start()
@@ -39,7 +46,7 @@ class PeakMemory:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self._sample()
+            self._sample()
         own_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return max(self._peak, own_peak)
 

@@ -77,7 +77,7 @@ def _measure(request: TrialRequest, phase: _Phase, state: dict[str, Any]) -> Tri
         )
     state["config"] = request.config
     device = torch.device("cuda", 0) if request.config.device == "cuda" else torch.device("cpu")
-    memory = PeakMemory(device)
+    memory = PeakMemory(device, has_children=request.config.num_workers > 0)
     memory.start()
     trainer = Trainer(task, request.config, device)
     phase.enter("first_step")
