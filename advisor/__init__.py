@@ -1,8 +1,8 @@
 """advisor: find, by measurement, the fastest way to train a PyTorch model on this machine."""
 
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
-from advisor.api import tune, validate
 from advisor.config import TrialConfig, TuneSettings
 from advisor.errors import (
     AdvisorError,
@@ -24,6 +24,19 @@ from advisor.results import (
     TuneResult,
 )
 from advisor.task import TrainingTask
+
+if TYPE_CHECKING:
+    from advisor.api import tune, validate
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: trial processes and factories import advisor; they need no Optuna or Jinja2.
+    if name in ("tune", "validate"):
+        from advisor import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'advisor' has no attribute {name!r}")
+
 
 try:
     __version__ = version("advisor")

@@ -17,7 +17,7 @@ from advisor.preflight import preflight
 from advisor.progress import NullProgress, Progress
 from advisor.report import render_markdown, render_trials_csv
 from advisor.results import Recommendation, TaskSummary, TrialResult, TuneResult
-from advisor.search import SearchContext, make_sampler, records_of, run_search
+from advisor.search import SearchContext, bind_study, make_sampler, records_of, run_search
 from advisor.selection import Selection, select_winner
 from advisor.space import SearchSpace, build_space, resolve_device
 from advisor.storage import mask_url, open_study
@@ -88,6 +88,7 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
         seed=settings.seed,
     )
     context = SearchContext(settings, space, hardware, launch, logs_dir, progress)
+    bind_study(study, context)
     records = run_search(study, context)
     progress.stage("re-measuring the finalists and the baseline")
     selection = select_winner(records, context)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -48,13 +49,17 @@ def cli(debug: bool) -> None:
 @click.option("--out", type=click.Path(path_type=Path), help="Output folder [reports/STUDY].")
 @click.option("--seed", type=int, help="Sampler seed [0].")
 @click.option("--sampler", type=click.Choice(["tpe", "random", "grid"]), help="[tpe]")
-@click.option("--confirm-top", type=int, help="Finalists re-measured [3].")
+@click.option("--confirm-top", type=int, help="Finalists re-measured with the baseline [3].")
+@click.option("--confirm-repeats", type=int, help="Re-runs per finalist [2].")
 @click.option("--memory-headroom", type=float, help="Memory fraction to keep free [0.1].")
 @click.option("--json", "as_json", is_flag=True, help="Print only the recommendation as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def tune(spec: str, as_json: bool, quiet: bool, **flags: Any) -> None:
     """Search for the fastest training configuration of SPEC (file.py:factory)."""
     settings = make_settings(spec, **{k: v for k, v in flags.items() if v is not None})
+    # A closed terminal or a scheduler's SIGTERM stops the search like Ctrl-C: trials are kept.
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, _raise_interrupt)
     progress = advisor.console.ConsoleProgress(err, quiet=quiet or as_json)
     try:
         result = tune_with(settings, progress)
@@ -113,6 +118,10 @@ def codegen(recommendation: Path, output: Path) -> None:
 cli.add_command(probe_command, name="probe")
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: one line per error, the documented exit codes, tracebacks only with --debug."""
     args = sys.argv[1:] if argv is None else argv
@@ -130,6 +139,12 @@ def main(argv: list[str] | None = None) -> None:
             traceback.print_exc()
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
+    except OSError as exc:  # an output folder that cannot be written, a full disk, ...
+        if debug:
+            traceback.print_exc()
+        where = f" ({exc.filename})" if exc.filename else ""
+        click.echo(f"error: {exc.strerror or exc}{where}: check the path and permissions", err=True)
+        sys.exit(2)
     except (KeyboardInterrupt, click.Abort):
         click.echo("interrupted", err=True)
         sys.exit(130)

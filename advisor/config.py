@@ -137,6 +137,7 @@ class TuneSettings(BaseModel):
     seed: int = 0
     sampler: SamplerName = "tpe"
     confirm_top: int = Field(default=3, ge=1, description="finalists re-measured")
+    confirm_repeats: int = Field(default=2, ge=1, description="re-runs per finalist")
     memory_headroom: float = Field(default=0.1, ge=0, lt=1)
 
     @field_validator("batch_sizes", "accumulation_steps", mode="before")

@@ -10,10 +10,12 @@ import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
+from advisor.errors import AdvisorError
 from advisor.results import GpuInfo, HardwareProfile
 
-__all__ = ["probe", "probe_isolated"]
+__all__ = ["child_env", "probe", "probe_isolated"]
 
 
 def probe() -> HardwareProfile:
@@ -39,9 +41,24 @@ def probe_isolated() -> HardwareProfile:
     """`probe()` in a fresh interpreter; its JSON comes back on stdout."""
     code = "from advisor.hardware import probe; print(probe().model_dump_json())"
     completed = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, env=child_env()
     )
-    return HardwareProfile.model_validate_json(completed.stdout.strip().splitlines()[-1])
+    lines = completed.stdout.strip().splitlines()
+    if completed.returncode != 0 or not lines:
+        last = (completed.stderr.strip().splitlines() or ["no output"])[-1]
+        raise AdvisorError(
+            f"probing the hardware failed ({last}): check that torch imports "
+            f"with {sys.executable} -c 'import torch'"
+        )
+    return HardwareProfile.model_validate_json(lines[-1])
+
+
+def child_env() -> dict[str, str]:
+    """The environment for advisor's child processes: unbuffered, importing this advisor."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    package_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    return env
 
 
 def _gpu(index: int) -> GpuInfo:

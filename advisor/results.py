@@ -141,8 +141,8 @@ class Recommendation(_Frozen):
     baseline_samples_per_s: float | None = Field(description="None when the baseline failed")
     speedup: float | None
     chosen_from_trial: int
-    confirm_runs: tuple[float, ...] = Field(description="samples/s of each re-measurement")
-    baseline_runs: tuple[float, ...]
+    confirm_runs: tuple[float, ...] = Field(description="samples/s of each re-run after search")
+    baseline_runs: tuple[float, ...] = Field(description="the baseline's re-runs, alongside")
     global_batch_changed: bool
     warnings: tuple[str, ...] = ()
     fixed_knobs: tuple[FixedKnob, ...] = ()

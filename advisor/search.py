@@ -11,19 +11,29 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
 from advisor.config import TrialConfig, TuneSettings
+from advisor.errors import SettingsError, StorageError
 from advisor.progress import Progress
 from advisor.results import HardwareProfile, TrialRecord, TrialResult
 from advisor.space import SearchSpace
 from advisor.trial.runner import TrialLaunch, run_trial
 
-__all__ = ["SearchContext", "make_sampler", "memory_problem", "records_of", "run_search"]
+__all__ = [
+    "SearchContext",
+    "bind_study",
+    "make_sampler",
+    "memory_problem",
+    "records_of",
+    "run_search",
+]
 
 MAX_DUPLICATES_IN_A_ROW = 200
+TERMS_ATTR = "advisor_measurement_terms"
 PENALTY = 0.0
 
 
@@ -54,15 +64,21 @@ def records_of(study: optuna.Study) -> list[TrialRecord]:
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         if "result" not in trial.user_attrs:
             continue
-        records.append(
-            TrialRecord(
-                number=trial.number,
-                role=trial.user_attrs.get("role", "search"),
-                result=TrialResult.model_validate(trial.user_attrs["result"]),
-                infeasible_reason=trial.user_attrs.get("infeasible_reason"),
-                duplicate_of=trial.user_attrs.get("duplicate_of"),
+        try:
+            records.append(
+                TrialRecord(
+                    number=trial.number,
+                    role=trial.user_attrs.get("role", "search"),
+                    result=TrialResult.model_validate(trial.user_attrs["result"]),
+                    infeasible_reason=trial.user_attrs.get("infeasible_reason"),
+                    duplicate_of=trial.user_attrs.get("duplicate_of"),
+                )
             )
-        )
+        except ValueError as exc:
+            raise StorageError(
+                f"trial {trial.number} of study {study.study_name!r} was not written by this "
+                f"advisor version ({str(exc).splitlines()[0]}): use a new --study-name"
+            ) from exc
     return records
 
 
@@ -80,6 +96,44 @@ def memory_problem(result: TrialResult, hardware: HardwareProfile, headroom: flo
         f"peak {where} memory {result.peak_memory_bytes / 2**30:.1f} GiB leaves less than "
         f"{headroom:.0%} of {capacity / 2**30:.1f} GiB free"
     )
+
+
+def bind_study(study: optuna.Study, context: SearchContext) -> None:
+    """Record what the study's measurements depend on; refuse to resume it under other terms.
+
+    Throughput measured with another space, window or machine is not comparable, and Optuna
+    cannot resume a categorical parameter whose choices changed.
+    """
+    terms = _measurement_terms(context)
+    recorded = study.user_attrs.get(TERMS_ATTR)
+    if recorded is None:
+        study.set_user_attr(TERMS_ATTR, terms)
+        return
+    changed = sorted(
+        key for key in terms.keys() | recorded.keys() if terms.get(key) != recorded.get(key)
+    )
+    if changed:
+        raise SettingsError(
+            f"study {study.study_name!r} was measured under other settings "
+            f"({', '.join(changed)} differ): re-run with its original flags, or start a new "
+            "study with --study-name NAME or --out DIR"
+        )
+
+
+def _measurement_terms(context: SearchContext) -> dict[str, Any]:
+    space, settings, hardware = context.space, context.settings, context.hardware
+    machine = hardware.model_dump(include={"cpu_model", "cores", "memory_bytes", "torch_version"})
+    return {
+        "spec": settings.spec,
+        "device": space.device,
+        "domains": {name: list(values) for name, values in space.domains.items()},
+        "fixed": dict(space.fixed_values),
+        "global_batch_size": settings.global_batch_size,
+        "trial_seconds": settings.trial_seconds,
+        "warmup_steps": settings.warmup_steps,
+        "machine": machine,
+        "gpus": [gpu.name for gpu in hardware.gpus],
+    }
 
 
 def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]:

@@ -37,6 +37,11 @@ class Selection:
 
 
 def select_winner(records: list[TrialRecord], context: SearchContext) -> Selection:
+    """Re-measure the finalists and choose by the re-runs alone.
+
+    The search measurement that made a finalist is biased upwards (the best of many noisy
+    values), so it takes no part in the ranking or in the figures reported.
+    """
     measured = [r for r in records if r.role != "duplicate"]
     eligible = sorted(
         (r for r in measured if r.eligible), key=lambda r: r.result.samples_per_s or 0, reverse=True
@@ -47,48 +52,50 @@ def select_winner(records: list[TrialRecord], context: SearchContext) -> Selecti
     finalists = eligible[: context.settings.confirm_top]
     if baseline is not None and baseline.eligible and baseline not in finalists:
         finalists.append(baseline)
-    confirmations = _confirm(finalists, context)
-    runs = {
-        record.result.config: _runs(record, confirmation)
-        for record, confirmation in zip(finalists, confirmations, strict=True)
-    }
-    confirmed = [r for r, c in zip(finalists, confirmations, strict=True) if c.eligible]
+    reruns = _confirm(finalists, context)
+    confirmed = [r for r in finalists if all(c.eligible for c in reruns[r.number])]
     if not confirmed:
+        failed = [c for runs in reruns.values() for c in runs if not c.eligible]
         raise NoFeasibleConfigError(
-            "no finalist was feasible when re-measured: " + failure_summary(list(confirmations))
+            "no finalist was feasible when re-measured: " + failure_summary(failed)
         )
-    winner = max(confirmed, key=lambda r: statistics.median(runs[r.result.config]))
-    baseline_runs = runs.get(baseline.result.config, ()) if baseline is not None else ()
-    return Selection(winner, runs[winner.result.config], baseline_runs, tuple(confirmations))
+    winner = max(confirmed, key=lambda r: statistics.median(_rates(reruns[r.number])))
+    baseline_runs = ()
+    if baseline is not None and baseline in confirmed:
+        baseline_runs = _rates(reruns[baseline.number])
+    confirmations = tuple(c for runs in reruns.values() for c in runs)
+    return Selection(winner, _rates(reruns[winner.number]), baseline_runs, confirmations)
 
 
-def _confirm(finalists: list[TrialRecord], context: SearchContext) -> list[TrialRecord]:
-    confirmations = []
-    for index, record in enumerate(finalists, start=1):
-        config: TrialConfig = record.result.config
-        context.progress.trial_started(f"confirm {index}/{len(finalists)}", config)
-        log_path = context.logs_dir / f"confirm-{record.number}.log"
-        result = run_trial(context.launch, config, log_path, on_phase=context.progress.trial_phase)
-        confirmation = TrialRecord(
-            number=record.number,
-            role="confirm",
-            result=result,
-            infeasible_reason=memory_problem(
-                result, context.hardware, context.settings.memory_headroom
-            ),
-        )
-        context.progress.trial_finished(confirmation, None)
-        confirmations.append(confirmation)
-    return confirmations
+def _confirm(finalists: list[TrialRecord], context: SearchContext) -> dict[int, list[TrialRecord]]:
+    """Re-run every finalist `confirm_repeats` times, interleaved so that drift hits all alike."""
+    reruns: dict[int, list[TrialRecord]] = {record.number: [] for record in finalists}
+    repeats = context.settings.confirm_repeats
+    total = repeats * len(finalists)
+    for round_index in range(repeats):
+        for index, record in enumerate(finalists):
+            done = round_index * len(finalists) + index + 1
+            config: TrialConfig = record.result.config
+            context.progress.trial_started(f"re-run {done}/{total}", config)
+            log_path = context.logs_dir / f"rerun-{record.number}-{round_index + 1}.log"
+            result = run_trial(
+                context.launch, config, log_path, on_phase=context.progress.trial_phase
+            )
+            rerun = TrialRecord(
+                number=record.number,
+                role="confirm",
+                result=result,
+                infeasible_reason=memory_problem(
+                    result, context.hardware, context.settings.memory_headroom
+                ),
+            )
+            context.progress.trial_finished(rerun, None)
+            reruns[record.number].append(rerun)
+    return reruns
 
 
-def _runs(record: TrialRecord, confirmation: TrialRecord) -> tuple[float, ...]:
-    """Every eligible measurement of a configuration: the search trial and its re-run."""
-    return tuple(
-        r.result.samples_per_s
-        for r in (record, confirmation)
-        if r.eligible and r.result.samples_per_s is not None
-    )
+def _rates(reruns: list[TrialRecord]) -> tuple[float, ...]:
+    return tuple(r.result.samples_per_s for r in reruns if r.result.samples_per_s is not None)
 
 
 def failure_summary(records: list[TrialRecord]) -> str:

@@ -68,7 +68,7 @@ def test_generated_script_trains_with_the_recommended_knobs(spec, knobs, tmp_pat
     try:
         completed = _write_and_run(rec, folder, "--max-steps", "3")
         assert completed.returncode == 0, completed.stderr
-        assert "done: 3 steps" in completed.stdout
+        assert "done: 3 steps; after warm-up" in completed.stdout
         assert (folder / "ckpt.pt").exists()
     finally:
         for path in folder.iterdir():

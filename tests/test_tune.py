@@ -3,6 +3,7 @@
 import csv
 import subprocess
 import sys
+import time
 
 import optuna
 import pytest
@@ -35,9 +36,10 @@ def test_python_api_returns_a_feasible_recommendation_not_slower_than_baseline(f
     assert rec.baseline_config.batch_size == 32 and rec.baseline_config.amp == "off"
     assert rec.speedup >= 1.0  # the baseline is always a finalist
     assert len(rec.confirm_runs) == 2 and all(run > 0 for run in rec.confirm_runs)
+    reruns = [c for c in first_run.confirmations if c.result.config == rec.config]
+    assert tuple(c.result.samples_per_s for c in reruns) == rec.confirm_runs  # re-runs only
     assert {knob.name for knob in rec.fixed_knobs} >= {"pin_memory", "cudnn_benchmark"}
-    winner_confirmation = [c for c in first_run.confirmations if c.result.config == rec.config]
-    assert winner_confirmation and winner_confirmation[0].eligible
+    assert all(c.eligible for c in first_run.confirmations if c.result.config == rec.config)
 
 
 def test_the_baseline_is_the_first_trial_and_every_trial_is_stored(first_run):
@@ -87,7 +89,8 @@ def test_generated_script_runs_as_is(first_run):
 
 def test_rerun_resumes_without_repeating_finished_trials(first_run):
     out = first_run.out_dir
-    before = {t.number: t.result for t in first_run.trials}
+    before = {t.number: t.result for t in first_run.trials if t.role != "duplicate"}
+    resumed_at = time.time()
     completed = subprocess.run(
         [
             sys.executable,
@@ -121,10 +124,39 @@ def test_rerun_resumes_without_repeating_finished_trials(first_run):
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     measured = [t for t in done if t.user_attrs["role"] != "duplicate"]
     assert len(measured) == 6
-    for trial in done:
-        if trial.number in before:  # the first run's trials were kept, not re-measured
-            assert trial.user_attrs["result"]["wall_s"] == before[trial.number].wall_s
     assert len({tuple(sorted(t.params.items())) for t in measured}) == 6
+    rewritten = [p for p in (out / "logs").glob("trial-*.log") if p.stat().st_mtime >= resumed_at]
+    assert len(rewritten) == 6 - len(before)  # only the new trials ran
+
+
+def test_resuming_with_other_settings_is_refused(first_run):
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "advisor",
+            "tune",
+            f"{TINY}:factory",
+            "--trials",
+            "6",
+            "--out",
+            str(first_run.out_dir),
+            "--trial-seconds",
+            "0.3",
+            "--warmup-steps",
+            "2",
+            "--batch-sizes",
+            "16,32",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert completed.returncode == 2
+    assert "was measured under other settings (domains differ)" in completed.stderr
+    assert "Traceback" not in completed.stderr
 
 
 def _completed_trials(out) -> int:
@@ -137,7 +169,6 @@ def _completed_trials(out) -> int:
 
 def test_ctrl_c_keeps_finished_trials_and_the_same_command_resumes(tmp_path):
     import signal
-    import time
 
     import psutil
 

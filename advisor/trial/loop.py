@@ -78,6 +78,9 @@ class Trainer:
     def close(self) -> None:
         """Stop the loader's worker processes now rather than at garbage collection."""
         self._batches.close()
+        iterator = getattr(self.loader, "_iterator", None)  # kept alive by persistent_workers
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -159,13 +162,14 @@ def run_window(
     min_steps: int,
     min_seconds: float = 0.0,
     max_steps: int | None = None,
+    cover_worker_cycles: bool = True,
 ) -> Window:
     """Run optimizer steps until both minimums are met (or `max_steps`), then check the losses.
 
     The window also spans at least two full worker cycles (`num_workers × prefetch_factor`
     micro-batches): loaders with workers deliver batches in bursts.
     """
-    min_micro = 2 * trainer.config.num_workers * PREFETCH_FACTOR
+    min_micro = 2 * trainer.config.num_workers * PREFETCH_FACTOR if cover_worker_cycles else 0
     window = Window()
     loss_tensors = []
     trainer.synchronize()

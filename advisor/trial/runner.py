@@ -19,8 +19,8 @@ from pathlib import Path
 
 import psutil
 
-import advisor
 from advisor.config import TrialConfig
+from advisor.hardware import child_env
 from advisor.results import TrialResult
 from advisor.trial.protocol import TrialRequest
 
@@ -103,7 +103,7 @@ def _supervise(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env=_child_env(),
+            env=child_env(),
         )
         try:
             timed_out, phase = _wait(process, request, launch.timeout_s, on_phase)
@@ -135,8 +135,16 @@ def _wait(
     deadline = time.monotonic() + timeout_s
     phases: list[str] = []
     phase_path = Path(request.phase_path) if request.phase_path else None
+    result_path = Path(request.result_path)
+    result_seen: float | None = None
     while True:
         finished = process.poll() is not None
+        if result_seen is None and result_path.exists():
+            result_seen = time.monotonic()
+        # A written result means the trial is over, even if the child is slow to exit.
+        finished = finished or (
+            result_seen is not None and time.monotonic() - result_seen > GRACE_S
+        )
         if phase_path is not None and phase_path.exists():
             complete = phase_path.read_text().split("\n")[:-1]  # the last piece may be partial
             for phase in complete[len(phases) :]:
@@ -188,7 +196,14 @@ def _group_members(pid: int) -> list[psutil.Process]:
 def _alive(process: subprocess.Popen[bytes], members: list[psutil.Process]) -> bool:
     if process.poll() is None:
         return True
-    return any(m.is_running() and m.status() != psutil.STATUS_ZOMBIE for m in members)
+    return any(_member_alive(member) for member in members)
+
+
+def _member_alive(member: psutil.Process) -> bool:
+    try:
+        return member.is_running() and member.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # reaped between the two calls
+        return False
 
 
 def _read_result(request: TrialRequest, returncode: int, log_path: Path) -> TrialResult:
@@ -200,7 +215,8 @@ def _read_result(request: TrialRequest, returncode: int, log_path: Path) -> Tria
 
 def _died(request: TrialRequest, code: int, log_path: Path) -> TrialResult:
     if code < 0:
-        name = signal.Signals(-code).name
+        known = {member.value: member.name for member in signal.Signals}
+        name = known.get(-code, f"signal {-code}")
         if -code == signal.SIGKILL:
             return TrialResult(
                 config=request.config,
@@ -218,11 +234,3 @@ def _died(request: TrialRequest, code: int, log_path: Path) -> TrialResult:
         status="crashed",
         reason=f"the trial process exited with code {code} without a result; see {log_path}",
     )
-
-
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    # Make the child import this very advisor, installed or not.
-    package_root = str(Path(advisor.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-    return env

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -82,7 +84,7 @@ def _measure(request: TrialRequest, phase: _Phase, state: dict[str, Any]) -> Tri
     trainer = Trainer(task, request.config, device)
     phase.enter("first_step")
     try:
-        run_window(trainer, min_steps=1)
+        run_window(trainer, min_steps=1, cover_worker_cycles=False)
     finally:  # also when the step fails: the batch it saw explains the failure
         state["summary"] = _summarise(task, kind, trainer)
     startup_s = time.time() - request.launched_at
@@ -100,6 +102,7 @@ def _measure(request: TrialRequest, phase: _Phase, state: dict[str, Any]) -> Tri
         min_seconds=request.trial_seconds,
         max_steps=request.max_measure_steps,
     )
+    trainer.close()
     return _measured(request, window, memory.stop(), state["summary"], startup_s, warmup_s)
 
 
@@ -110,7 +113,8 @@ def _validated(
     summary: TaskSummary,
     startup: float,
 ) -> TrialResult:
-    window = run_window(trainer, min_steps=1, max_steps=1)
+    window = run_window(trainer, min_steps=1, max_steps=1, cover_worker_cycles=False)
+    trainer.close()
     return _measured(request, window, memory.stop(), summary, startup, warmup_s=0.0)
 
 
@@ -213,5 +217,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _exit_with_parent() -> None:
+    """Kill this trial's process group if the parent dies (SIGKILL, closed terminal, ...).
+
+    The trial runs in a session of its own, so nothing else would stop a hung trial and its
+    loader workers once the parent is gone.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit_with_parent()
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter shutdown: a non-daemon thread left by user code would hang it after the
+    # result is written. The parent kills what is left of the process group.
+    os._exit(code)

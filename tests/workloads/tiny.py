@@ -155,6 +155,11 @@ def _sigkill(model: Faulty, features: torch.Tensor) -> None:
         os.kill(os.getpid(), 9)
 
 
+def _hog_device_memory(model: Faulty, features: torch.Tensor) -> None:
+    if model.calls > 2:
+        torch.empty(2**40, dtype=torch.uint8, device=features.device)  # 1 TiB: a real CUDA OOM
+
+
 def _fault_factory(fault):
     return lambda: (Faulty(fault), _data(), nn.CrossEntropyLoss())
 
@@ -164,3 +169,12 @@ nan_loss = _fault_factory(_nan_after_first_steps)
 hang = _fault_factory(_hang)
 abort = _fault_factory(_abort)
 sigkill = _fault_factory(_sigkill)
+hog_device_memory = _fault_factory(_hog_device_memory)
+
+
+def lingering_thread():
+    """Leaves a non-daemon thread running: interpreter shutdown would wait for it forever."""
+    import threading
+
+    threading.Thread(target=time.sleep, args=(3600,), name="user-prefetcher").start()
+    return factory()

@@ -1,0 +1,56 @@
+"""GPU code paths: CUDA AMP with fp16 + GradScaler, pinned memory, cudnn.benchmark.
+
+Skipped without CUDA (see conftest.py); run them wherever a GPU is available.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from advisor.config import TrialConfig
+from advisor.hardware import probe
+from advisor.trial.runner import TrialLaunch, run_trial
+from tests.conftest import ROOT, TINY
+
+pytestmark = pytest.mark.gpu
+
+
+def _trial(tmp_path: Path, **knobs) -> object:
+    launch = TrialLaunch(
+        spec=f"{TINY}:factory", cwd=ROOT, warmup_steps=2, trial_seconds=0.5, timeout_s=300
+    )
+    return run_trial(launch, TrialConfig(device="cuda", batch_size=64, **knobs), tmp_path / "t.log")
+
+
+def test_probe_sees_the_gpu():
+    hardware = probe()
+    assert hardware.gpus and hardware.gpus[0].memory_bytes > 2**30
+    assert hardware.cuda_version and hardware.cudnn_version
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"amp": "fp16"},
+        {"amp": "fp16", "accumulation_steps": 4},
+        {"amp": "bf16", "cudnn_benchmark": True},
+        {"num_workers": 2, "pin_memory": True},
+    ],
+)
+def test_cuda_trial_paths(tmp_path, knobs):
+    result = _trial(tmp_path, **knobs)
+    assert result.status == "ok", result.reason
+    assert result.samples_per_s > 0
+    assert 0 < result.peak_memory_bytes < probe().gpus[0].memory_bytes
+
+
+def test_cuda_out_of_memory_is_status_oom(tmp_path):
+    launch = TrialLaunch(
+        spec=f"{TINY}:hog_device_memory",
+        cwd=ROOT,
+        warmup_steps=2,
+        trial_seconds=0.2,
+        timeout_s=300,
+    )
+    result = run_trial(launch, TrialConfig(device="cuda", batch_size=16), tmp_path / "t.log")
+    assert result.status == "oom", result.reason
