@@ -26,10 +26,13 @@ from advisor.trial.batches import (
     to_device,
 )
 
-__all__ = ["Trainer", "Window", "run_window", "usable_cores"]
+__all__ = ["Trainer", "Window", "run_window", "usable_cores", "warm_up"]
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PREFETCH_FACTOR = 2
+BENCHMARK_EXTRA_STEPS = 5  # cudnn.benchmark autotunes every new shape on its first calls
+SCALER_STABLE_STEPS = 3  # fp16: the loss scale must have stopped backing off
+SCALER_MAX_STEPS = 50
 
 
 class DivergedError(ArithmeticError):
@@ -192,6 +195,26 @@ def run_window(
     if not all(torch.isfinite(torch.tensor(window.losses))):
         raise DivergedError(f"the loss became non-finite ({_first_bad(window.losses)})")
     return window
+
+
+def warm_up(trainer: Trainer, steps: int) -> None:
+    """Run past everything that makes early steps unrepresentative.
+
+    At least `steps` optimizer steps and two loader worker cycles; more with cudnn.benchmark
+    (autotuning); with fp16, until the GradScaler's scale has settled, since it starts at 2^16
+    and skips optimizer steps while it backs off.
+    """
+    extra = BENCHMARK_EXTRA_STEPS if trainer.config.cudnn_benchmark else 0
+    run_window(trainer, min_steps=steps + extra)
+    if not trainer.scaler.is_enabled():
+        return
+    scale, stable = trainer.scaler.get_scale(), 0
+    for _ in range(SCALER_MAX_STEPS):
+        if stable >= SCALER_STABLE_STEPS:
+            return
+        run_window(trainer, min_steps=1, cover_worker_cycles=False)
+        previous, scale = scale, trainer.scaler.get_scale()
+        stable = stable + 1 if scale == previous else 0
 
 
 def _first_bad(losses: list[float]) -> str:

@@ -21,7 +21,7 @@ import torch
 from advisor.errors import AdvisorError
 from advisor.results import FailurePhase, TaskSummary, TrialResult
 from advisor.task import TrainingTask, build_task, user_batch_size
-from advisor.trial.loop import DivergedError, Trainer, Window, run_window
+from advisor.trial.loop import DivergedError, Trainer, Window, run_window, warm_up
 from advisor.trial.memory import PeakMemory
 from advisor.trial.protocol import TrialRequest
 
@@ -93,7 +93,7 @@ def _measure(request: TrialRequest, phase: _Phase, state: dict[str, Any]) -> Tri
         return _validated(request, trainer, memory, state["summary"], startup_s)
     phase.enter("warmup")
     warmup_started = time.perf_counter()
-    run_window(trainer, min_steps=request.warmup_steps)
+    warm_up(trainer, request.warmup_steps)
     warmup_s = time.perf_counter() - warmup_started
     phase.enter("measure")
     window = run_window(

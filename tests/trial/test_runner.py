@@ -164,3 +164,25 @@ def test_bad_factory_fails_in_build_phase(tmp_path):
     )
     assert "cannot find the data folder" in result.reason
     assert phases == []
+
+
+def test_warm_up_settles_an_fp16_loss_scale():
+    import torch
+
+    from advisor.task import build_task
+    from advisor.trial.loop import SCALER_STABLE_STEPS, Trainer, warm_up
+
+    task, _ = build_task(f"{TINY}:factory")
+    # fp16 is a CUDA knob; the GradScaler logic is the same on CPU, so bypass the validator.
+    config = TrialConfig.model_construct(
+        **{**TrialConfig(batch_size=16).model_dump(), "amp": "fp16"}
+    )
+    trainer = Trainer(task, config, torch.device("cpu"))
+    trainer.scaler._init_scale = 2.0**60  # far too high: the scale must back off repeatedly
+    warm_up(trainer, steps=1)
+    scales = []
+    for _ in range(SCALER_STABLE_STEPS):
+        trainer.step()
+        scales.append(trainer.scaler.get_scale())
+    assert scales[0] < 2.0**60
+    assert len(set(scales)) == 1  # settled: the timed window skips no optimizer step
