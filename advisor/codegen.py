@@ -6,29 +6,13 @@ import json
 import os
 from pathlib import Path
 
-from jinja2 import Environment, PackageLoader, StrictUndefined
-
 from advisor.results import Recommendation
 from advisor.task import is_file_spec
+from advisor.templating import template_environment
 
 __all__ = ["render_training_script"]
 
 _AMP_DTYPES = {"off": "None", "bf16": "torch.bfloat16", "fp16": "torch.float16"}
-
-
-def _environment() -> Environment:
-    environment = Environment(
-        loader=PackageLoader("advisor", "templates"),
-        undefined=StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-    # Every user string becomes a valid, inert Python literal (JSON strings are Python strings).
-    environment.filters["py"] = json.dumps
-    environment.filters["doc"] = _docstring_safe
-    return environment
 
 
 def render_training_script(recommendation: Recommendation, script_dir: Path) -> str:
@@ -41,30 +25,28 @@ def render_training_script(recommendation: Recommendation, script_dir: Path) -> 
         if config.num_workers
         else f"all {cores} cores"
     )
-    return (
-        _environment()
-        .get_template("train.py.j2")
-        .render(
-            spec=recommendation.spec,
-            version=recommendation.advisor_version,
-            created_at=recommendation.created_at,
-            study_name=recommendation.study_name,
-            samples_per_s=recommendation.samples_per_s,
-            speedup=recommendation.speedup,
-            baseline_samples_per_s=recommendation.baseline_samples_per_s,
-            script_path=f"{script_dir.as_posix().rstrip('/')}/train.py",
-            file_spec=is_file_spec(recommendation.spec),
-            root_from_script=_relative_root(recommendation.workdir, script_dir),
-            workdir=recommendation.workdir,
-            trial=recommendation.chosen_from_trial,
-            config=config,
-            global_batch_changed=recommendation.global_batch_changed,
-            baseline_global_batch=recommendation.baseline_config.global_batch_size,
-            amp_dtype=_AMP_DTYPES[config.amp],
-            torch_threads=threads,
-            threads_reason=threads_reason,
-            task=recommendation.task,
-        )
+    # Every user string becomes a valid, inert Python literal (JSON strings are Python strings).
+    environment = template_environment(py=json.dumps, doc=_docstring_safe)
+    return environment.get_template("train.py.j2").render(
+        spec=recommendation.spec,
+        version=recommendation.advisor_version,
+        created_at=recommendation.created_at,
+        study_name=recommendation.study_name,
+        samples_per_s=recommendation.samples_per_s,
+        speedup=recommendation.speedup,
+        baseline_samples_per_s=recommendation.baseline_samples_per_s,
+        script_path=f"{script_dir.as_posix().rstrip('/')}/train.py",
+        file_spec=is_file_spec(recommendation.spec),
+        root_from_script=_relative_root(recommendation.workdir, script_dir),
+        workdir=recommendation.workdir,
+        trial=recommendation.chosen_from_trial,
+        config=config,
+        global_batch_changed=recommendation.global_batch_changed,
+        baseline_global_batch=recommendation.baseline_config.global_batch_size,
+        amp_dtype=_AMP_DTYPES[config.amp],
+        torch_threads=threads,
+        threads_reason=threads_reason,
+        task=recommendation.task,
     )
 
 

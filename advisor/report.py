@@ -6,9 +6,8 @@ import csv
 import io
 from collections import Counter
 
-from jinja2 import Environment, PackageLoader, StrictUndefined
-
 from advisor.results import TrialRecord, TuneResult
+from advisor.templating import template_environment
 
 __all__ = ["render_markdown", "render_trials_csv"]
 
@@ -51,32 +50,23 @@ def _fmt(pattern: str, scale: float = 1.0):  # type: ignore[no-untyped-def]
     return lambda v: "–" if v is None else pattern.format(v * scale)
 
 
-def _environment() -> Environment:
-    environment = Environment(
-        loader=PackageLoader("advisor", "templates"),
-        undefined=StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-    )
-    environment.filters.update(
-        md=_md,
-        rate=_fmt("{:,.0f}"),
-        ms=_fmt("{:.1f}", 1e3),
-        pct=_fmt("{:.0%}"),
-        sec=_fmt("{:.1f}"),
-        mib=_fmt("{:,.0f} MiB", 1 / 2**20),
-        gib=_fmt("{:.1f} GiB", 1 / 2**30),
-        runs=lambda runs: ", ".join(f"{r:,.0f}" for r in runs) or "none",
-    )
-    return environment
+_MARKDOWN_FILTERS = {
+    "md": _md,
+    "rate": _fmt("{:,.0f}"),
+    "ms": _fmt("{:.1f}", 1e3),
+    "pct": _fmt("{:.0%}"),
+    "sec": _fmt("{:.1f}"),
+    "mib": _fmt("{:,.0f} MiB", 1 / 2**20),
+    "gib": _fmt("{:.1f} GiB", 1 / 2**30),
+    "runs": lambda runs: ", ".join(f"{r:,.0f}" for r in runs) or "none",
+}
 
 
 def render_markdown(result: TuneResult) -> str:
     rec = result.recommendation
     baseline = next((t for t in result.trials if t.role == "baseline"), None)
     return (
-        _environment()
+        template_environment(**_MARKDOWN_FILTERS)
         .get_template("report.md.j2")
         .render(
             rec=rec,

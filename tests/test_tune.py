@@ -23,6 +23,15 @@ SETTINGS = {
 }
 
 
+def _cli_tune(out, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`advisor tune` on the tiny workload with the fast settings of these tests."""
+    command = [sys.executable, "-m", "advisor", "tune", f"{TINY}:factory", "--out", str(out)]
+    fast = ["--trial-seconds", "0.3", "--warmup-steps", "2", "--confirm-top", "2"]
+    return subprocess.run(
+        [*command, *fast, *flags], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+
+
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory) -> TuneResult:
     out = tmp_path_factory.mktemp("tune")
@@ -91,33 +100,7 @@ def test_rerun_resumes_without_repeating_finished_trials(first_run):
     out = first_run.out_dir
     before = {t.number: t.result for t in first_run.trials if t.role != "duplicate"}
     resumed_at = time.time()
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "advisor",
-            "tune",
-            f"{TINY}:factory",
-            "--trials",
-            "6",
-            "--out",
-            str(out),
-            "--trial-seconds",
-            "0.3",
-            "--warmup-steps",
-            "2",
-            "--confirm-top",
-            "2",
-            "--batch-sizes",
-            "16,32,64,128",
-            "--json",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    completed = _cli_tune(out, "--trials", "6", "--batch-sizes", "16,32,64,128", "--json")
     assert completed.returncode == 0, completed.stderr
     Recommendation.model_validate_json(completed.stdout)  # --json: only the result on stdout
     study = optuna.load_study(study_name="tiny-factory", storage=f"sqlite:///{out / 'study.db'}")
@@ -130,30 +113,7 @@ def test_rerun_resumes_without_repeating_finished_trials(first_run):
 
 
 def test_resuming_with_other_settings_is_refused(first_run):
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "advisor",
-            "tune",
-            f"{TINY}:factory",
-            "--trials",
-            "6",
-            "--out",
-            str(first_run.out_dir),
-            "--trial-seconds",
-            "0.3",
-            "--warmup-steps",
-            "2",
-            "--batch-sizes",
-            "16,32",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    completed = _cli_tune(first_run.out_dir, "--trials", "6", "--batch-sizes", "16,32")
     assert completed.returncode == 2
     assert "was measured under other settings (domains differ)" in completed.stderr
     assert "Traceback" not in completed.stderr

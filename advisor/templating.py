@@ -1,0 +1,28 @@
+"""The Jinja2 environment behind every rendered file (train.py, report.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, StrictUndefined
+
+__all__ = ["template_environment"]
+
+
+def template_environment(**filters: Callable[..., Any]) -> Environment:
+    """Templates shipped in advisor/templates; a missing variable is an error, not blank text.
+
+    Autoescaping is off because the outputs are Python and Markdown, not HTML: each template
+    passes user strings through a filter made for its language (given here).
+    """
+    environment = Environment(
+        loader=PackageLoader("advisor", "templates"),
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    environment.filters.update(filters)
+    return environment
