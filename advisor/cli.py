@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from pydantic import ValidationError
 from rich.console import Console
 
 import advisor
@@ -109,8 +110,14 @@ def codegen(recommendation: Path, output: Path) -> None:
     """Write the training script for a recommendation.json."""
     try:
         rec = Recommendation.model_validate_json(recommendation.read_text())
-    except ValueError as exc:
-        raise BadInputError(f"{recommendation} is not a valid recommendation.json: {exc}") from exc
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        problem = f"{where}: {first['msg']}" if where else first["msg"]
+        raise BadInputError(
+            f"{recommendation} is not a recommendation.json advisor can read ({problem}): "
+            "pass the file `advisor tune` wrote"
+        ) from exc
     output.write_text(render_training_script(rec, output.parent))
     out.print(f"wrote {output}")
 

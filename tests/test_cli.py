@@ -47,6 +47,8 @@ def _one_line_error(completed: subprocess.CompletedProcess[str]) -> str:
         (["tune", f"{TINY}:factory", "--trials", "x"], "'x' is not a valid integer"),
         (["tune", f"{TINY}:factory", "--storage", "redis://h/0"], "unknown storage URL scheme"),
         (["tune", f"{TINY}:factory", "--sampler", "annealing"], "'annealing' is not one of"),
+        (["codegen", "README.md"], "README.md is not a recommendation.json advisor can read"),
+        (["codegen", "missing.json"], "'missing.json' does not exist"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(args, fragment, tmp_path):
