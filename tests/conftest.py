@@ -4,8 +4,21 @@ from pathlib import Path
 
 import pytest
 
+from advisor.results import HardwareProfile
+
 ROOT = Path(__file__).resolve().parent.parent
 TINY = "tests/workloads/tiny.py"
+
+# A described 2-core CPU machine, for tests of pure functions of the hardware profile.
+CPU_PROFILE = HardwareProfile(
+    cpu_model="test CPU",
+    cores=2,
+    memory_bytes=24 * 2**30,
+    cpu_capability="AVX512",
+    cpu_bf16=True,
+    python_version="3.11",
+    torch_version="2.13.0+cpu",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -8,21 +8,13 @@ import pytest
 
 import advisor
 from advisor.config import TrialConfig
-from advisor.results import HardwareProfile, TrialRecord, TrialResult
+from advisor.results import TrialRecord, TrialResult
 from advisor.search import memory_problem
 from advisor.selection import failure_summary
-from tests.conftest import ROOT, TINY
+from tests.conftest import CPU_PROFILE, ROOT, TINY
 
 FAST = {"trial_seconds": 0.2, "warmup_steps": 1, "confirm_top": 1}
-HOST = HardwareProfile(
-    cpu_model="x",
-    cores=2,
-    memory_bytes=10 * 2**30,
-    cpu_capability="AVX2",
-    cpu_bf16=False,
-    python_version="3.11",
-    torch_version="2.13.0",
-)
+HOST = CPU_PROFILE.model_copy(update={"memory_bytes": 10 * 2**30})
 
 
 def _ok(peak_gib: float) -> TrialResult:

@@ -3,18 +3,11 @@ import pytest
 
 from advisor.config import TuneSettings
 from advisor.errors import SettingsError
-from advisor.results import GpuInfo, HardwareProfile, TaskSummary
+from advisor.results import GpuInfo, TaskSummary
 from advisor.space import build_space
+from tests.conftest import CPU_PROFILE
 
-CPU = HardwareProfile(
-    cpu_model="test CPU",
-    cores=2,
-    memory_bytes=24 * 2**30,
-    cpu_capability="AVX512",
-    cpu_bf16=True,
-    python_version="3.11",
-    torch_version="2.13.0+cpu",
-)
+CPU = CPU_PROFILE
 FOUR_A100 = CPU.model_copy(
     update={
         "cores": 32,
