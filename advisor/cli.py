@@ -76,6 +76,8 @@ def tune(spec: str, as_json: bool, quiet: bool, **flags: Any) -> None:
         return
     rec = result.recommendation
     out.print(advisor.console.recommendation_table(rec))
+    if rec.config == rec.baseline_config:
+        out.print("your configuration was the fastest one measured: no knob searched beat it")
     for warning in rec.warnings:
         out.print(f"[yellow]note:[/] {warning}", highlight=False, soft_wrap=True)
     files = "recommendation.json, trials.csv, report.md, train.py, logs/"

@@ -86,8 +86,9 @@ def _counts(trials: tuple[TrialRecord, ...]) -> str:
     by_status = Counter("infeasible" if t.infeasible_reason else t.result.status for t in measured)
     parts = ", ".join(f"{n} {status}" for status, n in by_status.most_common())
     duplicates = len(trials) - len(measured)
+    proposals = "proposal was" if duplicates == 1 else "proposals were"
     repeated = (
-        f"; {duplicates} repeated proposals answered from earlier trials" if duplicates else ""
+        f"; {duplicates} repeated {proposals} answered from earlier trials" if duplicates else ""
     )
     return f"{len(measured)} configurations measured: {parts}{repeated}."
 

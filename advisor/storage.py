@@ -10,6 +10,9 @@ from advisor.errors import StorageError
 
 __all__ = ["mask_url", "open_study"]
 
+HEARTBEAT_S = 5
+STALE_AFTER_S = 30
+
 
 def mask_url(url: str) -> str:
     """The URL with its password replaced by `***`."""
@@ -24,7 +27,11 @@ def open_study(url: str, study_name: str, sampler: optuna.samplers.BaseSampler) 
     # advisor reports progress and failures itself; Optuna would log a traceback per Ctrl-C.
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
-        storage = optuna.storages.RDBStorage(url)
+        # A heartbeat marks trials of a worker that died (SIGKILL, lost machine) as stale;
+        # Optuna fails them when the next trial starts, so they do not stay RUNNING forever.
+        storage = optuna.storages.RDBStorage(
+            url, heartbeat_interval=HEARTBEAT_S, grace_period=STALE_AFTER_S
+        )
         return optuna.create_study(
             study_name=study_name,
             storage=storage,

@@ -63,6 +63,8 @@ def test_timeout_stops_starting_trials(tmp_path):
     result = advisor.tune(f"{TINY}:factory", trials=20, timeout=0.5, out=tmp_path, **FAST)
     assert [t.role for t in result.trials] == ["baseline"]
     assert result.recommendation.config == result.recommendation.baseline_config
+    report = (tmp_path / "report.md").read_text()
+    assert "Your configuration was the fastest one measured" in report
 
 
 @pytest.mark.slow

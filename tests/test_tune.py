@@ -169,3 +169,27 @@ def test_ctrl_c_keeps_finished_trials_and_the_same_command_resumes(tmp_path):
         if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs["role"] != "duplicate"
     ]
     assert len(measured) == 5
+
+
+def test_a_killed_parent_leaves_no_trial_running_after_resume(tmp_path):
+    import signal
+
+    from advisor.storage import STALE_AFTER_S
+
+    flags = ("--trials", "3", "--trial-seconds", "1", "--confirm-top", "1")
+    command = [sys.executable, "-m", "advisor", "tune", f"{TINY}:factory", "--out", str(tmp_path)]
+    process = subprocess.Popen([*command, *flags], cwd=ROOT, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while _completed_trials(tmp_path) < 1 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(2)  # the next trial is running now
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    time.sleep(STALE_AFTER_S + 2)
+    resumed = subprocess.run([*command, *flags], cwd=ROOT, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    study = optuna.load_study(study_name="tiny-factory", storage=f"sqlite:///{tmp_path}/study.db")
+    states = [t.state for t in study.trials]
+    assert optuna.trial.TrialState.RUNNING not in states
+    assert optuna.trial.TrialState.FAIL in states  # the trial the killed parent was running
+    assert _completed_trials(tmp_path) >= 3
