@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import optuna
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -29,9 +31,11 @@ def open_study(url: str, study_name: str, sampler: optuna.samplers.BaseSampler) 
     try:
         # A heartbeat marks trials of a worker that died (SIGKILL, lost machine) as stale;
         # Optuna fails them when the next trial starts, so they do not stay RUNNING forever.
-        storage = optuna.storages.RDBStorage(
-            url, heartbeat_interval=HEARTBEAT_S, grace_period=STALE_AFTER_S
-        )
+        with warnings.catch_warnings():  # "experimental" since Optuna 2.9; users need not see it
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            storage = optuna.storages.RDBStorage(
+                url, heartbeat_interval=HEARTBEAT_S, grace_period=STALE_AFTER_S
+            )
         return optuna.create_study(
             study_name=study_name,
             storage=storage,

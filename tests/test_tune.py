@@ -103,6 +103,7 @@ def test_rerun_resumes_without_repeating_finished_trials(first_run):
     completed = _cli_tune(out, "--trials", "6", "--batch-sizes", "16,32,64,128", "--json")
     assert completed.returncode == 0, completed.stderr
     Recommendation.model_validate_json(completed.stdout)  # --json: only the result on stdout
+    assert "Warning" not in completed.stderr  # e.g. Optuna's ExperimentalWarning
     study = optuna.load_study(study_name="tiny-factory", storage=f"sqlite:///{out / 'study.db'}")
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     measured = [t for t in done if t.user_attrs["role"] != "duplicate"]
