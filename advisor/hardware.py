@@ -15,7 +15,7 @@ from pathlib import Path
 from advisor.errors import AdvisorError
 from advisor.results import GpuInfo, HardwareProfile
 
-__all__ = ["child_env", "probe", "probe_isolated"]
+__all__ = ["child_env", "probe", "probe_isolated", "usable_cores"]
 
 
 def probe() -> HardwareProfile:
@@ -25,7 +25,7 @@ def probe() -> HardwareProfile:
     cuda = torch.cuda.is_available()
     return HardwareProfile(
         cpu_model=_cpu_model(),
-        cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        cores=usable_cores(),
         memory_bytes=psutil.virtual_memory().total,
         cpu_capability=torch.backends.cpu.get_cpu_capability(),
         cpu_bf16=_cpu_has_bf16(),
@@ -35,6 +35,13 @@ def probe() -> HardwareProfile:
         cudnn_version=torch.backends.cudnn.version() if cuda else None,
         gpus=tuple(_gpu(index) for index in range(torch.cuda.device_count())) if cuda else (),
     )
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), not the machine's total."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def probe_isolated() -> HardwareProfile:

@@ -60,7 +60,7 @@ def select_winner(records: list[TrialRecord], context: SearchContext) -> Selecti
             "no finalist was feasible when re-measured: " + failure_summary(failed)
         )
     winner = max(confirmed, key=lambda r: statistics.median(_rates(reruns[r.number])))
-    baseline_runs = ()
+    baseline_runs: tuple[float, ...] = ()
     if baseline is not None and baseline in confirmed:
         baseline_runs = _rates(reruns[baseline.number])
     confirmations = tuple(c for runs in reruns.values() for c in runs)

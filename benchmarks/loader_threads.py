@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 
 from advisor.config import TrialConfig
+from advisor.hardware import usable_cores
 from advisor.task import build_task
-from advisor.trial.loop import Trainer, run_window, usable_cores
+from advisor.trial.loop import Trainer, run_window
 
 RESULTS = Path(__file__).parent / "results"
 

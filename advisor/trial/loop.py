@@ -6,10 +6,9 @@ The generated `train.py` (templates/train.py.j2) does the same steps; keep the t
 from __future__ import annotations
 
 import contextlib
-import os
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from advisor.config import TrialConfig
+from advisor.hardware import usable_cores
 from advisor.task import TrainingTask
 from advisor.trial.batches import (
     BatchKind,
@@ -26,7 +26,7 @@ from advisor.trial.batches import (
     to_device,
 )
 
-__all__ = ["Trainer", "Window", "run_window", "usable_cores", "warm_up"]
+__all__ = ["Trainer", "Window", "run_window", "warm_up"]
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PREFETCH_FACTOR = 2
@@ -37,10 +37,6 @@ SCALER_MAX_STEPS = 50
 
 class DivergedError(ArithmeticError):
     """A loss was NaN or infinite."""
-
-
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class Trainer:
@@ -94,7 +90,7 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=AMP_DTYPES[self.config.amp])
 
-    def _endless_batches(self) -> Iterator[Any]:
+    def _endless_batches(self) -> Generator[Any, None, None]:
         non_blocking = self.config.pin_memory
         while True:
             yielded = False

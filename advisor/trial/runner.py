@@ -16,12 +16,13 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast, get_args
 
 import psutil
 
 from advisor.config import TrialConfig
 from advisor.hardware import child_env
-from advisor.results import TrialResult
+from advisor.results import FailurePhase, TrialResult
 from advisor.trial.protocol import TrialRequest
 
 __all__ = ["TrialLaunch", "run_trial"]
@@ -122,7 +123,7 @@ def _timed_out(request: TrialRequest, timeout_s: float, phase: str) -> TrialResu
         status="timeout",
         reason=f"no result after {timeout_s:.0f} s (phase: {phase}); "
         "the trial's process group was killed",
-        failure_phase=phase if phase in ("build", "first_step", "warmup", "measure") else None,
+        failure_phase=cast(FailurePhase, phase) if phase in get_args(FailurePhase) else None,
     )
 
 
