@@ -16,7 +16,13 @@ from advisor.hardware import probe_isolated
 from advisor.preflight import preflight
 from advisor.progress import NullProgress, Progress
 from advisor.report import render_markdown, render_trials_csv
-from advisor.results import Recommendation, TaskSummary, TrialResult, TuneResult
+from advisor.results import (
+    HardwareProfile,
+    Recommendation,
+    TaskSummary,
+    TrialResult,
+    TuneResult,
+)
 from advisor.search import SearchContext, bind_study, make_sampler, records_of, run_search
 from advisor.selection import Selection, select_winner
 from advisor.space import SearchSpace, build_space, resolve_device
@@ -110,7 +116,7 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
 def _recommend(
     settings: TuneSettings,
     space: SearchSpace,
-    hardware: Any,
+    hardware: HardwareProfile,
     checked: TrialResult,
     selection: Selection,
 ) -> Recommendation:
