@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,18 @@ CPU_PROFILE = HardwareProfile(
     python_version="3.11",
     torch_version="2.13.0+cpu",
 )
+
+
+def run_advisor(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """`python -m advisor ARGS` from the repository root, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "advisor", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

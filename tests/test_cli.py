@@ -2,22 +2,14 @@
 
 import json
 import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import ROOT, TINY
+from tests.conftest import TINY, run_advisor
 
 
-def advisor(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "advisor", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+def advisor(*args: str) -> subprocess.CompletedProcess[str]:
+    return run_advisor(*args, timeout=240)
 
 
 def _one_line_error(completed: subprocess.CompletedProcess[str]) -> str:

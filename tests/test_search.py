@@ -1,8 +1,5 @@
 """Search budgets, samplers, infeasibility and the no-feasible-configuration exit."""
 
-import subprocess
-import sys
-
 import optuna
 import pytest
 
@@ -11,7 +8,7 @@ from advisor.config import TrialConfig
 from advisor.results import TrialRecord, TrialResult
 from advisor.search import memory_problem
 from advisor.selection import failure_summary
-from tests.conftest import CPU_PROFILE, ROOT, TINY
+from tests.conftest import CPU_PROFILE, TINY, run_advisor
 
 FAST = {"trial_seconds": 0.2, "warmup_steps": 1, "confirm_top": 1}
 HOST = CPU_PROFILE.model_copy(update={"memory_bytes": 10 * 2**30})
@@ -69,25 +66,15 @@ def test_timeout_stops_starting_trials(tmp_path):
 
 @pytest.mark.slow
 def test_every_trial_failing_exits_3_with_the_reasons(tmp_path):
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "advisor",
-            "tune",
-            f"{TINY}:nan_loss",
-            "--trials",
-            "2",
-            "--trial-seconds",
-            "0.2",
-            "--out",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    completed = run_advisor(
+        "tune",
+        f"{TINY}:nan_loss",
+        "--trials",
+        "2",
+        "--trial-seconds",
+        "0.2",
+        "--out",
+        str(tmp_path),
     )
     assert completed.returncode == 3, completed.stderr
     assert "error: all 2 trials failed: 2 diverged" in completed.stderr

@@ -11,7 +11,7 @@ import pytest
 import advisor
 from advisor import TuneResult
 from advisor.results import Recommendation
-from tests.conftest import ROOT, TINY
+from tests.conftest import ROOT, TINY, run_advisor
 
 pytestmark = pytest.mark.slow
 
@@ -25,11 +25,8 @@ SETTINGS = {
 
 def _cli_tune(out, *flags: str) -> subprocess.CompletedProcess[str]:
     """`advisor tune` on the tiny workload with the fast settings of these tests."""
-    command = [sys.executable, "-m", "advisor", "tune", f"{TINY}:factory", "--out", str(out)]
-    fast = ["--trial-seconds", "0.3", "--warmup-steps", "2", "--confirm-top", "2"]
-    return subprocess.run(
-        [*command, *fast, *flags], cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
+    fast = ("--trial-seconds", "0.3", "--warmup-steps", "2", "--confirm-top", "2")
+    return run_advisor("tune", f"{TINY}:factory", "--out", str(out), *fast, *flags)
 
 
 @pytest.fixture(scope="module")
