@@ -13,6 +13,7 @@ __all__ = [
     "FixedKnob",
     "GpuInfo",
     "HardwareProfile",
+    "RankResult",
     "Recommendation",
     "TaskSummary",
     "TrialRecord",
@@ -73,6 +74,17 @@ class TaskSummary(_Frozen):
     user_batch_size: int
 
 
+class RankResult(_Frozen):
+    """One DDP rank's share of a trial."""
+
+    rank: int
+    samples_per_s: float
+    window_s: float
+    data_wait_fraction: float | None = None
+    peak_memory_bytes: int | None = None
+    startup_s: float | None = None
+
+
 class TrialResult(_Frozen):
     """One isolated trial, as the child (or, when it died, the parent) recorded it."""
 
@@ -93,6 +105,7 @@ class TrialResult(_Frozen):
     steps_measured: int = 0
     samples_measured: int = 0
     losses: tuple[float, ...] = ()
+    ranks: tuple[RankResult, ...] = Field(default=(), description="per-rank figures under DDP")
     wall_s: float | None = Field(default=None, description="whole trial as the parent saw it")
     task: TaskSummary | None = None
     log_path: str | None = None

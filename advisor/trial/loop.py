@@ -6,6 +6,7 @@ The generated `train.py` (templates/train.py.j2) does the same steps; keep the t
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import time
 from collections.abc import Generator
@@ -13,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
-from advisor.config import TrialConfig
+from advisor.config import ParallelMode, TrialConfig
 from advisor.hardware import usable_cores
 from advisor.task import TrainingTask
 from advisor.trial.batches import (
@@ -26,7 +28,7 @@ from advisor.trial.batches import (
     to_device,
 )
 
-__all__ = ["Trainer", "Window", "run_window", "warm_up"]
+__all__ = ["Trainer", "Window", "run_window", "warm_up", "window_steps", "wrap_model"]
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PREFETCH_FACTOR = 2
@@ -40,19 +42,33 @@ class DivergedError(ArithmeticError):
 
 
 class Trainer:
-    """Model, optimizer, loader and AMP for one configuration; `step()` is one optimizer step."""
+    """Model, optimizer, loader and AMP for one configuration; `step()` is one optimizer step.
 
-    def __init__(self, task: TrainingTask, config: TrialConfig, device: torch.device) -> None:
+    Under DDP this is one rank: the process group must be initialised before, and `rank` picks
+    this process's shard of the dataset.
+    """
+
+    def __init__(
+        self,
+        task: TrainingTask,
+        config: TrialConfig,
+        device: torch.device,
+        *,
+        rank: int = 0,
+        seed: int = 0,
+    ) -> None:
         self.config = config
         self.device = device
         torch.set_num_threads(config.main_process_threads(usable_cores()))
         torch.backends.cudnn.benchmark = config.cudnn_benchmark
-        self.model = task.model.to(device)
-        self.model.train()
+        model = task.model.to(device)
+        model.train()
+        self.model = wrap_model(model, config.parallel_mode, device)
         make_optimizer = task.optimizer or (lambda params: torch.optim.AdamW(params, lr=1e-3))
         self.optimizer = make_optimizer(self.model.parameters())
         self.loss_fn = task.loss_fn
-        self.loader = _build_loader(task, config)
+        self.sampler = _sampler(task, config, rank, seed)
+        self.loader = _build_loader(task, config, self.sampler)
         self.scaler = torch.amp.GradScaler(device.type, enabled=config.amp == "fp16")
         self.data_wait_s = 0.0
         self.first_batch: str | None = None
@@ -63,11 +79,12 @@ class Trainer:
         """One optimizer step over `accumulation_steps` micro-batches; returns the mean loss."""
         accumulation = self.config.accumulation_steps
         total = torch.zeros((), device=self.device)
-        for _ in range(accumulation):
+        for micro in range(accumulation):
             batch = next(self._batches)
-            with self._autocast():
-                loss = compute_loss(self.model, batch, self.loss_fn)
-            self.scaler.scale(loss / accumulation).backward()
+            with self._gradient_sync(final=micro == accumulation - 1):
+                with self._autocast():
+                    loss = compute_loss(self.model, batch, self.loss_fn)
+                self.scaler.scale(loss / accumulation).backward()
             total += loss.detach().float()
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -85,6 +102,12 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def _gradient_sync(self, *, final: bool) -> contextlib.AbstractContextManager[Any]:
+        """DDP all-reduces gradients on the last micro-step of an optimizer step only."""
+        if final or not isinstance(self.model, DistributedDataParallel):
+            return contextlib.nullcontext()
+        return self.model.no_sync()
+
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.config.amp == "off":
             return contextlib.nullcontext()
@@ -92,7 +115,11 @@ class Trainer:
 
     def _endless_batches(self) -> Generator[Any, None, None]:
         non_blocking = self.config.pin_memory
+        epoch = 0
         while True:
+            if self.sampler is not None:
+                self.sampler.set_epoch(epoch)  # a new shuffle per epoch, the same on every rank
+            epoch += 1
             yielded = False
             iterator = iter(self.loader)
             while True:
@@ -114,18 +141,54 @@ class Trainer:
                 )
 
 
-def _build_loader(task: TrainingTask, config: TrialConfig) -> DataLoader[Any]:
+def wrap_model(model: torch.nn.Module, mode: ParallelMode, device: torch.device) -> torch.nn.Module:
+    """The model as the parallel mode runs it; DDP needs an initialised process group."""
+    if mode == "ddp":
+        device_ids = [device.index] if device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids)
+    if mode == "dp":  # splits each batch over every visible GPU, gathers on the first
+        return torch.nn.DataParallel(model)
+    return model
+
+
+def _sampler(
+    task: TrainingTask, config: TrialConfig, rank: int, seed: int
+) -> DistributedSampler[Any] | None:
+    """Under DDP each rank reads its own shard: `len(dataset) // world_size` samples."""
+    if config.parallel_mode != "ddp":
+        return None
+    if isinstance(task.dataset, IterableDataset):
+        raise ValueError("DDP needs a map-style dataset to shard; an IterableDataset has no index")
+    return DistributedSampler(
+        task.dataset,
+        num_replicas=config.world_size,
+        rank=rank,
+        shuffle=True,
+        seed=seed,
+        drop_last=True,
+    )
+
+
+def _build_loader(
+    task: TrainingTask, config: TrialConfig, sampler: DistributedSampler[Any] | None
+) -> DataLoader[Any]:
     dataset = task.dataset
     iterable = isinstance(dataset, IterableDataset)
-    if not iterable and len(dataset) < config.batch_size:
-        raise ValueError(
-            f"batch size {config.batch_size} exceeds the dataset's {len(dataset)} samples"
-        )
+    if not iterable:
+        per_process = len(dataset) // config.world_size
+        if per_process < config.batch_size:
+            shard = f"the {per_process} samples each of {config.world_size} ranks reads"
+            whole = f"the dataset's {len(dataset)} samples"
+            raise ValueError(
+                f"batch size {config.batch_size} exceeds "
+                f"{shard if config.world_size > 1 else whole}"
+            )
     workers = config.num_workers
     return DataLoader(
         dataset,
         batch_size=config.batch_size,
-        shuffle=not iterable,
+        shuffle=not iterable and sampler is None,
+        sampler=sampler,
         num_workers=workers,
         pin_memory=config.pin_memory,
         drop_last=True,  # a partial last batch would change shapes mid-window
@@ -193,24 +256,40 @@ def run_window(
     return window
 
 
-def warm_up(trainer: Trainer, steps: int) -> None:
-    """Run past everything that makes early steps unrepresentative.
+def warm_up(trainer: Trainer, steps: int) -> Window:
+    """Run past everything that makes early steps unrepresentative; return the main warm-up window.
 
     At least `steps` optimizer steps and two loader worker cycles; more with cudnn.benchmark
     (autotuning); with fp16, until the GradScaler's scale has settled, since it starts at 2^16
-    and skips optimizer steps while it backs off.
+    and skips optimizer steps while it backs off. Every DDP rank runs the same steps: the step
+    counts depend only on the configuration, and the loss scale is the same on all ranks.
     """
     extra = BENCHMARK_EXTRA_STEPS if trainer.config.cudnn_benchmark else 0
-    run_window(trainer, min_steps=steps + extra)
+    window = run_window(trainer, min_steps=steps + extra)
     if not trainer.scaler.is_enabled():
-        return
+        return window
     scale, stable = trainer.scaler.get_scale(), 0
     for _ in range(SCALER_MAX_STEPS):
         if stable >= SCALER_STABLE_STEPS:
-            return
+            break
         run_window(trainer, min_steps=1, cover_worker_cycles=False)
         previous, scale = scale, trainer.scaler.get_scale()
         stable = stable + 1 if scale == previous else 0
+    return window
+
+
+def window_steps(config: TrialConfig, seconds: float, step_s: float, cap: int | None) -> int:
+    """Optimizer steps for a window of about `seconds` at `step_s` per step.
+
+    DDP ranks must all run the same number of steps (each waits for the others' gradients), so
+    their window is a step count agreed in advance instead of a clock each rank reads alone.
+    It still spans three steps and two full loader worker cycles.
+    """
+    min_micro = 2 * config.num_workers * PREFETCH_FACTOR
+    steps = max(
+        3, math.ceil(seconds / max(step_s, 1e-9)), -(-min_micro // config.accumulation_steps)
+    )
+    return min(steps, cap) if cap is not None else steps
 
 
 def _first_bad(losses: list[float]) -> str:

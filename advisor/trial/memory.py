@@ -14,7 +14,8 @@ __all__ = ["PeakMemory"]
 class PeakMemory:
     """Track peak memory from `start()` to `stop()`.
 
-    On CUDA this is `max_memory_reserved` (what the allocator took from the device). On CPU it is
+    On CUDA this is `max_memory_reserved` (what the allocator took from the device; the largest
+    over all GPUs when DataParallel spreads the model over every one of them). On CPU it is
     the larger of this process's lifetime peak RSS and the sampled RSS of this process plus the
     private resident memory (RSS less file-backed pages) of its children, the DataLoader workers.
     That errs high by the copy-on-write pages a forked worker shares with its parent; exact USS
@@ -23,9 +24,19 @@ class PeakMemory:
     """
 
     def __init__(
-        self, device: torch.device, *, has_children: bool, interval_s: float = 0.5
+        self,
+        device: torch.device,
+        *,
+        has_children: bool,
+        all_gpus: bool = False,
+        interval_s: float = 0.5,
     ) -> None:
         self._device = device
+        self._gpus = (
+            [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+            if all_gpus and device.type == "cuda"
+            else [device]
+        )
         # Without loader workers the lifetime peak RSS is exact, and a sampling thread would
         # only compete with the measured loop for the GIL.
         self._has_children = has_children
@@ -36,7 +47,8 @@ class PeakMemory:
 
     def start(self) -> None:
         if self._device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self._device)
+            for gpu in self._gpus:
+                torch.cuda.reset_peak_memory_stats(gpu)
             return
         if not self._has_children:
             return
@@ -45,7 +57,7 @@ class PeakMemory:
 
     def stop(self) -> int:
         if self._device.type == "cuda":
-            return int(torch.cuda.max_memory_reserved(self._device))
+            return max(int(torch.cuda.max_memory_reserved(gpu)) for gpu in self._gpus)
         self._stop.set()
         if self._thread is not None:
             self._thread.join()

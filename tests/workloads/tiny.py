@@ -178,3 +178,26 @@ def lingering_thread():
 
     threading.Thread(target=time.sleep, args=(3600,), name="user-prefetcher").start()
     return factory()
+
+
+# --- DDP ranks that fail alone ------------------------------------------------------------------
+def _on_rank_1(fault):
+    """Trigger `fault` in rank 1 only; rank 0 then waits for it in a gradient all-reduce."""
+
+    def maybe(model: Faulty, features: torch.Tensor) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_rank() == 1:
+            fault(model, features)
+
+    return maybe
+
+
+def _raise(model: Faulty, features: torch.Tensor) -> None:
+    if model.calls > 2:
+        raise RuntimeError("simulated failure in rank 1's forward")
+
+
+rank1_raises = _fault_factory(_on_rank_1(_raise))
+rank1_hangs = _fault_factory(_on_rank_1(_hang))
+rank1_sigkill = _fault_factory(_on_rank_1(_sigkill))

@@ -1,0 +1,223 @@
+"""DDP trials: the trial child supervises `world_size` ranks and combines what they measured.
+
+The ranks are started with torch's own launcher (`torch.multiprocessing.start_processes`, spawn),
+which stops every rank as soon as one fails. They rendezvous through a `TCPStore` that this
+supervisor binds to port 0 and holds for the whole trial, so concurrent trials can never race
+for a port. Ranks stay in the trial's process group: the runner's timeout kills them all.
+
+Each rank writes its own `TrialResult` to a file instead of gathering them with a collective, so
+a dead rank cannot leave the others waiting to report. Throughput is the samples of all ranks
+divided by the slowest rank's window (the ranks start their windows at a barrier).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from multiprocessing.connection import wait
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict
+from torch.multiprocessing import start_processes
+from torch.multiprocessing.spawn import ProcessContext, ProcessException
+
+from advisor.config import TrialConfig
+from advisor.hardware import usable_cores
+from advisor.results import RankResult, TrialResult
+from advisor.trial.measure import measure_request
+from advisor.trial.protocol import TrialRequest
+
+__all__ = ["combine_ranks", "run_distributed"]
+
+LOCALHOST = "127.0.0.1"
+RANK_GRACE_S = 1.0  # after one rank fails, how long the others get before SIGTERM
+RENDEZVOUS_TIMEOUT = timedelta(minutes=5)
+
+
+class RankReport(BaseModel):
+    """What one rank leaves behind: its result and when it finished (to order failures)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rank: int
+    finished_ns: int
+    result: TrialResult
+
+
+def run_distributed(request: TrialRequest) -> TrialResult:
+    """Run one DDP trial: start the ranks, wait for all of them, combine their results."""
+    config = request.config
+    # Read by each rank's torch at import; Trainer also sets it: no oversubscribed cores.
+    os.environ["OMP_NUM_THREADS"] = str(config.main_process_threads(usable_cores()))
+    try:
+        store = dist.TCPStore(LOCALHOST, 0, is_master=True, wait_for_workers=False)
+    except (RuntimeError, OSError) as exc:
+        return _supervisor_failed(config, f"could not open the rendezvous store: {exc}")
+    with tempfile.TemporaryDirectory(prefix="advisor-ranks-") as scratch:
+        reports = Path(scratch)
+        context = start_processes(
+            _rank_main,
+            args=(request, store.port, str(reports)),
+            nprocs=config.world_size,
+            join=False,
+            start_method="spawn",
+        )
+        exit_codes = _wait_for_ranks(context)
+        if exit_codes is not None:
+            with contextlib.suppress(ProcessException):
+                context.join(grace_period=RANK_GRACE_S)  # stops and reaps the other ranks
+            return _rank_failure(config, _read_reports(reports), exit_codes)
+        results = [report.result for report in _read_reports(reports).values()]
+    if len(results) != config.world_size:
+        return _supervisor_failed(config, "a rank exited without a result")
+    return combine_ranks(config, results)
+
+
+def _wait_for_ranks(context: ProcessContext) -> dict[int, int] | None:
+    """Wait for every rank to exit; None when all succeeded.
+
+    Otherwise, as soon as one fails, the exit codes of the ranks already gone at that moment:
+    a rank that died without a report (a signal, a crash) is the cause, not the ranks that
+    failed after it because their peer was gone.
+    """
+    processes = context.processes
+    pending = {process.sentinel: rank for rank, process in enumerate(processes)}
+    while pending:
+        for sentinel in wait(list(pending)):
+            process = processes[pending.pop(sentinel)]
+            process.join()
+            if process.exitcode != 0:
+                return {
+                    rank: other.exitcode
+                    for rank, other in enumerate(processes)
+                    if other.exitcode is not None
+                }
+    return None
+
+
+def combine_ranks(config: TrialConfig, results: list[TrialResult]) -> TrialResult:
+    """One trial result from every rank's: all samples over the slowest rank's window."""
+    failed = [(rank, r) for rank, r in enumerate(results) if not r.feasible]
+    if failed:
+        rank, first = failed[0]
+        return _as_rank_failure(config, rank, first)
+    slowest = max(results, key=lambda r: r.window_s or 0.0)
+    window_s = slowest.window_s or 0.0
+    samples = sum(r.samples_measured for r in results)
+    peaks = [r.peak_memory_bytes for r in results if r.peak_memory_bytes is not None]
+    waits = [r.data_wait_fraction for r in results if r.data_wait_fraction is not None]
+    starts = [r.startup_s for r in results if r.startup_s is not None]
+    warmups = [r.warmup_s for r in results if r.warmup_s is not None]
+    return results[0].model_copy(
+        update={
+            "config": config,
+            "samples_per_s": samples / window_s if window_s else None,
+            "samples_measured": samples,
+            "window_s": window_s,
+            "step_time_median_s": slowest.step_time_median_s,
+            "step_time_p10_s": slowest.step_time_p10_s,
+            "step_time_p90_s": slowest.step_time_p90_s,
+            "data_wait_fraction": max(waits, default=None),
+            # CPU ranks share the host's memory; GPU ranks each have a device of their own.
+            "peak_memory_bytes": (max if config.device == "cuda" else sum)(peaks)
+            if peaks
+            else None,
+            "startup_s": max(starts, default=None),
+            "warmup_s": max(warmups, default=None),
+            "ranks": tuple(_rank_summary(rank, r) for rank, r in enumerate(results)),
+        }
+    )
+
+
+def _rank_summary(rank: int, result: TrialResult) -> RankResult:
+    return RankResult(
+        rank=rank,
+        samples_per_s=result.samples_per_s or 0.0,
+        window_s=result.window_s or 0.0,
+        data_wait_fraction=result.data_wait_fraction,
+        peak_memory_bytes=result.peak_memory_bytes,
+        startup_s=result.startup_s,
+    )
+
+
+def _rank_main(rank: int, request: TrialRequest, port: int, reports: str) -> None:
+    """Entry point of one rank (a spawned process): join the group, measure, report, exit."""
+    config = request.config
+    try:
+        if config.device == "cuda":
+            torch.cuda.set_device(rank)
+        store = dist.TCPStore(
+            LOCALHOST, port, config.world_size, is_master=False, timeout=RENDEZVOUS_TIMEOUT
+        )
+        backend = "nccl" if config.device == "cuda" else "gloo"
+        dist.init_process_group(backend, store=store, rank=rank, world_size=config.world_size)
+    except Exception as exc:  # reported as this rank's failure
+        result = TrialResult(
+            config=config, status="error", reason=f"could not join the process group: {exc}"
+        )
+    else:
+        result = measure_request(request, rank)
+    report = RankReport(rank=rank, finished_ns=time.monotonic_ns(), result=result)
+    path = Path(reports) / f"rank-{rank}.json"
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(report.model_dump_json())
+    os.replace(temporary, path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # A failed rank exits non-zero so that the launcher stops the others at once (they may be
+    # waiting for it in a collective). No interpreter shutdown: user threads cannot hang it.
+    os._exit(0 if result.feasible else 1)
+
+
+def _read_reports(reports: Path) -> dict[int, RankReport]:
+    found = (
+        RankReport.model_validate_json(path.read_text()) for path in reports.glob("rank-*.json")
+    )
+    return {report.rank: report for report in sorted(found, key=lambda report: report.rank)}
+
+
+def _rank_failure(
+    config: TrialConfig, reports: dict[int, RankReport], exit_codes: dict[int, int]
+) -> TrialResult:
+    """The trial's failure: a rank that died without a report, else the earliest failure."""
+    for rank, code in sorted(exit_codes.items()):
+        if code != 0 and rank not in reports:
+            return _rank_died(config, rank, code)
+    failed = sorted(
+        (report for report in reports.values() if not report.result.feasible),
+        key=lambda report: report.finished_ns,
+    )
+    if failed:
+        return _as_rank_failure(config, failed[0].rank, failed[0].result)
+    return _supervisor_failed(config, "a rank failed without a result")
+
+
+def _rank_died(config: TrialConfig, rank: int, code: int) -> TrialResult:
+    if code == -signal.SIGKILL:
+        return TrialResult(
+            config=config,
+            status="oom",
+            reason=f"rank {rank} was killed by SIGKILL, which is what the kernel's OOM killer "
+            "does when host memory runs out",
+        )
+    if code < 0:
+        known = {member.value: member.name for member in signal.Signals}
+        reason = f"rank {rank} died of {known.get(-code, f'signal {-code}')}"
+    else:
+        reason = f"rank {rank} exited with code {code} without a result"
+    return TrialResult(config=config, status="crashed", reason=reason)
+
+
+def _as_rank_failure(config: TrialConfig, rank: int, result: TrialResult) -> TrialResult:
+    return result.model_copy(update={"config": config, "reason": f"rank {rank}: {result.reason}"})
+
+
+def _supervisor_failed(config: TrialConfig, reason: str) -> TrialResult:
+    return TrialResult(config=config, status="crashed", reason=reason)

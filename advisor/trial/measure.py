@@ -1,0 +1,222 @@
+"""One training process's measurement: build the task, take the first step, warm up, time a window.
+
+A single-process trial is exactly this; under DDP every rank runs it in its own process and
+`advisor.trial.distributed` combines the ranks' results. Failures are data (`status`), never an
+exception escaping to the caller.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from advisor.errors import AdvisorError
+from advisor.results import FailurePhase, TaskSummary, TrialResult
+from advisor.task import TrainingTask, build_task, user_batch_size
+from advisor.trial.loop import DivergedError, Trainer, Window, run_window, warm_up, window_steps
+from advisor.trial.memory import PeakMemory
+from advisor.trial.protocol import TrialRequest
+
+__all__ = ["measure_request"]
+
+
+class _Phase:
+    """The trial's current phase, mirrored to a file the parent polls for live progress."""
+
+    def __init__(self, path: str | None) -> None:
+        self._path = Path(path) if path else None
+        self.name: FailurePhase = "build"
+
+    def enter(self, name: FailurePhase) -> None:
+        self.name = name
+        if self._path is not None:
+            with self._path.open("a") as phases:  # appended, so the parent misses none
+                phases.write(name + "\n")
+
+
+def measure_request(request: TrialRequest, rank: int = 0) -> TrialResult:
+    """Measure this process's part of a trial; user-code failures become a status.
+
+    Under DDP (`rank` is this process's rank) the process group is already initialised, and only
+    rank 0 reports the phase to the parent.
+    """
+    phase = _Phase(request.phase_path if rank == 0 else None)
+    state: dict[str, Any] = {}
+    try:
+        return _measure(request, rank, phase, state)
+    except torch.OutOfMemoryError as exc:
+        return _failed(request, "oom", f"out of memory: {_first_line(exc)}", phase, state)
+    except DivergedError as exc:
+        return _failed(request, "diverged", str(exc), phase, state)
+    except AdvisorError as exc:
+        state["error_type"] = type(exc).__name__
+        return _failed(request, "error", str(exc), phase, state)
+    except Exception as exc:
+        traceback.print_exc()
+        state["error_type"] = type(exc).__name__
+        reason = f"{type(exc).__name__}: {_first_line(exc)}"
+        if phase.name == "first_step":
+            reason = f"the first training step failed with {reason}"
+        return _failed(request, "error", reason, phase, state)
+
+
+def _measure(request: TrialRequest, rank: int, phase: _Phase, state: dict[str, Any]) -> TrialResult:
+    """Build, take the first step, warm up, then time a window."""
+    _seed_everything(request.seed)
+    # Dead ReLU units decay AdamW moments into denormals; without flushing, CPU steps slow down
+    # mid-run and longer trials look worse. The generated script does the same.
+    torch.set_flush_denormal(True)
+    task, kind = build_task(request.spec, Path(request.cwd))
+    if request.mode == "validate":  # the user's own batch size, whatever the request said
+        request = request.model_copy(
+            update={
+                "config": request.config.model_copy(update={"batch_size": user_batch_size(task)})
+            }
+        )
+    state["config"] = request.config
+    config = request.config
+    device = torch.device("cuda", rank) if config.device == "cuda" else torch.device("cpu")
+    memory = PeakMemory(
+        device, has_children=config.num_workers > 0, all_gpus=config.parallel_mode == "dp"
+    )
+    memory.start()
+    trainer = Trainer(task, config, device, rank=rank, seed=request.seed)
+    phase.enter("first_step")
+    try:
+        run_window(trainer, min_steps=1, cover_worker_cycles=False)
+    finally:  # also when the step fails: the batch it saw explains the failure
+        state["summary"] = _summarise(task, kind, trainer)
+    startup_s = time.time() - request.launched_at
+    state["startup_s"] = startup_s
+    if request.mode == "validate":
+        return _validated(request, trainer, memory, state["summary"], startup_s)
+    phase.enter("warmup")
+    warmup_started = time.perf_counter()
+    warmup = warm_up(trainer, request.warmup_steps)
+    warmup_s = time.perf_counter() - warmup_started
+    phase.enter("measure")
+    window = _timed_window(trainer, request, warmup)
+    trainer.close()
+    return _measured(request, window, memory.stop(), state["summary"], startup_s, warmup_s)
+
+
+def _timed_window(trainer: Trainer, request: TrialRequest, warmup: Window) -> Window:
+    """The measured window: `trial_seconds` long, or under DDP an agreed number of steps."""
+    if trainer.config.world_size == 1:
+        return run_window(
+            trainer,
+            min_steps=3,
+            min_seconds=request.trial_seconds,
+            max_steps=request.max_measure_steps,
+        )
+    own = window_steps(
+        trainer.config, request.trial_seconds, warmup.median_step_s, request.max_measure_steps
+    )
+    agreed = torch.tensor([own], device=trainer.device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # the slowest rank's estimate sets the length
+    steps = int(agreed.item())
+    dist.barrier()  # all windows start together
+    return run_window(trainer, min_steps=steps, max_steps=steps)
+
+
+def _validated(
+    request: TrialRequest,
+    trainer: Trainer,
+    memory: PeakMemory,
+    summary: TaskSummary,
+    startup: float,
+) -> TrialResult:
+    window = run_window(trainer, min_steps=1, max_steps=1, cover_worker_cycles=False)
+    trainer.close()
+    return _measured(request, window, memory.stop(), summary, startup, warmup_s=0.0)
+
+
+def _measured(
+    request: TrialRequest,
+    window: Window,
+    peak_memory: int,
+    summary: TaskSummary,
+    startup_s: float,
+    warmup_s: float,
+) -> TrialResult:
+    config = request.config
+    samples = window.micro_batches * config.batch_size  # this process's; ranks are summed later
+    return TrialResult(
+        config=config,
+        status="ok",
+        samples_per_s=samples / window.elapsed_s,
+        step_time_median_s=window.median_step_s,
+        step_time_p10_s=window.percentile(0.1),
+        step_time_p90_s=window.percentile(0.9),
+        data_wait_fraction=min(1.0, window.data_wait_s / window.elapsed_s),
+        peak_memory_bytes=peak_memory,
+        startup_s=startup_s,
+        warmup_s=warmup_s,
+        window_s=window.elapsed_s,
+        steps_measured=window.steps,
+        samples_measured=samples,
+        losses=tuple(window.losses[:200]),
+        task=summary,
+    )
+
+
+def _summarise(task: TrainingTask, kind: str, trainer: Trainer) -> TaskSummary:
+    dataset = task.dataset
+    iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+    size = None if iterable and not hasattr(dataset, "__len__") else len(dataset)
+    return TaskSummary(
+        return_kind=kind,  # type: ignore[arg-type]
+        model_class=type(task.model).__name__,
+        num_parameters=sum(p.numel() for p in task.model.parameters()),
+        dataset_class=type(dataset).__name__,
+        dataset_size=size,
+        iterable=iterable,
+        batch_kind=trainer.first_batch_kind or "tensor",
+        batch_description=trainer.first_batch or "?",
+        loss_from_model=task.loss_fn is None,
+        custom_optimizer=task.optimizer is not None,
+        custom_collate=task.collate_fn is not None,
+        user_batch_size=user_batch_size(task),
+    )
+
+
+def _failed(
+    request: TrialRequest,
+    status: str,
+    reason: str,
+    phase: _Phase,
+    state: dict[str, Any],
+) -> TrialResult:
+    print(f"advisor: trial {status} during {phase.name}: {reason}", file=sys.stderr)
+    return TrialResult(
+        config=state.get("config", request.config),
+        status=status,  # type: ignore[arg-type]
+        reason=reason,
+        failure_phase=phase.name,
+        error_type=state.get("error_type"),
+        startup_s=state.get("startup_s"),
+        task=state.get("summary"),
+    )
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy
+
+        numpy.random.seed(seed)
+    except ImportError:
+        pass
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
