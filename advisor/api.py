@@ -10,8 +10,9 @@ from typing import Any
 from pydantic import ValidationError
 
 import advisor
-from advisor.codegen import render_training_script
+from advisor.codegen import render_launch_script, render_training_script
 from advisor.config import TuneSettings, settings_error
+from advisor.effects import best_by_layout
 from advisor.hardware import probe_isolated
 from advisor.preflight import preflight
 from advisor.progress import NullProgress, Progress
@@ -101,11 +102,14 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
     study.set_user_attr(
         "confirmations", [r.model_dump(mode="json") for r in selection.confirmations]
     )
-    recommendation = _recommend(settings, space, hardware, checked, selection)
+    trials = records_of(study)
+    recommendation = _recommend(settings, space, hardware, checked, selection).model_copy(
+        update={"parallel_best": best_by_layout(trials)}
+    )
     result = TuneResult(
         settings=settings,
         recommendation=recommendation,
-        trials=tuple(records_of(study)),
+        trials=tuple(trials),
         confirmations=selection.confirmations,
         out_dir=out_dir,
     )
@@ -164,6 +168,9 @@ def _write_outputs(result: TuneResult) -> None:
     (out / "trials.csv").write_text(render_trials_csv(result))
     (out / "report.md").write_text(render_markdown(result))
     (out / "train.py").write_text(render_training_script(result.recommendation, out))
+    launcher = out / "launch.sh"
+    launcher.write_text(render_launch_script(result.recommendation))
+    launcher.chmod(0o755)
 
 
 def _summary(checked: TrialResult) -> TaskSummary:

@@ -15,7 +15,7 @@ from rich.console import Console
 import advisor
 import advisor.console
 from advisor.api import make_settings, tune_with, validate
-from advisor.codegen import render_training_script
+from advisor.codegen import launch_command, render_training_script
 from advisor.errors import AdvisorError, BadInputError
 from advisor.hardware import probe
 from advisor.results import Recommendation
@@ -44,6 +44,9 @@ def cli(debug: bool) -> None:
 @click.option("--global-batch-size", type=int, help="Keep batch x accumulation at this value.")
 @click.option("--batch-sizes", help="Micro-batch sizes to try, e.g. 16,32,64.")
 @click.option("--accumulation-steps", help="Accumulation steps to try [1,2,4,8].")
+@click.option(
+    "--max-world-size", type=int, help="Most DDP processes to try [GPUs, or cores]; 1: none."
+)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="[auto]")
 @click.option("--storage", help="Optuna storage URL [sqlite:///OUT/study.db].")
 @click.option("--study-name", help="Study name [from the spec].")
@@ -80,10 +83,10 @@ def tune(spec: str, as_json: bool, quiet: bool, **flags: Any) -> None:
         out.print("your configuration was the fastest one measured: no knob searched beat it")
     for warning in rec.warnings:
         out.print(f"[yellow]note:[/] {warning}", highlight=False, soft_wrap=True)
-    files = "recommendation.json, trials.csv, report.md, train.py, logs/"
+    files = "recommendation.json, trials.csv, report.md, train.py, launch.sh, logs/"
     out.print(f"wrote {result.out_dir}/: {files}", highlight=False, soft_wrap=True)
-    script = result.out_dir / "train.py"
-    out.print(f"train with it: python {script} --epochs 1", highlight=False, soft_wrap=True)
+    command = launch_command(rec.config, (result.out_dir / "train.py").as_posix())
+    out.print(f"train with it: {command} --epochs 1", highlight=False, soft_wrap=True)
 
 
 @cli.command()
@@ -121,7 +124,8 @@ def codegen(recommendation: Path, output: Path) -> None:
             "pass the file `advisor tune` wrote"
         ) from exc
     output.write_text(render_training_script(rec, output.parent))
-    out.print(f"wrote {output}")
+    command = launch_command(rec.config, output.as_posix())
+    out.print(f"wrote {output}; train with it: {command} --epochs 1", highlight=False)
 
 
 cli.add_command(probe_command, name="probe")

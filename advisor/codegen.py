@@ -1,16 +1,18 @@
-"""Render the ready-to-run `train.py` for a recommendation (a pure function of the data)."""
+"""Render the ready-to-run `train.py` and `launch.sh` for a recommendation (pure functions)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 
+from advisor.config import TrialConfig
 from advisor.results import Recommendation
 from advisor.task import is_file_spec
 from advisor.templating import template_environment
 
-__all__ = ["render_training_script"]
+__all__ = ["launch_command", "render_launch_script", "render_training_script"]
 
 _AMP_DTYPES = {"off": "None", "bf16": "torch.bfloat16", "fp16": "torch.float16"}
 
@@ -25,6 +27,7 @@ def render_training_script(recommendation: Recommendation, script_dir: Path) -> 
         if config.num_workers
         else f"all {cores} cores"
     )
+    script_path = f"{script_dir.as_posix().rstrip('/')}/train.py"
     # Every user string becomes a valid, inert Python literal (JSON strings are Python strings).
     environment = template_environment(py=json.dumps, doc=_docstring_safe)
     return environment.get_template("train.py.j2").render(
@@ -35,7 +38,13 @@ def render_training_script(recommendation: Recommendation, script_dir: Path) -> 
         samples_per_s=recommendation.samples_per_s,
         speedup=recommendation.speedup,
         baseline_samples_per_s=recommendation.baseline_samples_per_s,
-        script_path=f"{script_dir.as_posix().rstrip('/')}/train.py",
+        script_path=script_path,
+        launch=launch_command(config, script_path),
+        launch_script=f"{script_dir.as_posix().rstrip('/')}/launch.sh",
+        ddp=config.parallel_mode == "ddp",
+        dp=config.parallel_mode == "dp",
+        say="log" if config.parallel_mode == "ddp" else "print",
+        cores=cores,
         file_spec=is_file_spec(recommendation.spec),
         root_from_script=_relative_root(recommendation.workdir, script_dir),
         workdir=recommendation.workdir,
@@ -47,6 +56,26 @@ def render_training_script(recommendation: Recommendation, script_dir: Path) -> 
         torch_threads=threads,
         threads_reason=threads_reason,
         task=recommendation.task,
+    )
+
+
+def launch_command(config: TrialConfig, script: str) -> str:
+    """How to start the script as it was measured (without its own arguments)."""
+    if config.parallel_mode == "ddp":
+        return f"torchrun --standalone --nproc_per_node={config.world_size} {shlex.quote(script)}"
+    return f"python {shlex.quote(script)}"
+
+
+def render_launch_script(recommendation: Recommendation) -> str:
+    """`launch.sh`: starts the `train.py` beside it as measured, passing its arguments on."""
+    config = recommendation.config
+    return (
+        template_environment()
+        .get_template("launch.sh.j2")
+        .render(
+            config=config,
+            threads=config.main_process_threads(recommendation.hardware.cores),
+        )
     )
 
 

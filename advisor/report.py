@@ -6,7 +6,8 @@ import csv
 import io
 from collections import Counter
 
-from advisor.results import TrialRecord, TuneResult
+from advisor.codegen import launch_command
+from advisor.results import LayoutBest, TrialRecord, TuneResult
 from advisor.templating import template_environment
 
 __all__ = ["render_markdown", "render_trials_csv"]
@@ -72,13 +73,26 @@ def render_markdown(result: TuneResult) -> str:
             rec=rec,
             knobs=KNOBS,
             baseline_memory=baseline.result.peak_memory_bytes if baseline else None,
-            script=(result.out_dir / "train.py").as_posix(),
+            launch=launch_command(rec.config, (result.out_dir / "train.py").as_posix()),
+            parallel=_parallel_rows(rec.parallel_best),
             trials=result.trials,
             confirmations=result.confirmations,
             counts=_counts(result.trials),
             hw=rec.hardware,
         )
     )
+
+
+def _parallel_rows(layouts: tuple[LayoutBest, ...]) -> list[dict[str, object]]:
+    """Each layout's best trial and its ratio to the best single-process trial."""
+    single = next((b for b in layouts if b.parallel == "none" and b.samples_per_s), None)
+    rows: list[dict[str, object]] = []
+    for best in layouts:
+        ratio = None
+        if single and single.samples_per_s and best.samples_per_s:
+            ratio = best.samples_per_s / single.samples_per_s
+        rows.append({"best": best, "ratio": ratio})
+    return rows
 
 
 def _counts(trials: tuple[TrialRecord, ...]) -> str:

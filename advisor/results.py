@@ -13,6 +13,7 @@ __all__ = [
     "FixedKnob",
     "GpuInfo",
     "HardwareProfile",
+    "LayoutBest",
     "RankResult",
     "Recommendation",
     "TaskSummary",
@@ -140,6 +141,17 @@ class FixedKnob(_Frozen):
     reason: str
 
 
+class LayoutBest(_Frozen):
+    """The best search trial of one parallel layout (`none`, `dp`, `ddp-N`)."""
+
+    parallel: str
+    trials: int = Field(description="configurations measured with this layout")
+    feasible: int
+    best_trial: int | None = None
+    samples_per_s: float | None = None
+    config_label: str | None = None
+
+
 class Recommendation(_Frozen):
     """The chosen configuration and the evidence for it (`recommendation.json`)."""
 
@@ -159,6 +171,9 @@ class Recommendation(_Frozen):
     global_batch_changed: bool
     warnings: tuple[str, ...] = ()
     fixed_knobs: tuple[FixedKnob, ...] = ()
+    parallel_best: tuple[LayoutBest, ...] = Field(
+        default=(), description="best search trial per parallel layout"
+    )
     hardware: HardwareProfile
     task: TaskSummary
     storage: str

@@ -32,7 +32,7 @@ __all__ = [
     "run_search",
 ]
 
-MAX_DUPLICATES_IN_A_ROW = 200
+MAX_UNMEASURED_IN_A_ROW = 200
 TERMS_ATTR = "advisor_measurement_terms"
 PENALTY = 0.0
 
@@ -150,8 +150,10 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
         if deadline is not None and time.monotonic() > deadline:
             context.progress.stage(f"--timeout {settings.timeout:g} s reached")
             return records
-        if objective.duplicates_in_a_row >= MAX_DUPLICATES_IN_A_ROW:
-            context.progress.stage("the sampler keeps proposing measured configurations")
+        if objective.unmeasured_in_a_row >= MAX_UNMEASURED_IN_A_ROW:
+            context.progress.stage(
+                "the sampler keeps proposing measured or impossible configurations"
+            )
             return records
         objective.measured = measured
         # One trial per optimize() call: GridSampler stops the study when exhausted, which Optuna
@@ -160,21 +162,32 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
 
 
 class _Objective:
-    """Measure the sampled configuration, or answer a repeat from the trial that measured it."""
+    """Measure the sampled configuration, or answer a repeat from the trial that measured it.
+
+    A combination of values that is no configuration (see `SearchSpace.problem`) is pruned
+    with the reason, without running anything; samplers treat it as the worst outcome.
+    """
 
     def __init__(self, context: SearchContext) -> None:
         self.context = context
         self.measured: dict[TrialConfig, TrialRecord] = {}
-        self.duplicates_in_a_row = 0
+        self.unmeasured_in_a_row = 0
 
     def __call__(self, trial: optuna.Trial) -> float:
-        config = self.context.space.suggest(trial)
+        space = self.context.space
+        params = space.suggest(trial)
+        problem = space.problem(params)
+        if problem is not None:
+            self.unmeasured_in_a_row += 1
+            trial.set_user_attr("pruned_reason", problem)
+            raise optuna.TrialPruned(problem)
+        config = space.config_from_params(params)
         earlier = self.measured.get(config)
         if earlier is not None:
-            self.duplicates_in_a_row += 1
+            self.unmeasured_in_a_row += 1
             repeat = {"number": trial.number, "role": "duplicate", "duplicate_of": earlier.number}
             return _record(trial, earlier.model_copy(update=repeat))
-        self.duplicates_in_a_row = 0
+        self.unmeasured_in_a_row = 0
         role = trial.user_attrs.get("role", "search")
         label = f"trial {len(self.measured) + 1}/{self.context.settings.trials}"
         record = _measure(trial, config, role, label, self.context)

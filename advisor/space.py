@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from itertools import product
 from typing import TYPE_CHECKING, Any
 
-from advisor.config import Device, TrialConfig, TuneSettings
+from advisor.config import Device, TrialConfig, TuneSettings, parse_parallel
 from advisor.errors import SettingsError
 from advisor.results import FixedKnob, HardwareProfile, TaskSummary
 
@@ -30,25 +30,39 @@ class SearchSpace:
     fixed: tuple[FixedKnob, ...]
     baseline: TrialConfig
     global_batch_size: int | None = None
+    dataset_size: int | None = None
 
     @property
     def size(self) -> int:
-        count = 1
-        for values in self.domains.values():
-            count *= len(values)
-        return count
+        """How many configurations the space holds (combinations with a problem excluded)."""
+        return sum(1 for params in self._all_params() if self.problem(params) is None)
 
-    def suggest(self, trial: optuna.Trial) -> TrialConfig:
-        params = {
+    def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
+        return {
             name: trial.suggest_categorical(name, values) for name, values in self.domains.items()
         }
-        return self.config_from_params(params)
+
+    def problem(self, params: dict[str, Any]) -> str | None:
+        """Why a combination of searched values is no configuration at all, or None.
+
+        Such combinations exist because the domains are a product: under `--global-batch-size`
+        a micro-batch may not divide the global batch at some world size, and DDP ranks each
+        read only their share of the dataset.
+        """
+        values = self._values(params)
+        batch, world = values["batch_size"], values.get("world_size", 1)
+        total = self.global_batch_size
+        if total is not None and total % (batch * world):
+            return f"global batch {total} is no multiple of batch {batch} x {world} processes"
+        if world > 1 and self.dataset_size is not None and batch * world > self.dataset_size:
+            return (
+                f"each of {world} ranks reads {self.dataset_size // world} samples, "
+                f"fewer than batch {batch}"
+            )
+        return None
 
     def config_from_params(self, params: dict[str, Any]) -> TrialConfig:
-        values = {**self.fixed_values, **params}
-        if self.global_batch_size is not None:
-            values["accumulation_steps"] = self.global_batch_size // values["batch_size"]
-        return TrialConfig(device=self.device, **values)
+        return TrialConfig(device=self.device, **self._values(params))
 
     def params_of(self, config: TrialConfig) -> dict[str, Any]:
         return {name: getattr(config, name) for name in self.domains}
@@ -57,11 +71,25 @@ class SearchSpace:
         return all(getattr(config, name) in values for name, values in self.domains.items())
 
     def all_configs(self) -> list[TrialConfig]:
-        names = list(self.domains)
         return [
-            self.config_from_params(dict(zip(names, combo, strict=True)))
-            for combo in product(*self.domains.values())
+            self.config_from_params(params)
+            for params in self._all_params()
+            if self.problem(params) is None
         ]
+
+    def _all_params(self) -> list[dict[str, Any]]:
+        names = list(self.domains)
+        return [dict(zip(names, combo, strict=True)) for combo in product(*self.domains.values())]
+
+    def _values(self, params: dict[str, Any]) -> dict[str, Any]:
+        """TrialConfig fields from searched params: `parallel` is mode and world size together."""
+        values = {**self.fixed_values, **params}
+        if "parallel" in values:
+            values["parallel_mode"], values["world_size"] = parse_parallel(values.pop("parallel"))
+        if self.global_batch_size is not None:
+            per_step = values["batch_size"] * values.get("world_size", 1)
+            values["accumulation_steps"] = max(1, self.global_batch_size // per_step)
+        return values
 
 
 def resolve_device(requested: str, hardware: HardwareProfile) -> Device:
@@ -99,8 +127,8 @@ def build_space(
 ) -> SearchSpace:
     device = resolve_device(settings.device, hardware)
     space = _Builder()
-    space.fix("parallel_mode", "none", _parallel_reason(device, hardware))
-    _add_batch_domains(settings, task, space)
+    worlds = _add_parallel_domain(settings, device, hardware, task, space)
+    _add_batch_domains(settings, task, worlds, space)
     space.search("amp", _amp_values(device, hardware))
     if device == "cpu":
         space.note("amp", "off|bf16", "fp16 autocast needs CUDA; CPU autocast uses bf16")
@@ -117,26 +145,66 @@ def build_space(
         fixed=tuple(space.fixed),
         baseline=baseline,
         global_batch_size=settings.global_batch_size,
+        dataset_size=task.dataset_size,
     )
 
 
-def _parallel_reason(device: Device, hardware: HardwareProfile) -> str:
+def _add_parallel_domain(
+    settings: TuneSettings,
+    device: Device,
+    hardware: HardwareProfile,
+    task: TaskSummary,
+    space: _Builder,
+) -> tuple[int, ...]:
+    """Search single process, DataParallel and DDP world sizes where they can run; return the
+    process counts in the space."""
+    available = len(hardware.gpus) if device == "cuda" else hardware.cores
+    limit = min(available, settings.max_world_size or available)
+    worlds = () if task.iterable else _world_sizes(device, limit)
+    choices = ["none"]
     if device == "cuda" and len(hardware.gpus) >= 2:
-        return (
-            f"{len(hardware.gpus)} GPUs found, but this version measures single-process "
-            "training only; DataParallel/DDP trials are not implemented yet"
-        )
+        choices.append("dp")
+    choices.extend(f"ddp-{world}" for world in worlds)
+    if device == "cpu":
+        space.note("parallel_mode", "none|ddp", "DataParallel needs >= 2 CUDA GPUs")
+    if len(choices) == 1:
+        space.fix("parallel_mode", "none", _single_process_reason(settings, device, task, limit))
+        return (1,)
+    space.search("parallel", tuple(choices))
+    return (1, *worlds)
+
+
+def _world_sizes(device: Device, limit: int) -> tuple[int, ...]:
+    """DDP process counts: every count up to the GPUs; on CPU powers of two and all cores."""
     if device == "cuda":
-        return "one GPU: DataParallel needs >= 2; DDP trials are not implemented yet"
-    return "DataParallel needs >= 2 CUDA GPUs; DDP trials are not implemented yet"
+        return tuple(range(2, limit + 1))
+    counts = {2**k for k in range(1, limit.bit_length())} | {limit}
+    return tuple(sorted(n for n in counts if 2 <= n <= limit))
 
 
-def _add_batch_domains(settings: TuneSettings, task: TaskSummary, space: _Builder) -> None:
+def _single_process_reason(
+    settings: TuneSettings, device: Device, task: TaskSummary, limit: int
+) -> str:
+    if task.iterable:
+        return (
+            "an IterableDataset cannot be sharded between DDP ranks (DistributedSampler needs "
+            "an index); every rank would read the same stream"
+        )
+    if settings.max_world_size == 1:
+        return "--max-world-size 1"
+    if device == "cuda":
+        return "one GPU: DataParallel and DDP need >= 2"
+    return f"{limit} core: DDP ranks would only share it"
+
+
+def _add_batch_domains(
+    settings: TuneSettings, task: TaskSummary, worlds: tuple[int, ...], space: _Builder
+) -> None:
     limit = task.dataset_size or 2**31
     if settings.global_batch_size is not None:
         total = settings.global_batch_size
-        micro = [total // a for a in settings.accumulation_steps if total % a == 0]
-        micro = sorted(b for b in micro if b <= limit)
+        splits = {a * w for a in settings.accumulation_steps for w in worlds}
+        micro = sorted({total // n for n in splits if total % n == 0 and total // n <= limit})
         if not micro:
             raise SettingsError(
                 f"no micro-batch fits global batch {total} with accumulation steps "
@@ -144,7 +212,11 @@ def _add_batch_domains(settings: TuneSettings, task: TaskSummary, space: _Builde
                 "--global-batch-size"
             )
         space.search("batch_size", tuple(micro))
-        space.note("accumulation_steps", "derived", f"global batch {total} = batch x accumulation")
+        space.note(
+            "accumulation_steps",
+            "derived",
+            f"global batch {total} = batch x accumulation x processes",
+        )
         return
     user = task.user_batch_size
     wanted = settings.batch_sizes or tuple(

@@ -54,6 +54,37 @@ def test_cpu_space_fixes_gpu_knobs_with_reasons_and_searches_the_rest():
     assert "pin_memory" not in space.domains and "cudnn_benchmark" not in space.domains
 
 
+def test_cpu_space_searches_ddp_up_to_the_cores_or_the_cap():
+    assert build_space(TuneSettings(spec="a.py:f"), CPU, TASK).domains["parallel"] == (
+        "none",
+        "ddp-2",
+    )
+    many = CPU.model_copy(update={"cores": 12})
+    assert build_space(TuneSettings(spec="a.py:f"), many, TASK).domains["parallel"] == (
+        "none",
+        "ddp-2",
+        "ddp-4",
+        "ddp-8",
+        "ddp-12",
+    )
+    capped = build_space(TuneSettings(spec="a.py:f", max_world_size=4), many, TASK)
+    assert capped.domains["parallel"] == ("none", "ddp-2", "ddp-4")
+    single = build_space(TuneSettings(spec="a.py:f", max_world_size=1), many, TASK)
+    assert "parallel" not in single.domains
+    assert _fixed(single)["parallel_mode"].reason == "--max-world-size 1"
+    one_core = build_space(TuneSettings(spec="a.py:f"), CPU.model_copy(update={"cores": 1}), TASK)
+    assert "parallel" not in one_core.domains
+    assert "1 core" in _fixed(one_core)["parallel_mode"].reason
+
+
+def test_ddp_configs_split_the_cores_between_ranks():
+    space = build_space(TuneSettings(spec="a.py:f"), CPU, TASK)
+    ddp = space.config_from_params({**space.params_of(space.baseline), "parallel": "ddp-2"})
+    assert (ddp.parallel_mode, ddp.world_size, ddp.global_batch_size) == ("ddp", 2, 64)
+    assert ddp.main_process_threads(CPU.cores) == 1
+    assert space.params_of(ddp)["parallel"] == "ddp-2" and space.contains(ddp)
+
+
 def test_baseline_is_the_users_configuration():
     baseline = build_space(TuneSettings(spec="a.py:f"), CPU, TASK).baseline
     assert (baseline.batch_size, baseline.accumulation_steps, baseline.amp) == (32, 1, "off")
@@ -71,8 +102,20 @@ def test_multi_gpu_space_searches_fp16_bf16_pinning_and_benchmark():
     assert space.domains["pin_memory"] == (False, True)
     assert space.domains["cudnn_benchmark"] == (False, True)
     assert space.domains["num_workers"] == (0, 1, 2, 4, 8, 16, 32)
-    assert "4 GPUs found" in _fixed(space)["parallel_mode"].reason
-    assert all(config.device == "cuda" for config in space.all_configs()[:5])
+    assert space.domains["parallel"] == ("none", "dp", "ddp-2", "ddp-3", "ddp-4")
+    assert "parallel_mode" not in _fixed(space)
+    configs = space.all_configs()
+    assert all(config.device == "cuda" for config in configs)
+    layouts = {(c.parallel_mode, c.world_size) for c in configs}
+    assert layouts == {("none", 1), ("dp", 1), ("ddp", 2), ("ddp", 3), ("ddp", 4)}
+    assert any(c.parallel_mode == "ddp" and c.amp == "fp16" for c in configs)
+
+
+def test_one_gpu_runs_one_process_and_says_why():
+    one = FOUR_A100.model_copy(update={"gpus": FOUR_A100.gpus[:1]})
+    space = build_space(TuneSettings(spec="a.py:f"), one, TASK)
+    assert "parallel" not in space.domains
+    assert "one GPU" in _fixed(space)["parallel_mode"].reason
 
 
 def test_gpu_without_bf16_offers_only_fp16():
@@ -87,12 +130,29 @@ def test_cuda_requested_without_a_gpu_is_a_clear_error():
         build_space(TuneSettings(spec="a.py:f", device="cuda"), CPU, TASK)
 
 
-def test_global_batch_mode_trades_micro_batch_against_accumulation():
+def test_global_batch_mode_trades_micro_batch_against_accumulation_and_ranks():
     space = build_space(TuneSettings(spec="a.py:f", global_batch_size=64), CPU, TASK)
-    assert space.domains["batch_size"] == (8, 16, 32, 64)
+    assert space.domains["batch_size"] == (4, 8, 16, 32, 64)
     assert "accumulation_steps" not in space.domains
-    assert {c.global_batch_size for c in space.all_configs()} == {64}
+    configs = space.all_configs()
+    assert {c.global_batch_size for c in configs} == {64}
+    assert {(c.batch_size, c.accumulation_steps) for c in configs if c.world_size == 2} == {
+        (4, 8),
+        (8, 4),
+        (16, 2),
+        (32, 1),
+    }
+    assert space.size == len(configs) < 8 * 2 * 3 * 5
+    assert space.problem({"batch_size": 64, "parallel": "ddp-2", "amp": "off", "num_workers": 0})
     assert space.baseline.batch_size == 32 and space.baseline.accumulation_steps == 2
+
+
+def test_ddp_ranks_need_a_full_batch_each():
+    small = TASK.model_copy(update={"dataset_size": 100})
+    space = build_space(TuneSettings(spec="a.py:f"), CPU, small)
+    params = {**space.params_of(space.baseline), "batch_size": 64}
+    assert space.problem(params) is None
+    assert "each of 2 ranks reads 50 samples" in space.problem({**params, "parallel": "ddp-2"})
 
 
 def test_batch_sizes_are_capped_by_the_dataset_and_explicit_lists_win():
@@ -109,11 +169,13 @@ def test_iterable_dataset_keeps_num_workers_at_zero_with_reason():
     space = build_space(TuneSettings(spec="a.py:f"), CPU, stream)
     assert "num_workers" not in space.domains
     assert "get_worker_info" in _fixed(space)["num_workers"].reason
+    assert "parallel" not in space.domains
+    assert "cannot be sharded between DDP ranks" in _fixed(space)["parallel_mode"].reason
 
 
 def test_suggest_builds_valid_configs_from_an_optuna_trial():
     space = build_space(TuneSettings(spec="a.py:f"), CPU, TASK)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
-    configs = [space.suggest(study.ask()) for _ in range(20)]
+    configs = [space.config_from_params(space.suggest(study.ask())) for _ in range(20)]
     assert len(set(configs)) > 10
-    assert space.size == len(space.all_configs()) == 8 * 4 * 2 * 3
+    assert space.size == len(space.all_configs()) == 8 * 4 * 2 * 3 * 2
