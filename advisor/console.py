@@ -67,11 +67,17 @@ def recommendation_table(rec: Recommendation) -> Table:
     table.add_column("knob")
     table.add_column("recommended", style="bold green")
     table.add_column("baseline")
-    for name in ("batch_size", "accumulation_steps", "amp", "num_workers", "pin_memory"):
-        table.add_row(name, str(getattr(rec.config, name)), str(getattr(rec.baseline_config, name)))
-    table.add_row(
-        "cudnn_benchmark", str(rec.config.cudnn_benchmark), str(rec.baseline_config.cudnn_benchmark)
+    knobs = (
+        "parallel",
+        "batch_size",
+        "accumulation_steps",
+        "amp",
+        "num_workers",
+        "pin_memory",
+        "cudnn_benchmark",
     )
+    for name in knobs:
+        table.add_row(name, str(getattr(rec.config, name)), str(getattr(rec.baseline_config, name)))
     table.add_row(
         "global batch",
         str(rec.config.global_batch_size),

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 from advisor.results import HardwareProfile
@@ -50,3 +53,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _run_from_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
     """Specs resolve relative to the working directory, as they do for users."""
     monkeypatch.chdir(ROOT)
+
+
+@pytest.fixture
+def marked(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Tag every process this test starts (they inherit the environment), to find leftovers."""
+    mark = f"advisor-test-{uuid.uuid4()}"
+    monkeypatch.setenv("ADVISOR_TEST_MARK", mark)
+    return mark
+
+
+def survivors(mark: str) -> list[psutil.Process]:
+    """Live processes started under the `marked` fixture's tag, other than this one."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            ours = process.environ().get("ADVISOR_TEST_MARK") == mark
+            if ours and process.status() != psutil.STATUS_ZOMBIE and process.pid != os.getpid():
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found

@@ -4,11 +4,15 @@ import optuna
 import pytest
 
 import advisor
-from advisor.config import TrialConfig
+from advisor.api import validate
+from advisor.config import TrialConfig, TuneSettings
+from advisor.progress import NullProgress
 from advisor.results import TrialRecord, TrialResult
-from advisor.search import memory_problem
+from advisor.search import SearchContext, memory_problem, run_search
 from advisor.selection import failure_summary
-from tests.conftest import CPU_PROFILE, TINY, run_advisor
+from advisor.space import build_space
+from advisor.trial.runner import TrialLaunch
+from tests.conftest import CPU_PROFILE, ROOT, TINY, run_advisor, survivors
 
 FAST = {"trial_seconds": 0.2, "warmup_steps": 1, "confirm_top": 1}
 HOST = CPU_PROFILE.model_copy(update={"memory_bytes": 10 * 2**30})
@@ -41,7 +45,7 @@ def test_failure_summary_counts_reasons():
 
 
 @pytest.mark.slow
-def test_grid_sampler_stops_when_the_space_is_exhausted(tmp_path):
+def test_grid_sampler_measures_ddp_beside_one_process_until_exhausted(tmp_path, marked):
     result = advisor.tune(
         f"{TINY}:factory",
         trials=50,
@@ -52,7 +56,36 @@ def test_grid_sampler_stops_when_the_space_is_exhausted(tmp_path):
         **FAST,
     )
     measured = [t for t in result.trials if t.role != "duplicate"]
-    assert len({t.result.config for t in measured}) == len(measured) == 6  # amp 2 x workers 3
+    # amp 2 x workers 3 x (one process, DDP with 2 ranks)
+    assert len({t.result.config for t in measured}) == len(measured) == 12
+    ddp = [t for t in measured if t.result.config.parallel == "ddp-2"]
+    assert len(ddp) == 6 and all(t.result.status == "ok" for t in ddp)
+    assert all(len(t.result.ranks) == 2 for t in ddp)
+    layouts = {best.parallel: best for best in result.recommendation.parallel_best}
+    assert (layouts["none"].trials, layouts["ddp-2"].trials) == (6, 6)
+    ratio = layouts["ddp-2"].samples_per_s / layouts["none"].samples_per_s
+    assert f"**ddp-2 vs one process: {ratio:.2f}x**" in (tmp_path / "report.md").read_text()
+    assert ",ddp,2," in (tmp_path / "trials.csv").read_text()
+    assert survivors(marked) == []
+
+
+def test_impossible_combinations_are_pruned_with_the_reason_not_run(tmp_path):
+    settings = TuneSettings(
+        spec=f"{TINY}:factory", trials=1, global_batch_size=64, accumulation_steps=(1, 2)
+    )
+    space = build_space(settings, CPU_PROFILE, validate(settings.spec).task)
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial({**space.params_of(space.baseline), "batch_size": 64, "parallel": "ddp-2"})
+    launch = TrialLaunch(
+        spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=0.2, timeout_s=120
+    )
+    context = SearchContext(settings, space, CPU_PROFILE, launch, tmp_path, NullProgress())
+    records = run_search(study, context)
+    [pruned] = study.get_trials(states=(optuna.trial.TrialState.PRUNED,))
+    assert pruned.user_attrs["pruned_reason"] == (
+        "global batch 64 is no multiple of batch 64 x 2 processes"
+    )
+    assert [record.role for record in records] == ["baseline"]  # nothing ran for the other
 
 
 @pytest.mark.slow

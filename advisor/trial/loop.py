@@ -6,12 +6,11 @@ The generated `train.py` (templates/train.py.j2) does the same steps; keep the t
 from __future__ import annotations
 
 import contextlib
-import math
 import statistics
 import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -28,13 +27,21 @@ from advisor.trial.batches import (
     to_device,
 )
 
-__all__ = ["Trainer", "Window", "run_window", "warm_up", "window_steps", "wrap_model"]
+__all__ = ["Agreement", "Trainer", "Window", "run_window", "warm_up", "wrap_model"]
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PREFETCH_FACTOR = 2
 BENCHMARK_EXTRA_STEPS = 5  # cudnn.benchmark autotunes every new shape on its first calls
 SCALER_STABLE_STEPS = 3  # fp16: the loss scale must have stopped backing off
 SCALER_MAX_STEPS = 50
+
+
+class Agreement(Protocol):
+    """How DDP ranks decide together when a window ends."""
+
+    def all_done(self, steps: int, done: bool) -> bool:
+        """Whether every rank is done; each rank calls it after the same steps."""
+        ...
 
 
 class DivergedError(ArithmeticError):
@@ -225,11 +232,13 @@ def run_window(
     min_seconds: float = 0.0,
     max_steps: int | None = None,
     cover_worker_cycles: bool = True,
+    agree: Agreement | None = None,
 ) -> Window:
     """Run optimizer steps until both minimums are met (or `max_steps`), then check the losses.
 
     The window also spans at least two full worker cycles (`num_workers × prefetch_factor`
-    micro-batches): loaders with workers deliver batches in bursts.
+    micro-batches): loaders with workers deliver batches in bursts. DDP ranks pass `agree`:
+    they stop together, once every rank is done (one waiting for the others would hang).
     """
     min_micro = 2 * trainer.config.num_workers * PREFETCH_FACTOR if cover_worker_cycles else 0
     window = Window()
@@ -244,8 +253,14 @@ def run_window(
         last = now
         window.steps += 1
         window.micro_batches += trainer.config.accumulation_steps
-        done = window.steps >= min_steps and window.micro_batches >= min_micro
-        if (done and now - started >= min_seconds) or window.steps == max_steps:
+        done = (
+            window.steps >= min_steps
+            and window.micro_batches >= min_micro
+            and now - started >= min_seconds
+        )
+        if agree is not None:
+            done = agree.all_done(window.steps, done)
+        if done or window.steps == max_steps:
             break
     trainer.synchronize()
     window.elapsed_s = time.perf_counter() - started
@@ -276,20 +291,6 @@ def warm_up(trainer: Trainer, steps: int) -> Window:
         previous, scale = scale, trainer.scaler.get_scale()
         stable = stable + 1 if scale == previous else 0
     return window
-
-
-def window_steps(config: TrialConfig, seconds: float, step_s: float, cap: int | None) -> int:
-    """Optimizer steps for a window of about `seconds` at `step_s` per step.
-
-    DDP ranks must all run the same number of steps (each waits for the others' gradients), so
-    their window is a step count agreed in advance instead of a clock each rank reads alone.
-    It still spans three steps and two full loader worker cycles.
-    """
-    min_micro = 2 * config.num_workers * PREFETCH_FACTOR
-    steps = max(
-        3, math.ceil(seconds / max(step_s, 1e-9)), -(-min_micro // config.accumulation_steps)
-    )
-    return min(steps, cap) if cap is not None else steps
 
 
 def _first_bad(losses: list[float]) -> str:

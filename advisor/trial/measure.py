@@ -7,6 +7,7 @@ exception escaping to the caller.
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 import time
@@ -20,7 +21,7 @@ import torch.distributed as dist
 from advisor.errors import AdvisorError
 from advisor.results import FailurePhase, TaskSummary, TrialResult
 from advisor.task import TrainingTask, build_task, user_batch_size
-from advisor.trial.loop import DivergedError, Trainer, Window, run_window, warm_up, window_steps
+from advisor.trial.loop import DivergedError, Trainer, Window, run_window, warm_up
 from advisor.trial.memory import PeakMemory
 from advisor.trial.protocol import TrialRequest
 
@@ -108,22 +109,42 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: dict[str, A
 
 
 def _timed_window(trainer: Trainer, request: TrialRequest, warmup: Window) -> Window:
-    """The measured window: `trial_seconds` long, or under DDP an agreed number of steps."""
-    if trainer.config.world_size == 1:
-        return run_window(
-            trainer,
-            min_steps=3,
-            min_seconds=request.trial_seconds,
-            max_steps=request.max_measure_steps,
-        )
-    own = window_steps(
-        trainer.config, request.trial_seconds, warmup.median_step_s, request.max_measure_steps
+    """The measured window: at least `trial_seconds`, on every DDP rank."""
+    agree = None
+    if trainer.config.world_size > 1:
+        agree = _RankAgreement(trainer.device, request.trial_seconds, warmup.median_step_s)
+        dist.barrier()  # all windows start together
+    return run_window(
+        trainer,
+        min_steps=3,
+        min_seconds=request.trial_seconds,
+        max_steps=request.max_measure_steps,
+        agree=agree,
     )
-    agreed = torch.tensor([own], device=trainer.device)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # the slowest rank's estimate sets the length
-    steps = int(agreed.item())
-    dist.barrier()  # all windows start together
-    return run_window(trainer, min_steps=steps, max_steps=steps)
+
+
+class _RankAgreement:
+    """DDP ranks end their windows together, once every rank has run its minimum.
+
+    Each check is an all-reduce, so ranks check only about `CHECKS_PER_WINDOW` times a window,
+    all after the same steps (the shortest interval any rank proposes from its warm-up).
+    """
+
+    CHECKS_PER_WINDOW = 4
+
+    def __init__(self, device: torch.device, seconds: float, step_s: float) -> None:
+        self._device = device
+        expected = math.ceil(seconds / max(step_s, 1e-9))
+        own = torch.tensor([max(1, expected // self.CHECKS_PER_WINDOW)], device=device)
+        dist.all_reduce(own, op=dist.ReduceOp.MIN)
+        self.every = int(own.item())
+
+    def all_done(self, steps: int, done: bool) -> bool:
+        if steps % self.every:
+            return False
+        flag = torch.tensor([int(done)], device=self._device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
 
 
 def _validated(

@@ -1,18 +1,15 @@
 """Real trials in real child processes: every status the study can see."""
 
-import os
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 
 from advisor.config import TrialConfig
 from advisor.trial.runner import TrialLaunch, run_trial
-from tests.conftest import ROOT, TINY
+from tests.conftest import ROOT, TINY, survivors
 
 
 def _run(name: str, tmp_path: Path, timeout_s: float = 120, trial_seconds=0.3, **config):
@@ -31,26 +28,6 @@ def _run(name: str, tmp_path: Path, timeout_s: float = 120, trial_seconds=0.3, *
         on_phase=phases.append,
     )
     return result, phases
-
-
-@pytest.fixture
-def marked(monkeypatch):
-    """Tag every process this test starts (they inherit the environment), to find leftovers."""
-    mark = f"advisor-test-{uuid.uuid4()}"
-    monkeypatch.setenv("ADVISOR_TEST_MARK", mark)
-    return mark
-
-
-def _survivors(mark: str) -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter():
-        try:
-            ours = process.environ().get("ADVISOR_TEST_MARK") == mark
-            if ours and process.status() != psutil.STATUS_ZOMBIE and process.pid != os.getpid():
-                found.append(process)
-        except psutil.Error:
-            continue
-    return found
 
 
 def test_ok_trial_records_every_measurement(tmp_path):
@@ -123,14 +100,14 @@ def test_hang_times_out_and_kills_the_whole_group(tmp_path, marked):
     assert result.status == "timeout"
     assert "no result after 12 s" in result.reason
     assert result.wall_s < 30
-    assert _survivors(marked) == []
+    assert survivors(marked) == []
 
 
 def test_result_counts_even_if_user_threads_keep_the_child_alive(tmp_path, marked):
     result, _ = _run("lingering_thread", tmp_path, timeout_s=60)
     assert result.status == "ok", result.reason
     assert result.wall_s < 30
-    assert _survivors(marked) == []
+    assert survivors(marked) == []
 
 
 def test_trial_dies_with_its_parent(tmp_path, marked):
@@ -144,15 +121,15 @@ def test_trial_dies_with_its_parent(tmp_path, marked):
     )
     parent = subprocess.Popen([sys.executable, "-c", parent_code], cwd=ROOT)
     deadline = time.monotonic() + 60
-    while len(_survivors(marked)) < 3 and time.monotonic() < deadline:
+    while len(survivors(marked)) < 3 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert len(_survivors(marked)) >= 3  # parent, trial child, loader worker
+    assert len(survivors(marked)) >= 3  # parent, trial child, loader worker
     parent.kill()
     parent.wait()
     deadline = time.monotonic() + 15
-    while _survivors(marked) and time.monotonic() < deadline:
+    while survivors(marked) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _survivors(marked) == []
+    assert survivors(marked) == []
 
 
 def test_bad_factory_fails_in_build_phase(tmp_path):
