@@ -54,3 +54,30 @@ def test_cuda_out_of_memory_is_status_oom(tmp_path):
     )
     result = run_trial(launch, TrialConfig(device="cuda", batch_size=16), tmp_path / "t.log")
     assert result.status == "oom", result.reason
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+two_gpus = pytest.mark.skipif(_gpus() < 2, reason="needs 2 CUDA GPUs")
+
+
+@two_gpus
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"parallel_mode": "ddp", "world_size": 2, "amp": "fp16", "accumulation_steps": 2},
+        {"parallel_mode": "dp", "amp": "bf16"},
+    ],
+    ids=["ddp-nccl", "dp"],
+)
+def test_multi_gpu_trials(tmp_path, knobs):
+    result = _trial(tmp_path, **knobs)
+    assert result.status == "ok", result.reason
+    assert result.samples_per_s > 0
+    if knobs["parallel_mode"] == "ddp":
+        assert [rank.rank for rank in result.ranks] == [0, 1]
+        assert all(rank.peak_memory_bytes > 0 for rank in result.ranks)

@@ -112,5 +112,6 @@ def test_every_trial_failing_exits_3_with_the_reasons(tmp_path):
     assert completed.returncode == 3, completed.stderr
     assert "error: all 2 trials failed: 2 diverged" in completed.stderr
     study = optuna.load_study(study_name="tiny-nan_loss", storage=f"sqlite:///{tmp_path}/study.db")
-    assert len(study.trials) == 2  # the failures are kept in the study
-    assert all(t.constraints == {"feasible": 1.0} and t.value == 0.0 for t in study.trials)
+    measured = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert len(measured) == 2  # the failures are kept in the study
+    assert all(t.constraints == {"feasible": 1.0} and t.value == 0.0 for t in measured)
