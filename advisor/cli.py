@@ -15,7 +15,7 @@ from rich.console import Console
 import advisor
 import advisor.console
 from advisor.api import make_settings, tune_with, validate
-from advisor.codegen import launch_command, render_training_script
+from advisor.codegen import launch_command, render_launch_script, render_training_script
 from advisor.errors import AdvisorError, BadInputError
 from advisor.hardware import probe
 from advisor.results import Recommendation
@@ -124,8 +124,11 @@ def codegen(recommendation: Path, output: Path) -> None:
             "pass the file `advisor tune` wrote"
         ) from exc
     output.write_text(render_training_script(rec, output.parent))
+    launcher = output.parent / "launch.sh"
+    launcher.write_text(render_launch_script(rec))
+    launcher.chmod(0o755)
     command = launch_command(rec.config, output.as_posix())
-    out.print(f"wrote {output}; train with it: {command} --epochs 1", highlight=False)
+    out.print(f"wrote {output} and {launcher}; train with: {command} --epochs 1", highlight=False)
 
 
 cli.add_command(probe_command, name="probe")

@@ -7,6 +7,7 @@ the reason. Everything else is left to measurement.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import product
 from typing import TYPE_CHECKING, Any
 
@@ -30,9 +31,10 @@ class SearchSpace:
     fixed: tuple[FixedKnob, ...]
     baseline: TrialConfig
     global_batch_size: int | None = None
+    accumulation_choices: tuple[int, ...] = (1,)
     dataset_size: int | None = None
 
-    @property
+    @cached_property
     def size(self) -> int:
         """How many configurations the space holds (combinations with a problem excluded)."""
         return sum(1 for params in self._all_params() if self.problem(params) is None)
@@ -54,6 +56,12 @@ class SearchSpace:
         total = self.global_batch_size
         if total is not None and total % (batch * world):
             return f"global batch {total} is no multiple of batch {batch} x {world} processes"
+        if total is not None and total // (batch * world) not in self.accumulation_choices:
+            return (
+                f"global batch {total} with batch {batch} x {world} processes needs "
+                f"{total // (batch * world)} accumulation steps, not one of "
+                f"{list(self.accumulation_choices)}"
+            )
         if world > 1 and self.dataset_size is not None and batch * world > self.dataset_size:
             return (
                 f"each of {world} ranks reads {self.dataset_size // world} samples, "
@@ -145,6 +153,7 @@ def build_space(
         fixed=tuple(space.fixed),
         baseline=baseline,
         global_batch_size=settings.global_batch_size,
+        accumulation_choices=settings.accumulation_steps,
         dataset_size=task.dataset_size,
     )
 
@@ -165,12 +174,12 @@ def _add_parallel_domain(
     if device == "cuda" and len(hardware.gpus) >= 2:
         choices.append("dp")
     choices.extend(f"ddp-{world}" for world in worlds)
-    if device == "cpu":
-        space.note("parallel_mode", "none|ddp", "DataParallel needs >= 2 CUDA GPUs")
     if len(choices) == 1:
         space.fix("parallel_mode", "none", _single_process_reason(settings, device, task, limit))
         return (1,)
     space.search("parallel", tuple(choices))
+    if device == "cpu":
+        space.note("parallel_mode", "none|ddp", "DataParallel needs >= 2 CUDA GPUs")
     return (1, *worlds)
 
 
@@ -273,8 +282,15 @@ def _baseline(
 ) -> TrialConfig:
     """The user's configuration: their batch size (or the nearest searched one), fp32, no loader
     workers, no pinning, benchmark off."""
-    batch = min(sizes, key=lambda b: (abs(b - task.user_batch_size), b))
     total = settings.global_batch_size
+    if total is not None:  # one process: the accumulation must be one the settings allow
+        sizes = tuple(b for b in sizes if total // b in settings.accumulation_steps)
+        if not sizes:
+            raise SettingsError(
+                f"no micro-batch makes global batch {total} in one process with accumulation "
+                f"steps {list(settings.accumulation_steps)}: choose another --global-batch-size"
+            )
+    batch = min(sizes, key=lambda b: (abs(b - task.user_batch_size), b))
     return TrialConfig(
         device=device,
         batch_size=batch,

@@ -52,3 +52,23 @@ def test_describe_and_kind_and_to_device():
     assert batch_kind((1, 2)) == "pair" and batch_kind((1, 2, 3)) == "tuple"
     moved = to_device(batch, torch.device("cpu"))
     assert moved["x"].device.type == "cpu" and isinstance(moved["y"], list)
+
+
+class _PerReplicaLoss(nn.DataParallel):
+    """What DataParallel returns on 2 GPUs for a model that returns its loss: one per GPU."""
+
+    def forward(self, features):
+        return torch.stack([self.module(features), self.module(features) + 2])
+
+
+def test_data_parallel_losses_gathered_per_gpu_are_averaged():
+    model = _PerReplicaLoss(_LossOf())
+    loss = compute_loss(model, (torch.ones(4, 3),), None)
+    assert loss.ndim == 0 and loss.item() == pytest.approx(13.0)  # mean of 12 and 14
+    with pytest.raises(ContractError, match=r"the loss has shape \(2,\)"):
+        compute_loss(model.forward, (torch.ones(4, 3),), None)  # not DataParallel: a mistake
+
+
+class _LossOf(nn.Module):
+    def forward(self, features):
+        return features.sum()

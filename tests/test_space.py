@@ -74,6 +74,7 @@ def test_cpu_space_searches_ddp_up_to_the_cores_or_the_cap():
     assert _fixed(single)["parallel_mode"].reason == "--max-world-size 1"
     one_core = build_space(TuneSettings(spec="a.py:f"), CPU.model_copy(update={"cores": 1}), TASK)
     assert "parallel" not in one_core.domains
+    assert [knob.name for knob in one_core.fixed].count("parallel_mode") == 1
     assert "1 core" in _fixed(one_core)["parallel_mode"].reason
 
 
@@ -145,6 +146,16 @@ def test_global_batch_mode_trades_micro_batch_against_accumulation_and_ranks():
     assert space.size == len(configs) < 8 * 2 * 3 * 5
     assert space.problem({"batch_size": 64, "parallel": "ddp-2", "amp": "off", "num_workers": 0})
     assert space.baseline.batch_size == 32 and space.baseline.accumulation_steps == 2
+
+
+def test_global_batch_mode_keeps_to_the_allowed_accumulation_steps():
+    settings = TuneSettings(spec="a.py:f", global_batch_size=64, accumulation_steps="1")
+    space = build_space(settings, CPU, TASK)
+    layouts = {(c.batch_size, c.accumulation_steps, c.world_size) for c in space.all_configs()}
+    assert layouts == {(64, 1, 1), (32, 1, 2)}
+    assert "needs 2 accumulation steps" in space.problem(
+        {**space.params_of(space.baseline), "batch_size": 32}
+    )
 
 
 def test_ddp_ranks_need_a_full_batch_each():

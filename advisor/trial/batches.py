@@ -50,10 +50,10 @@ def compute_loss(model: Callable[..., Any], batch: Any, loss_fn: Callable[..., A
         )
     else:
         loss = loss_fn(model(*batch[:-1]), batch[-1])
-    return _extract_loss(loss)
+    return _extract_loss(loss, gathered=isinstance(model, torch.nn.DataParallel))
 
 
-def _extract_loss(output: Any) -> torch.Tensor:
+def _extract_loss(output: Any, *, gathered: bool = False) -> torch.Tensor:
     loss = output
     if isinstance(output, Mapping) and "loss" in output:
         loss = output["loss"]
@@ -64,6 +64,8 @@ def _extract_loss(output: Any) -> torch.Tensor:
             f"the loss is a {type(output).__name__}; with loss_fn=None the model must return "
             "a scalar tensor, an object with .loss, or a mapping with 'loss'"
         )
+    if gathered and loss.ndim == 1:  # DataParallel gathers one scalar loss per GPU
+        return loss.mean()
     if loss.ndim != 0:
         raise ContractError(
             f"the loss has shape {tuple(loss.shape)}, not a scalar: reduce it (e.g. .mean())"

@@ -112,8 +112,8 @@ def _timed_window(trainer: Trainer, request: TrialRequest, warmup: Window) -> Wi
     """The measured window: at least `trial_seconds`, on every DDP rank."""
     agree = None
     if trainer.config.world_size > 1:
-        agree = _RankAgreement(trainer.device, request.trial_seconds, warmup.median_step_s)
         dist.barrier()  # all windows start together
+        agree = _RankAgreement(trainer.device, request.trial_seconds, warmup.median_step_s)
     return run_window(
         trainer,
         min_steps=3,
@@ -126,25 +126,35 @@ def _timed_window(trainer: Trainer, request: TrialRequest, warmup: Window) -> Wi
 class _RankAgreement:
     """DDP ranks end their windows together, once every rank has run its minimum.
 
-    Each check is an all-reduce, so ranks check only about `CHECKS_PER_WINDOW` times a window,
-    all after the same steps (the shortest interval any rank proposes from its warm-up).
+    Each check is an all-reduce, so ranks check rarely, all after the same steps: the first
+    check comes after a quarter of the window as the warm-up predicts it, each later one where
+    the time still missing says (the earliest any rank proposes).
     """
 
-    CHECKS_PER_WINDOW = 4
+    FIRST_CHECK_FRACTION = 4
 
     def __init__(self, device: torch.device, seconds: float, step_s: float) -> None:
         self._device = device
+        self._seconds = seconds
         expected = math.ceil(seconds / max(step_s, 1e-9))
-        own = torch.tensor([max(1, expected // self.CHECKS_PER_WINDOW)], device=device)
-        dist.all_reduce(own, op=dist.ReduceOp.MIN)
-        self.every = int(own.item())
+        self._next_check = self._earliest(max(1, expected // self.FIRST_CHECK_FRACTION))
+        self._started = time.perf_counter()
 
     def all_done(self, steps: int, done: bool) -> bool:
-        if steps % self.every:
+        if steps < self._next_check:
             return False
-        flag = torch.tensor([int(done)], device=self._device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        return bool(flag.item())
+        elapsed = time.perf_counter() - self._started
+        missing_s = max(0.0, self._seconds - elapsed)
+        proposal = steps + max(1, math.ceil(missing_s * steps / elapsed)) if not done else steps
+        flags = torch.tensor([int(done), proposal], device=self._device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MIN)
+        self._next_check = max(int(flags[1].item()), steps + 1)
+        return bool(flags[0].item())
+
+    def _earliest(self, proposal: int) -> int:
+        value = torch.tensor([proposal], device=self._device)
+        dist.all_reduce(value, op=dist.ReduceOp.MIN)
+        return int(value.item())
 
 
 def _validated(
