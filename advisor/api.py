@@ -104,7 +104,7 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
     )
     trials = records_of(study)
     recommendation = _recommend(settings, space, hardware, checked, selection).model_copy(
-        update={"parallel_best": best_by_layout(trials)}
+        update={"parallel_best": best_by_layout(trials, selection.confirmations)}
     )
     result = TuneResult(
         settings=settings,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 
 from advisor.results import LayoutBest, TrialRecord
@@ -11,10 +12,13 @@ __all__ = ["best_by_layout"]
 LAYOUT_ORDER = {"none": 0, "dp": 1}
 
 
-def best_by_layout(records: list[TrialRecord]) -> tuple[LayoutBest, ...]:
-    """The best eligible search measurement of each parallel layout that was tried.
+def best_by_layout(
+    records: list[TrialRecord], confirmations: tuple[TrialRecord, ...] = ()
+) -> tuple[LayoutBest, ...]:
+    """The best eligible search measurement of each parallel layout that was tried, with the
+    median of its re-runs (each layout's best is a finalist).
 
-    Baseline and search trials count (each a single window); duplicates and re-runs do not.
+    Baseline and search trials count (each a single window); duplicates do not.
     """
     by_layout: dict[str, list[TrialRecord]] = defaultdict(list)
     for record in records:
@@ -31,10 +35,20 @@ def best_by_layout(records: list[TrialRecord]) -> tuple[LayoutBest, ...]:
                 feasible=len(eligible),
                 best_trial=best.number if best else None,
                 samples_per_s=best.result.samples_per_s if best else None,
+                rerun_samples_per_s=_rerun_median(best, confirmations) if best else None,
                 config_label=best.result.config.label() if best else None,
             )
         )
     return tuple(summaries)
+
+
+def _rerun_median(best: TrialRecord, confirmations: tuple[TrialRecord, ...]) -> float | None:
+    rates = [
+        c.result.samples_per_s
+        for c in confirmations
+        if c.number == best.number and c.eligible and c.result.samples_per_s
+    ]
+    return statistics.median(rates) if rates else None
 
 
 def _layout_key(layout: str) -> tuple[int, int]:

@@ -84,14 +84,17 @@ def render_markdown(result: TuneResult) -> str:
 
 
 def _parallel_rows(layouts: tuple[LayoutBest, ...]) -> list[dict[str, object]]:
-    """Each layout's best trial and its ratio to the best single-process trial."""
+    """Each layout's best trial and its ratio to the best single-process trial, on re-runs
+    where both were re-measured, else on their search windows."""
     single = next((b for b in layouts if b.parallel == "none" and b.samples_per_s), None)
     rows: list[dict[str, object]] = []
     for best in layouts:
-        ratio = None
-        if single and single.samples_per_s and best.samples_per_s:
-            ratio = best.samples_per_s / single.samples_per_s
-        rows.append({"best": best, "ratio": ratio})
+        ratio, basis = None, None
+        if single and single.rerun_samples_per_s and best.rerun_samples_per_s:
+            ratio, basis = best.rerun_samples_per_s / single.rerun_samples_per_s, "re-runs"
+        elif single and single.samples_per_s and best.samples_per_s:
+            ratio, basis = best.samples_per_s / single.samples_per_s, "search windows"
+        rows.append({"best": best, "ratio": ratio, "basis": basis})
     return rows
 
 

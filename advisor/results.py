@@ -148,7 +148,10 @@ class LayoutBest(_Frozen):
     trials: int = Field(description="configurations measured with this layout")
     feasible: int
     best_trial: int | None = None
-    samples_per_s: float | None = None
+    samples_per_s: float | None = Field(default=None, description="its search window")
+    rerun_samples_per_s: float | None = Field(
+        default=None, description="median of its re-runs after the search"
+    )
     config_label: str | None = None
 
 

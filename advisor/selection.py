@@ -50,6 +50,11 @@ def select_winner(records: list[TrialRecord], context: SearchContext) -> Selecti
         raise NoFeasibleConfigError(failure_summary(measured))
     baseline = next((r for r in measured if r.role == "baseline"), None)
     finalists = eligible[: context.settings.confirm_top]
+    # The best of every parallel layout too: the choice between one process and DDP (or
+    # DataParallel) is then made on re-runs, never on single search windows.
+    for layout_best in _best_per_layout(eligible):
+        if layout_best not in finalists:
+            finalists.append(layout_best)
     if baseline is not None and baseline.eligible and baseline not in finalists:
         finalists.append(baseline)
     reruns = _confirm(finalists, context)
@@ -65,6 +70,14 @@ def select_winner(records: list[TrialRecord], context: SearchContext) -> Selecti
         baseline_runs = _rates(reruns[baseline.number])
     confirmations = tuple(c for runs in reruns.values() for c in runs)
     return Selection(winner, _rates(reruns[winner.number]), baseline_runs, confirmations)
+
+
+def _best_per_layout(eligible: list[TrialRecord]) -> list[TrialRecord]:
+    """The first (fastest) record of each parallel layout in a list sorted fastest first."""
+    best: dict[str, TrialRecord] = {}
+    for record in eligible:
+        best.setdefault(record.result.config.parallel, record)
+    return list(best.values())
 
 
 def _confirm(finalists: list[TrialRecord], context: SearchContext) -> dict[int, list[TrialRecord]]:

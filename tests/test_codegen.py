@@ -109,6 +109,7 @@ def test_ddp_script_trains_under_torchrun_and_alone(tmp_path):
     # only rank 0 reports, counting the samples of both.
     assert launched.stdout.count("done: 8 steps") == 1, launched.stdout
     assert launched.stdout.count("epoch 1 done at step 8") == 1
+    assert " 0 samples/s" not in launched.stdout
     assert (tmp_path / "ddp.pt").exists()
     alone = _write_and_run(rec, tmp_path, "--max-steps", "3")
     assert alone.returncode == 0, alone.stderr
