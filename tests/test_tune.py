@@ -15,7 +15,10 @@ from tests.conftest import ROOT, TINY, run_advisor
 
 pytestmark = pytest.mark.slow
 
+# One process only: DDP trials cost ~5 s of start-up each and have tests of their own
+# (tests/trial/test_distributed.py, tests/test_search.py).
 SETTINGS = {
+    "max_world_size": 1,
     "trial_seconds": 0.3,
     "warmup_steps": 2,
     "confirm_top": 2,
@@ -26,6 +29,7 @@ SETTINGS = {
 def _cli_tune(out, *flags: str) -> subprocess.CompletedProcess[str]:
     """`advisor tune` on the tiny workload with the fast settings of these tests."""
     fast = ("--trial-seconds", "0.3", "--warmup-steps", "2", "--confirm-top", "2")
+    fast += ("--max-world-size", "1")
     return run_advisor("tune", f"{TINY}:factory", "--out", str(out), *fast, *flags)
 
 
@@ -144,6 +148,8 @@ def test_ctrl_c_keeps_finished_trials_and_the_same_command_resumes(tmp_path):
         "1",
         "--confirm-top",
         "1",
+        "--max-world-size",
+        "1",
     ]
     process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
@@ -174,7 +180,7 @@ def test_a_killed_parent_leaves_no_trial_running_after_resume(tmp_path):
 
     from advisor.storage import STALE_AFTER_S
 
-    flags = ("--trials", "3", "--trial-seconds", "1", "--confirm-top", "1")
+    flags = ("--trials", "3", "--trial-seconds", "1", "--confirm-top", "1", "--max-world-size", "1")
     command = [sys.executable, "-m", "advisor", "tune", f"{TINY}:factory", "--out", str(tmp_path)]
     process = subprocess.Popen([*command, *flags], cwd=ROOT, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
