@@ -13,6 +13,7 @@ __all__ = [
     "FixedKnob",
     "GpuInfo",
     "HardwareProfile",
+    "KnobEffect",
     "LayoutBest",
     "RankResult",
     "Recommendation",
@@ -139,6 +140,18 @@ class FixedKnob(_Frozen):
     name: str
     value: str
     reason: str
+
+
+class KnobEffect(_Frozen):
+    """What changing one knob alone did: pairs of trials that differ in nothing else."""
+
+    knob: str
+    from_value: str
+    to_value: str
+    ratio: float = Field(description="median over the pairs of samples/s after ÷ before")
+    pairs: tuple[tuple[int, int], ...] = Field(description="(trial before, trial after)")
+    data_wait_before: float | None = Field(default=None, description="median data-wait fraction")
+    data_wait_after: float | None = None
 
 
 class LayoutBest(_Frozen):
