@@ -12,7 +12,7 @@ from pydantic import ValidationError
 import advisor
 from advisor.codegen import render_launch_script, render_training_script
 from advisor.config import TuneSettings, settings_error
-from advisor.effects import best_by_layout
+from advisor.effects import best_by_layout, diagnose, knob_effects
 from advisor.hardware import probe_isolated
 from advisor.preflight import preflight
 from advisor.progress import NullProgress, Progress
@@ -103,8 +103,13 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
         "confirmations", [r.model_dump(mode="json") for r in selection.confirmations]
     )
     trials = records_of(study)
+    effects = knob_effects(trials)
     recommendation = _recommend(settings, space, hardware, checked, selection).model_copy(
-        update={"parallel_best": best_by_layout(trials, selection.confirmations)}
+        update={
+            "parallel_best": best_by_layout(trials, selection.confirmations),
+            "knob_effects": effects,
+            "bottleneck": diagnose(selection.winner, effects),
+        }
     )
     result = TuneResult(
         settings=settings,

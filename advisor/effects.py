@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from typing import Literal
 
-from advisor.results import KnobEffect, LayoutBest, TrialRecord
+from advisor.results import Bottleneck, KnobEffect, LayoutBest, TrialRecord
 
-__all__ = ["best_by_layout", "knob_effects"]
+__all__ = ["best_by_layout", "diagnose", "knob_effects"]
 
 LAYOUT_ORDER = {"none": 0, "dp": 1}
 
@@ -67,6 +68,8 @@ EFFECT_KNOBS = (
     "cudnn_benchmark",
 )
 _AMP_ORDER = {"off": 0, "bf16": 1, "fp16": 2}
+INPUT_BOUND_WAIT = 0.3  # the loop waited for data this fraction of the window or more
+OVERHEAD_GAIN = 1.3  # a larger batch alone raised throughput at least this much
 
 
 def knob_effects(records: list[TrialRecord]) -> tuple[KnobEffect, ...]:
@@ -93,17 +96,17 @@ def knob_effects(records: list[TrialRecord]) -> tuple[KnobEffect, ...]:
 def _effect(
     knob: str, old: str, new: str, pairs: list[tuple[TrialRecord, TrialRecord]]
 ) -> KnobEffect:
-    ratios = [(a.result.samples_per_s or 0.0) / (b.result.samples_per_s or 1.0) for b, a in pairs]
-    waits_before = [b.result.data_wait_fraction for b, _ in pairs]
-    waits_after = [a.result.data_wait_fraction for _, a in pairs]
+    ordered = sorted(pairs, key=lambda pair: (pair[0].number, pair[1].number))
+    ratios = [(a.result.samples_per_s or 0.0) / (b.result.samples_per_s or 1.0) for b, a in ordered]
     return KnobEffect(
         knob=knob,
         from_value=old,
         to_value=new,
         ratio=statistics.median(ratios),
-        pairs=tuple(sorted((b.number, a.number) for b, a in pairs)),
-        data_wait_before=_median(waits_before),
-        data_wait_after=_median(waits_after),
+        pairs=tuple((b.number, a.number) for b, a in ordered),
+        pair_ratios=tuple(ratios),
+        data_wait_before=_median([b.result.data_wait_fraction for b, _ in ordered]),
+        data_wait_after=_median([a.result.data_wait_fraction for _, a in ordered]),
     )
 
 
@@ -128,3 +131,56 @@ def _value_key(knob: str, record: TrialRecord) -> tuple[int, int]:
 def _median(values: list[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return statistics.median(known) if known else None
+
+
+def diagnose(winner: TrialRecord, effects: tuple[KnobEffect, ...]) -> Bottleneck | None:
+    """Input-bound when the winner waited for data; overhead-bound when a larger batch alone
+    still paid off; compute-bound otherwise. Each claim cites the trials it rests on."""
+    result = winner.result
+    wait = result.data_wait_fraction
+    if wait is None or result.samples_per_s is None:
+        return None
+    number = winner.number
+    if wait >= INPUT_BOUND_WAIT:
+        return Bottleneck(
+            kind="input",
+            explanation=f"input-bound: trial {number} waited for data {wait:.0%} of its "
+            "window; a faster Dataset (decoding, caching) or more loader workers would help",
+            trials=(number,),
+        )
+    larger = [
+        (e, pair)
+        for e in effects
+        if e.knob == "batch_size"
+        for pair in e.pairs
+        if pair[0] == number
+    ]
+    if larger:
+        effect, (before, after) = max(larger, key=lambda item: _pair_ratio(*item))
+        pair_ratio = _pair_ratio(effect, (before, after))
+        overhead = pair_ratio >= OVERHEAD_GAIN
+        kind: Literal["overhead", "compute"] = "overhead" if overhead else "compute"
+        verdict = (
+            "per-step overhead still dominates, so larger batches pay while memory and the "
+            "optimisation allow"
+            if overhead
+            else "the device is busy computing"
+        )
+        return Bottleneck(
+            kind=kind,
+            explanation=f"{kind}-bound: batch {effect.from_value} → {effect.to_value} alone "
+            f"gave {pair_ratio:.2f}x (trials {before} vs {after}) with {wait:.0%} data wait: "
+            f"{verdict}",
+            trials=(before, after),
+        )
+    return Bottleneck(
+        kind="compute",
+        explanation=f"compute-bound as far as measured: trial {number} waited for data only "
+        f"{wait:.0%} of its window; no trial differed from it in batch size alone, so "
+        "per-step overhead was not checked",
+        trials=(number,),
+    )
+
+
+def _pair_ratio(effect: KnobEffect, pair: tuple[int, int]) -> float:
+    return effect.pair_ratios[effect.pairs.index(pair)]

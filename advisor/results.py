@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from advisor.config import TrialConfig, TuneSettings
 
 __all__ = [
+    "Bottleneck",
     "FixedKnob",
     "GpuInfo",
     "HardwareProfile",
@@ -150,8 +151,17 @@ class KnobEffect(_Frozen):
     to_value: str
     ratio: float = Field(description="median over the pairs of samples/s after ÷ before")
     pairs: tuple[tuple[int, int], ...] = Field(description="(trial before, trial after)")
+    pair_ratios: tuple[float, ...] = Field(description="samples/s after ÷ before, per pair")
     data_wait_before: float | None = Field(default=None, description="median data-wait fraction")
     data_wait_after: float | None = None
+
+
+class Bottleneck(_Frozen):
+    """What limits the winner, as its own measurements and its neighbours' show."""
+
+    kind: Literal["input", "overhead", "compute"]
+    explanation: str = Field(description="one sentence, citing the trials it rests on")
+    trials: tuple[int, ...]
 
 
 class LayoutBest(_Frozen):
@@ -190,6 +200,10 @@ class Recommendation(_Frozen):
     parallel_best: tuple[LayoutBest, ...] = Field(
         default=(), description="best search trial per parallel layout"
     )
+    knob_effects: tuple[KnobEffect, ...] = Field(
+        default=(), description="knob changes measured alone (pairs of trials)"
+    )
+    bottleneck: Bottleneck | None = None
     hardware: HardwareProfile
     task: TaskSummary
     storage: str

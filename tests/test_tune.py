@@ -62,7 +62,8 @@ def test_the_baseline_is_the_first_trial_and_every_trial_is_stored(first_run):
 
 def test_outputs_are_written(first_run):
     out = first_run.out_dir
-    for name in ("recommendation.json", "trials.csv", "report.md", "train.py", "study.db"):
+    files = ("recommendation.json", "trials.csv", "report.md", "train.py", "launch.sh", "study.db")
+    for name in files:
         assert (out / name).is_file(), name
     assert (out / "logs" / "trial-0.log").is_file()
     rec = Recommendation.model_validate_json((out / "recommendation.json").read_text())
@@ -74,6 +75,11 @@ def test_outputs_are_written(first_run):
     assert "no CUDA device: pinned memory only speeds host-to-GPU copies" in report
     for trial in first_run.trials:
         assert f"| {trial.number} | {trial.role} | {trial.result.config.label()} |" in report
+    assert "## What each knob did" in report
+    assert rec.bottleneck is not None and rec.bottleneck.explanation in report
+    assert set(rec.bottleneck.trials) <= {t.number for t in first_run.trials}
+    for effect in rec.knob_effects:  # every effect cites stored trials
+        assert all({a, b} <= {t.number for t in first_run.trials} for a, b in effect.pairs)
 
 
 def test_generated_script_runs_as_is(first_run):

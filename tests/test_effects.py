@@ -1,0 +1,88 @@
+"""Knob effects and the bottleneck come only from pairs of stored trials; no advice without them."""
+
+import pytest
+
+from advisor.config import TrialConfig
+from advisor.effects import best_by_layout, diagnose, knob_effects
+from advisor.results import TrialRecord, TrialResult
+
+
+def _trial(number, rate, wait=0.05, role="search", status="ok", **knobs):
+    config = TrialConfig(**{"batch_size": 32, **knobs})
+    result = TrialResult(
+        config=config,
+        status=status,
+        samples_per_s=rate if status == "ok" else None,
+        data_wait_fraction=wait if status == "ok" else None,
+    )
+    return TrialRecord(number=number, role=role, result=result)
+
+
+TRIALS = [
+    _trial(0, 1000, role="baseline"),
+    _trial(1, 1500, amp="bf16"),  # amp alone vs 0
+    _trial(2, 2000, wait=0.61, batch_size=256),  # batch alone vs 0
+    _trial(3, 4200, wait=0.04, batch_size=256, num_workers=2),  # workers alone vs 2
+    _trial(4, 2400, batch_size=256, amp="bf16"),  # amp alone vs 2; batch alone vs 1
+    _trial(5, 9999, batch_size=64, amp="bf16", num_workers=1),  # differs from all in >1 knob
+    _trial(6, 0, status="oom", batch_size=512),  # failed: never part of a pair
+    _trial(7, 3000, role="duplicate", amp="bf16"),  # a repeat answer, not a measurement
+]
+
+
+def test_effects_pair_trials_that_differ_in_one_knob_only():
+    effects = {(e.knob, e.from_value, e.to_value): e for e in knob_effects(TRIALS)}
+    assert set(effects) == {
+        ("batch_size", "32", "256"),
+        ("amp", "off", "bf16"),
+        ("num_workers", "0", "2"),
+    }
+    amp = effects[("amp", "off", "bf16")]
+    assert amp.pairs == ((0, 1), (2, 4)) and amp.pair_ratios == (1.5, 1.2)
+    assert amp.ratio == pytest.approx(1.35)
+    workers = effects[("num_workers", "0", "2")]
+    assert workers.pairs == ((2, 3),) and workers.ratio == pytest.approx(2.1)
+    assert (workers.data_wait_before, workers.data_wait_after) == (0.61, 0.04)
+
+
+def test_no_pairs_no_effects():
+    assert knob_effects([TRIALS[0], TRIALS[5]]) == ()
+
+
+def test_input_bound_when_the_winner_waited_for_data():
+    bottleneck = diagnose(TRIALS[2], knob_effects(TRIALS))
+    assert bottleneck.kind == "input" and bottleneck.trials == (2,)
+    assert "waited for data 61% of its window" in bottleneck.explanation
+
+
+def test_overhead_bound_when_a_larger_batch_alone_still_paid_off():
+    bottleneck = diagnose(TRIALS[0], knob_effects(TRIALS))
+    assert bottleneck.kind == "overhead" and bottleneck.trials == (0, 2)
+    assert "batch 32 → 256 alone gave 2.00x (trials 0 vs 2)" in bottleneck.explanation
+
+
+def test_compute_bound_when_a_larger_batch_gained_little_or_was_not_tried():
+    trials = [_trial(0, 1000), _trial(1, 1100, batch_size=64)]
+    bottleneck = diagnose(trials[0], knob_effects(trials))
+    assert bottleneck.kind == "compute" and "gave 1.10x (trials 0 vs 1)" in bottleneck.explanation
+    lonely = diagnose(TRIALS[5], knob_effects(TRIALS))
+    assert lonely.kind == "compute" and "per-step overhead was not checked" in lonely.explanation
+
+
+def test_best_by_layout_uses_rerun_medians_of_each_layouts_best():
+    trials = [
+        _trial(0, 1000, role="baseline"),
+        _trial(1, 3000, parallel_mode="ddp", world_size=2),
+        _trial(2, 2000, parallel_mode="ddp", world_size=2, amp="bf16"),
+    ]
+    reruns = (
+        trials[1].model_copy(update={"role": "confirm"}),
+        trials[1].model_copy(update={"role": "confirm", "result": trials[2].result}),
+    )
+    layouts = best_by_layout(trials, reruns)
+    assert [(b.parallel, b.trials, b.best_trial) for b in layouts] == [
+        ("none", 1, 0),
+        ("ddp-2", 2, 1),
+    ]
+    assert layouts[0].rerun_samples_per_s is None
+    assert layouts[1].rerun_samples_per_s == 2500
