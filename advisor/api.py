@@ -13,6 +13,7 @@ import advisor
 from advisor.codegen import render_launch_script, render_training_script
 from advisor.config import TuneSettings, settings_error
 from advisor.effects import best_by_layout, diagnose, knob_effects
+from advisor.errors import StorageError
 from advisor.hardware import probe_isolated
 from advisor.preflight import preflight
 from advisor.progress import NullProgress, Progress
@@ -21,17 +22,33 @@ from advisor.results import (
     HardwareProfile,
     Recommendation,
     TaskSummary,
+    TrialRecord,
     TrialResult,
     TuneResult,
 )
 from advisor.search import SearchContext, bind_study, make_sampler, records_of, run_search
 from advisor.selection import Selection, select_winner
 from advisor.space import SearchSpace, build_space, resolve_device
-from advisor.storage import mask_url, open_study
+from advisor.storage import (
+    CONFIRMATIONS_ATTR,
+    RECOMMENDATION_ATTR,
+    SETTINGS_ATTR,
+    load_study,
+    mask_url,
+    open_study,
+)
 from advisor.task import callable_to_spec, check_spec
 from advisor.trial.runner import TrialLaunch
 
-__all__ = ["make_settings", "tune", "tune_with", "validate"]
+__all__ = [
+    "make_settings",
+    "stored_result",
+    "tune",
+    "tune_with",
+    "validate",
+    "write_outputs",
+    "write_reports",
+]
 
 
 def make_settings(factory_or_spec: str | Callable[[], Any], **settings: Any) -> TuneSettings:
@@ -100,7 +117,7 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
     progress.stage("re-measuring the finalists and the baseline")
     selection = select_winner(records, context)
     study.set_user_attr(
-        "confirmations", [r.model_dump(mode="json") for r in selection.confirmations]
+        CONFIRMATIONS_ATTR, [r.model_dump(mode="json") for r in selection.confirmations]
     )
     trials = records_of(study)
     effects = knob_effects(trials)
@@ -111,6 +128,10 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
             "bottleneck": diagnose(selection.winner, effects),
         }
     )
+    # Stored with the trials, so that `advisor report` can render everything from the study.
+    study.set_user_attr(RECOMMENDATION_ATTR, recommendation.model_dump(mode="json"))
+    stored_settings = settings.model_copy(update={"storage": mask_url(settings.storage_url)})
+    study.set_user_attr(SETTINGS_ATTR, stored_settings.model_dump(mode="json"))
     result = TuneResult(
         settings=settings,
         recommendation=recommendation,
@@ -118,7 +139,7 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
         confirmations=selection.confirmations,
         out_dir=out_dir,
     )
-    _write_outputs(result)
+    write_outputs(result)
     return result
 
 
@@ -167,15 +188,54 @@ def _recommend(
     )
 
 
-def _write_outputs(result: TuneResult) -> None:
+def write_reports(result: TuneResult) -> None:
+    """recommendation.json, trials.csv and report.md into the result's output folder."""
     out = result.out_dir
+    out.mkdir(parents=True, exist_ok=True)
     (out / "recommendation.json").write_text(result.recommendation.model_dump_json(indent=2))
     (out / "trials.csv").write_text(render_trials_csv(result))
     (out / "report.md").write_text(render_markdown(result))
+
+
+def write_outputs(result: TuneResult) -> None:
+    """Every file of the output folder: the reports, train.py and launch.sh."""
+    out = result.out_dir
+    write_reports(result)
     (out / "train.py").write_text(render_training_script(result.recommendation, out))
     launcher = out / "launch.sh"
     launcher.write_text(render_launch_script(result.recommendation))
     launcher.chmod(0o755)
+
+
+def stored_result(url: str, study_name: str | None, out_dir: Path | None) -> TuneResult:
+    """A finished tune's result, rebuilt from its study alone (for `advisor report`).
+
+    `out_dir` defaults to reports/<study name>.
+    """
+    study = load_study(url, study_name)
+    attrs = study.user_attrs
+    trials = tuple(records_of(study))
+    if RECOMMENDATION_ATTR not in attrs:
+        raise StorageError(
+            f"study {study.study_name!r} has no recommendation yet ({len(trials)} trials "
+            "stored: the tune did not finish, or an older advisor ran it): run its advisor tune "
+            "command again to finish it"
+        )
+    try:
+        return TuneResult(
+            settings=TuneSettings.model_validate(attrs[SETTINGS_ATTR]),
+            recommendation=Recommendation.model_validate(attrs[RECOMMENDATION_ATTR]),
+            trials=trials,
+            confirmations=tuple(
+                TrialRecord.model_validate(c) for c in attrs.get(CONFIRMATIONS_ATTR, [])
+            ),
+            out_dir=out_dir or Path("reports") / study.study_name,
+        )
+    except (KeyError, ValidationError) as exc:
+        raise StorageError(
+            f"study {study.study_name!r} was not written by this advisor version "
+            f"({str(exc).splitlines()[0]}): re-run the tune with a new --study-name"
+        ) from exc
 
 
 def _summary(checked: TrialResult) -> TaskSummary:

@@ -14,7 +14,7 @@ from rich.console import Console
 
 import advisor
 import advisor.console
-from advisor.api import make_settings, tune_with, validate
+from advisor.api import make_settings, stored_result, tune_with, validate, write_outputs
 from advisor.codegen import launch_command, render_launch_script, render_training_script
 from advisor.errors import AdvisorError, BadInputError
 from advisor.hardware import probe
@@ -129,6 +129,48 @@ def codegen(recommendation: Path, output: Path) -> None:
     launcher.chmod(0o755)
     command = launch_command(rec.config, output.as_posix())
     out.print(f"wrote {output} and {launcher}; train with: {command} --epochs 1", highlight=False)
+
+
+@cli.command()
+@click.argument("folder", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--storage", help="Optuna storage URL, instead of FOLDER/study.db.")
+@click.option("--study-name", help="The study to report [the only one in the storage].")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), help="Output folder [FOLDER].")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["md", "json"]),
+    default="md",
+    help="md: write the reports, train.py and launch.sh; json: print the result.",
+)
+def report(
+    folder: Path | None,
+    storage: str | None,
+    study_name: str | None,
+    out_dir: Path | None,
+    fmt: str,
+) -> None:
+    """Re-render a finished tune's reports from its stored study alone."""
+    if storage is None:
+        if folder is None:
+            raise BadInputError(
+                "pass the folder advisor tune wrote (e.g. reports/mlp-factory), "
+                "or --storage URL --study-name NAME"
+            )
+        database = folder / "study.db"
+        if not database.is_file():
+            raise BadInputError(
+                f"{database} does not exist: pass the folder advisor tune wrote, "
+                "or --storage URL --study-name NAME"
+            )
+        storage = f"sqlite:///{database.resolve()}"
+    result = stored_result(storage, study_name, out_dir or folder)
+    if fmt == "json":
+        click.echo(result.model_dump_json(indent=2))
+        return
+    write_outputs(result)
+    files = "recommendation.json, trials.csv, report.md, train.py, launch.sh"
+    out.print(f"wrote {result.out_dir}/: {files}", highlight=False, soft_wrap=True)
 
 
 cli.add_command(probe_command, name="probe")

@@ -10,10 +10,21 @@ from sqlalchemy.exc import ArgumentError
 
 from advisor.errors import StorageError
 
-__all__ = ["mask_url", "open_study"]
+__all__ = [
+    "CONFIRMATIONS_ATTR",
+    "RECOMMENDATION_ATTR",
+    "SETTINGS_ATTR",
+    "load_study",
+    "mask_url",
+    "open_study",
+]
 
 HEARTBEAT_S = 5
 STALE_AFTER_S = 30
+# Study attributes a finished tune leaves beside its trials.
+RECOMMENDATION_ATTR = "advisor_recommendation"
+SETTINGS_ATTR = "advisor_settings"
+CONFIRMATIONS_ATTR = "confirmations"
 
 
 def mask_url(url: str) -> str:
@@ -54,3 +65,22 @@ def open_study(url: str, study_name: str, sampler: optuna.samplers.BaseSampler) 
             f"cannot open storage {mask_url(url)}: {message.replace(url, mask_url(url))}; "
             "check the URL, the server and your credentials"
         ) from exc
+
+
+def load_study(url: str, study_name: str | None) -> optuna.Study:
+    """An existing study; without a name, the only study in the storage."""
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        names = optuna.get_all_study_names(storage=url)
+    except Exception as exc:
+        raise StorageError(f"cannot open storage {mask_url(url)}: {exc}") from exc
+    if not names:
+        raise StorageError(f"{mask_url(url)} holds no study: check the URL or the folder")
+    if study_name is None and len(names) == 1:
+        study_name = names[0]
+    if study_name not in names:
+        wanted = f"no study {study_name!r}" if study_name else "more than one study"
+        raise StorageError(
+            f"{mask_url(url)} has {wanted} (studies: {', '.join(names)}): pass --study-name NAME"
+        )
+    return optuna.load_study(study_name=study_name, storage=url)

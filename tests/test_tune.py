@@ -203,3 +203,31 @@ def test_a_killed_parent_leaves_no_trial_running_after_resume(tmp_path):
     assert optuna.trial.TrialState.RUNNING not in states
     assert optuna.trial.TrialState.FAIL in states  # the trial the killed parent was running
     assert _completed_trials(tmp_path) >= 3
+
+
+def test_report_re_renders_every_output_from_the_study_alone(first_run, tmp_path):
+    out = first_run.out_dir
+    names = ("recommendation.json", "trials.csv", "report.md", "train.py", "launch.sh")
+    originals = {name: (out / name).read_text() for name in names}
+    for name in names:
+        (out / name).unlink()
+    completed = run_advisor("report", str(out))
+    assert completed.returncode == 0, completed.stderr
+    for name in names:
+        assert (out / name).read_text() == originals[name], name
+    as_json = run_advisor("report", "--storage", f"sqlite:///{out}/study.db", "--format", "json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert TuneResult.model_validate_json(as_json.stdout).recommendation == first_run.recommendation
+
+
+def test_report_of_an_unfinished_or_missing_study_says_what_to_do(tmp_path):
+    missing = run_advisor("report", str(tmp_path))
+    assert missing.returncode == 2
+    assert (
+        f"{tmp_path}/study.db does not exist: pass the folder advisor tune wrote" in missing.stderr
+    )
+    optuna.create_study(study_name="half", storage=f"sqlite:///{tmp_path}/study.db")
+    unfinished = run_advisor("report", str(tmp_path))
+    assert unfinished.returncode == 2
+    assert "study 'half' has no recommendation yet (0 trials stored" in unfinished.stderr
+    assert "Traceback" not in unfinished.stderr
