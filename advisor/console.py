@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from rich.console import Console
 from rich.status import Status
 from rich.table import Table
@@ -10,6 +12,13 @@ from advisor.config import TrialConfig
 from advisor.results import HardwareProfile, Recommendation, TaskSummary, TrialRecord, TrialResult
 
 __all__ = ["ConsoleProgress", "hardware_table", "recommendation_table", "validation_table"]
+
+PHASE_NAMES = {
+    "starting": "starting",
+    "first_step": "first step",
+    "warmup": "warming up",
+    "measure": "measuring",
+}
 
 
 class ConsoleProgress:
@@ -21,6 +30,7 @@ class ConsoleProgress:
         self._status: Status | None = None
         self._label = ""
         self._best: float | None = None
+        self._failures: Counter[str] = Counter()
 
     def stage(self, message: str) -> None:
         if not self._quiet:
@@ -31,20 +41,22 @@ class ConsoleProgress:
         if self._quiet:
             return
         if self._console.is_terminal:
-            self._status = self._console.status(self._status_text("starting"))
+            self._status = self._console.status(self.status_text("starting"))
             self._status.start()
         else:
             self._console.print(f"  {self._label} …", highlight=False)
 
     def trial_phase(self, phase: str) -> None:
         if self._status is not None:
-            self._status.update(self._status_text(phase))
+            self._status.update(self.status_text(phase))
 
     def trial_finished(self, record: TrialRecord, best: float | None) -> None:
         if self._status is not None:
             self._status.stop()
             self._status = None
         self._best = best or self._best
+        if record.role != "confirm" and not record.eligible:
+            self._failures["memory" if record.infeasible_reason else record.result.status] += 1
         if self._quiet:
             return
         result = record.result
@@ -56,9 +68,12 @@ class ConsoleProgress:
         mark = "[green]✓[/]" if record.eligible else "[red]✗[/]"
         self._console.print(f"{mark} {self._label}  {outcome}", highlight=False)
 
-    def _status_text(self, phase: str) -> str:
+    def status_text(self, phase: str) -> str:
+        """The live line: the running trial and its phase, the best so far, failures by kind."""
         best = f" · best {self._best:,.0f} samples/s" if self._best else ""
-        return f"{self._label} · {phase}{best}"
+        failed = ", ".join(f"{n} {kind}" for kind, n in self._failures.most_common())
+        failures = f" · failed: {failed}" if failed else ""
+        return f"{self._label} · {PHASE_NAMES.get(phase, phase)}{best}{failures}"
 
 
 def recommendation_table(rec: Recommendation) -> Table:

@@ -142,6 +142,7 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
     _enqueue_baseline(study, space)
     deadline = time.monotonic() + settings.timeout if settings.timeout else None
     objective = _Objective(context)
+    objective.deadline = deadline
     while True:
         records = records_of(study)
         measured = {r.result.config: r for r in records if r.role != "duplicate"}
@@ -172,6 +173,7 @@ class _Objective:
         self.context = context
         self.measured: dict[TrialConfig, TrialRecord] = {}
         self.unmeasured_in_a_row = 0
+        self.deadline: float | None = None
 
     def __call__(self, trial: optuna.Trial) -> float:
         space = self.context.space
@@ -190,6 +192,8 @@ class _Objective:
         self.unmeasured_in_a_row = 0
         role = trial.user_attrs.get("role", "search")
         label = f"trial {len(self.measured) + 1}/{self.context.settings.trials}"
+        if self.deadline is not None:
+            label += f" ({max(0.0, self.deadline - time.monotonic()):.0f} s of --timeout left)"
         record = _measure(trial, config, role, label, self.context)
         value = _record(trial, record)
         self.context.progress.trial_finished(record, _best([*self.measured.values(), record]))

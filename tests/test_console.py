@@ -1,0 +1,54 @@
+"""What a user sees while a tune runs: plain lines in logs, a live line on a terminal."""
+
+import io
+
+from rich.console import Console
+
+from advisor.config import TrialConfig
+from advisor.console import ConsoleProgress
+from advisor.results import TrialRecord, TrialResult
+
+CONFIG = TrialConfig(batch_size=32, amp="bf16")
+
+
+def _record(number: int, status: str, rate: float | None = None, reason: str | None = None):
+    result = TrialResult(config=CONFIG, status=status, samples_per_s=rate, reason=reason)
+    return TrialRecord(number=number, role="search", result=result)
+
+
+def _run(progress: ConsoleProgress) -> None:
+    progress.stage("probing hardware")
+    progress.trial_started("trial 1/3", CONFIG)
+    progress.trial_phase("warmup")
+    progress.trial_finished(_record(0, "ok", 1234.0), 1234.0)
+    progress.trial_started("trial 2/3", CONFIG)
+    progress.trial_finished(_record(1, "oom", reason="out of memory"), 1234.0)
+
+
+def test_plain_lines_when_output_is_not_a_terminal():
+    buffer = io.StringIO()
+    _run(ConsoleProgress(Console(file=buffer, force_terminal=False, width=200)))
+    assert buffer.getvalue().splitlines() == [
+        "· probing hardware",
+        "  trial 1/3  bs=32 acc=1 amp=bf16 workers=0 …",
+        "✓ trial 1/3  bs=32 acc=1 amp=bf16 workers=0       1,234 samples/s",
+        "  trial 2/3  bs=32 acc=1 amp=bf16 workers=0 …",
+        "✗ trial 2/3  bs=32 acc=1 amp=bf16 workers=0  oom out of memory",
+    ]
+
+
+def test_live_line_shows_phase_best_so_far_and_failures_by_kind():
+    progress = ConsoleProgress(Console(file=io.StringIO(), force_terminal=False), quiet=True)
+    _run(progress)
+    progress.trial_started("trial 3/3", CONFIG)
+    line = progress.status_text("measure")
+    assert line == (
+        "trial 3/3  bs=32 acc=1 amp=bf16 workers=0 · measuring · best 1,234 samples/s"
+        " · failed: 1 oom"
+    )
+
+
+def test_quiet_prints_nothing():
+    buffer = io.StringIO()
+    _run(ConsoleProgress(Console(file=buffer, force_terminal=True), quiet=True))
+    assert buffer.getvalue() == ""
