@@ -17,7 +17,7 @@ from advisor.errors import StorageError
 from advisor.hardware import probe_isolated
 from advisor.preflight import preflight
 from advisor.progress import NullProgress, Progress
-from advisor.report import render_markdown, render_trials_csv
+from advisor.report import render_html, render_markdown, render_trials_csv
 from advisor.results import (
     HardwareProfile,
     Recommendation,
@@ -130,7 +130,9 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
     )
     # Stored with the trials, so that `advisor report` can render everything from the study.
     study.set_user_attr(RECOMMENDATION_ATTR, recommendation.model_dump(mode="json"))
-    stored_settings = settings.model_copy(update={"storage": mask_url(settings.storage_url)})
+    stored_settings = settings.model_copy(
+        update={"storage": mask_url(settings.storage) if settings.storage else None}
+    )
     study.set_user_attr(SETTINGS_ATTR, stored_settings.model_dump(mode="json"))
     result = TuneResult(
         settings=settings,
@@ -189,12 +191,13 @@ def _recommend(
 
 
 def write_reports(result: TuneResult) -> None:
-    """recommendation.json, trials.csv and report.md into the result's output folder."""
+    """recommendation.json, trials.csv, report.md and report.html into the output folder."""
     out = result.out_dir
     out.mkdir(parents=True, exist_ok=True)
     (out / "recommendation.json").write_text(result.recommendation.model_dump_json(indent=2))
     (out / "trials.csv").write_text(render_trials_csv(result))
     (out / "report.md").write_text(render_markdown(result))
+    (out / "report.html").write_text(render_html(result))
 
 
 def write_outputs(result: TuneResult) -> None:

@@ -18,6 +18,7 @@ from advisor.api import make_settings, stored_result, tune_with, validate, write
 from advisor.codegen import launch_command, render_launch_script, render_training_script
 from advisor.errors import AdvisorError, BadInputError
 from advisor.hardware import probe
+from advisor.report import render_html, render_markdown
 from advisor.results import Recommendation
 from advisor.storage import mask_url
 
@@ -83,7 +84,7 @@ def tune(spec: str, as_json: bool, quiet: bool, **flags: Any) -> None:
         out.print("your configuration was the fastest one measured: no knob searched beat it")
     for warning in rec.warnings:
         out.print(f"[yellow]note:[/] {warning}", highlight=False, soft_wrap=True)
-    files = "recommendation.json, trials.csv, report.md, train.py, launch.sh, logs/"
+    files = "recommendation.json, trials.csv, report.md, report.html, train.py, launch.sh, logs/"
     out.print(f"wrote {result.out_dir}/: {files}", highlight=False, soft_wrap=True)
     command = launch_command(rec.config, (result.out_dir / "train.py").as_posix())
     out.print(f"train with it: {command} --epochs 1", highlight=False, soft_wrap=True)
@@ -139,9 +140,10 @@ def codegen(recommendation: Path, output: Path) -> None:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["md", "json"]),
-    default="md",
-    help="md: write the reports, train.py and launch.sh; json: print the result.",
+    type=click.Choice(["all", "html", "md", "json"]),
+    default="all",
+    help="all: every output file [default]; html or md: that report only; json: print the "
+    "stored result.",
 )
 def report(
     folder: Path | None,
@@ -168,9 +170,15 @@ def report(
     if fmt == "json":
         click.echo(result.model_dump_json(indent=2))
         return
-    write_outputs(result)
-    files = "recommendation.json, trials.csv, report.md, train.py, launch.sh"
-    out.print(f"wrote {result.out_dir}/: {files}", highlight=False, soft_wrap=True)
+    if fmt == "all":
+        write_outputs(result)
+        files = "recommendation.json, trials.csv, report.md, report.html, train.py, launch.sh"
+        out.print(f"wrote {result.out_dir}/: {files}", highlight=False, soft_wrap=True)
+        return
+    result.out_dir.mkdir(parents=True, exist_ok=True)
+    path = result.out_dir / f"report.{fmt}"
+    path.write_text(render_html(result) if fmt == "html" else render_markdown(result))
+    out.print(f"wrote {path}", highlight=False, soft_wrap=True)
 
 
 cli.add_command(probe_command, name="probe")

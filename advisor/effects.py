@@ -8,7 +8,7 @@ from typing import Literal
 
 from advisor.results import Bottleneck, KnobEffect, LayoutBest, TrialRecord
 
-__all__ = ["best_by_layout", "diagnose", "knob_effects"]
+__all__ = ["best_by_layout", "diagnose", "knob_effects", "param_importances"]
 
 LAYOUT_ORDER = {"none": 0, "dp": 1}
 
@@ -70,6 +70,7 @@ EFFECT_KNOBS = (
 _AMP_ORDER = {"off": 0, "bf16": 1, "fp16": 2}
 INPUT_BOUND_WAIT = 0.3  # the loop waited for data this fraction of the window or more
 OVERHEAD_GAIN = 1.3  # a larger batch alone raised throughput at least this much
+MIN_TRIALS_FOR_IMPORTANCE = 4
 
 
 def knob_effects(records: list[TrialRecord]) -> tuple[KnobEffect, ...]:
@@ -142,11 +143,18 @@ def diagnose(winner: TrialRecord, effects: tuple[KnobEffect, ...]) -> Bottleneck
         return None
     number = winner.number
     if wait >= INPUT_BOUND_WAIT:
+        workers = [e for e in effects if e.knob == "num_workers"]
+        measured = "".join(
+            f"; num_workers {e.from_value} → {e.to_value} alone gave {e.ratio:.2f}x "
+            f"(trials {', '.join(f'{a} vs {b}' for a, b in e.pairs)})"
+            for e in workers
+        )
+        cited = tuple(sorted({number, *(n for e in workers for pair in e.pairs for n in pair)}))
         return Bottleneck(
             kind="input",
-            explanation=f"input-bound: trial {number} waited for data {wait:.0%} of its "
-            "window; a faster Dataset (decoding, caching) or more loader workers would help",
-            trials=(number,),
+            explanation=f"input-bound: trial {number} waited for data {wait:.0%} of its window"
+            f"{measured}",
+            trials=cited,
         )
     larger = [
         (e, pair)
@@ -184,3 +192,40 @@ def diagnose(winner: TrialRecord, effects: tuple[KnobEffect, ...]) -> Bottleneck
 
 def _pair_ratio(effect: KnobEffect, pair: tuple[int, int]) -> float:
     return effect.pair_ratios[effect.pairs.index(pair)]
+
+
+def param_importances(records: list[TrialRecord]) -> dict[str, float]:
+    """Optuna's importance of each knob that varied, over the feasible search trials
+    (PED-ANOVA, Optuna's default); empty when too few trials varied."""
+    import warnings
+
+    import optuna
+
+    measured = [
+        r
+        for r in records
+        if r.role in ("baseline", "search") and r.eligible and r.result.samples_per_s
+    ]
+    varying = [k for k in EFFECT_KNOBS if len({_value(k, r) for r in measured}) > 1]
+    if len(measured) < MIN_TRIALS_FOR_IMPORTANCE or not varying:
+        return {}
+    distributions: dict[str, optuna.distributions.BaseDistribution] = {
+        knob: optuna.distributions.CategoricalDistribution(
+            sorted({_value(knob, r) for r in measured})
+        )
+        for knob in varying
+    }
+    study = optuna.create_study(direction="maximize")
+    study.add_trials(
+        [
+            optuna.trial.create_trial(
+                params={knob: _value(knob, r) for knob in varying},
+                distributions=distributions,
+                value=r.result.samples_per_s,
+            )
+            for r in measured
+        ]
+    )
+    with warnings.catch_warnings():  # few trials: PED-ANOVA says so; the report shows the count
+        warnings.simplefilter("ignore")
+        return dict(optuna.importance.get_param_importances(study))

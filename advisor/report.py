@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import csv
 import io
+import shlex
 from collections import Counter
 
 from advisor.codegen import launch_command
+from advisor.config import TuneSettings
+from advisor.effects import param_importances
+from advisor.plots import batch_amp_svg, history_svg, importance_svg, memory_svg
 from advisor.results import LayoutBest, TrialRecord, TuneResult
 from advisor.templating import template_environment
 
-__all__ = ["render_markdown", "render_trials_csv"]
+__all__ = ["render_html", "render_markdown", "render_trials_csv", "reproduce_command"]
 
 KNOBS = (
     "device",
@@ -81,6 +85,51 @@ def render_markdown(result: TuneResult) -> str:
             hw=rec.hardware,
         )
     )
+
+
+def render_html(result: TuneResult) -> str:
+    """One self-contained HTML file: inline CSS and SVG plots, no script, no URL."""
+    rec, trials = result.recommendation, result.trials
+    figures = (
+        ("Optimisation history: samples/s by trial, best so far", history_svg(trials)),
+        ("Best throughput by batch size, per AMP setting", batch_amp_svg(trials)),
+        ("Throughput against peak memory", memory_svg(trials, rec.chosen_from_trial)),
+        (
+            "Parameter importance (Optuna, PED-ANOVA)",
+            importance_svg(param_importances(list(trials))),
+        ),
+    )
+    filters = {name: f for name, f in _MARKDOWN_FILTERS.items() if name != "md"}
+    environment = template_environment(autoescape=True, duration=_duration, **filters)
+    return environment.get_template("report.html.j2").render(
+        rec=rec,
+        knobs=KNOBS,
+        parallel=_parallel_rows(rec.parallel_best),
+        plots=[(title, svg) for title, svg in figures if svg],
+        trials=trials,
+        counts=_counts(trials),
+        hw=rec.hardware,
+        trial_seconds=sum(t.result.wall_s or 0.0 for t in (*trials, *result.confirmations)),
+        launch=launch_command(rec.config, (result.out_dir / "train.py").as_posix()),
+        reproduce=reproduce_command(result.settings),
+        rerender=shlex.join(["advisor", "report", result.out_dir.as_posix()]),
+    )
+
+
+def reproduce_command(settings: TuneSettings) -> str:
+    """The `advisor tune` command line for these settings (defaults left out)."""
+    parts = ["advisor", "tune", settings.spec]
+    for name, value in settings.model_dump(mode="json", exclude_defaults=True).items():
+        if name == "spec":
+            continue
+        shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        parts += [f"--{name.replace('_', '-')}", shown]
+    return shlex.join(parts)
+
+
+def _duration(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
 
 
 def _parallel_rows(layouts: tuple[LayoutBest, ...]) -> list[dict[str, object]]:

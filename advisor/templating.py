@@ -10,11 +10,11 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 __all__ = ["template_environment"]
 
 
-def template_environment(**filters: Callable[..., Any]) -> Environment:
+def template_environment(*, autoescape: bool = False, **filters: Callable[..., Any]) -> Environment:
     """Templates shipped in advisor/templates; a missing variable is an error, not blank text.
 
-    Autoescaping is off because the outputs are Python and Markdown, not HTML: each template
-    passes user strings through a filter made for its language (given here).
+    HTML is autoescaped. Python and Markdown are not: each of those templates passes user
+    strings through a filter made for its language (given here).
     """
     environment = Environment(
         loader=PackageLoader("advisor", "templates"),
@@ -22,7 +22,7 @@ def template_environment(**filters: Callable[..., Any]) -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
-        autoescape=False,
+        autoescape=autoescape,
     )
     environment.filters.update(filters)
     return environment

@@ -51,8 +51,11 @@ def test_no_pairs_no_effects():
 
 def test_input_bound_when_the_winner_waited_for_data():
     bottleneck = diagnose(TRIALS[2], knob_effects(TRIALS))
-    assert bottleneck.kind == "input" and bottleneck.trials == (2,)
-    assert "waited for data 61% of its window" in bottleneck.explanation
+    assert bottleneck.kind == "input" and bottleneck.trials == (2, 3)
+    assert bottleneck.explanation == (
+        "input-bound: trial 2 waited for data 61% of its window; "
+        "num_workers 0 → 2 alone gave 2.10x (trials 2 vs 3)"
+    )
 
 
 def test_overhead_bound_when_a_larger_batch_alone_still_paid_off():

@@ -1,6 +1,7 @@
 """A real tuning run of a tiny workload, end to end, then its resumption."""
 
 import csv
+import statistics
 import subprocess
 import sys
 import time
@@ -10,6 +11,8 @@ import pytest
 
 import advisor
 from advisor import TuneResult
+from advisor.api import stored_result
+from advisor.report import render_html
 from advisor.results import Recommendation
 from tests.conftest import ROOT, TINY, run_advisor
 
@@ -62,7 +65,15 @@ def test_the_baseline_is_the_first_trial_and_every_trial_is_stored(first_run):
 
 def test_outputs_are_written(first_run):
     out = first_run.out_dir
-    files = ("recommendation.json", "trials.csv", "report.md", "train.py", "launch.sh", "study.db")
+    files = (
+        "recommendation.json",
+        "trials.csv",
+        "report.md",
+        "report.html",
+        "train.py",
+        "launch.sh",
+    )
+    files += ("study.db",)
     for name in files:
         assert (out / name).is_file(), name
     assert (out / "logs" / "trial-0.log").is_file()
@@ -207,7 +218,14 @@ def test_a_killed_parent_leaves_no_trial_running_after_resume(tmp_path):
 
 def test_report_re_renders_every_output_from_the_study_alone(first_run, tmp_path):
     out = first_run.out_dir
-    names = ("recommendation.json", "trials.csv", "report.md", "train.py", "launch.sh")
+    names = (
+        "recommendation.json",
+        "trials.csv",
+        "report.md",
+        "report.html",
+        "train.py",
+        "launch.sh",
+    )
     originals = {name: (out / name).read_text() for name in names}
     for name in names:
         (out / name).unlink()
@@ -217,7 +235,8 @@ def test_report_re_renders_every_output_from_the_study_alone(first_run, tmp_path
         assert (out / name).read_text() == originals[name], name
     as_json = run_advisor("report", "--storage", f"sqlite:///{out}/study.db", "--format", "json")
     assert as_json.returncode == 0, as_json.stderr
-    assert TuneResult.model_validate_json(as_json.stdout).recommendation == first_run.recommendation
+    stored = Recommendation.model_validate_json(originals["recommendation.json"])
+    assert TuneResult.model_validate_json(as_json.stdout).recommendation == stored
 
 
 def test_report_of_an_unfinished_or_missing_study_says_what_to_do(tmp_path):
@@ -231,3 +250,28 @@ def test_report_of_an_unfinished_or_missing_study_says_what_to_do(tmp_path):
     assert unfinished.returncode == 2
     assert "study 'half' has no recommendation yet (0 trials stored" in unfinished.stderr
     assert "Traceback" not in unfinished.stderr
+
+
+def test_html_report_is_self_contained_and_every_headline_figure_is_stored(first_run):
+    out = first_run.out_dir
+    html = (out / "report.html").read_text()
+    stored = stored_result(f"sqlite:///{out}/study.db", None, out)  # what the files came from
+    rec = stored.recommendation
+    assert "http://" not in html and "https://" not in html and "<script" not in html
+    assert html.count("<svg") >= 3  # history, batch x AMP, memory (+ importance with enough trials)
+    assert f"{rec.speedup:.2f}x" in html and f"{rec.samples_per_s:,.0f} samples/s" in html
+    reruns = [
+        c.result.samples_per_s for c in stored.confirmations if c.number == rec.chosen_from_trial
+    ]
+    assert rec.samples_per_s == statistics.median(reruns)
+    assert rec.chosen_from_trial in {t.number for t in stored.trials}
+    for trial in stored.trials:
+        assert f"<td>{trial.result.config.label()}</td>" in html
+    assert "advisor report " in html and "advisor tune tests/workloads/tiny.py:factory" in html
+
+
+def test_html_report_escapes_user_strings(first_run):
+    hostile = '<script>alert("x")</script>'
+    rec = first_run.recommendation.model_copy(update={"spec": hostile, "study_name": hostile})
+    html = render_html(first_run.model_copy(update={"recommendation": rec}))
+    assert hostile not in html and "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html

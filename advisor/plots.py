@@ -1,0 +1,124 @@
+"""The HTML report's figures as inline SVG: matplotlib without pyplot, no files, no network."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections import defaultdict
+
+import matplotlib
+from matplotlib.figure import Figure
+
+from advisor.results import TrialRecord
+
+__all__ = ["batch_amp_svg", "history_svg", "importance_svg", "memory_svg"]
+
+SIZE = (6.4, 3.2)
+NO_METADATA = {"Date": None, "Creator": None, "Type": None, "Format": None}
+XMLNS = re.compile(r'\s+xmlns(:\w+)?="[^"]*"')
+FAILED_COLOR = "#c0392b"
+
+
+def history_svg(trials: tuple[TrialRecord, ...]) -> str | None:
+    """Samples/s of every measured trial in order, failed ones at 0, and the best so far."""
+    measured = [t for t in trials if t.role != "duplicate"]
+    if not measured:
+        return None
+    figure, axes = _figure("trial", "samples/s")
+    ok = [t for t in measured if t.eligible and t.result.samples_per_s]
+    failed = [t for t in measured if not t.eligible]
+    axes.scatter([t.number for t in ok], [t.result.samples_per_s for t in ok], label="trial")
+    if failed:
+        axes.scatter(
+            [t.number for t in failed],
+            [0] * len(failed),
+            marker="x",
+            color=FAILED_COLOR,
+            label="failed or infeasible",
+        )
+    best, steps = 0.0, []
+    for trial in measured:
+        if trial.eligible and trial.result.samples_per_s:
+            best = max(best, trial.result.samples_per_s)
+        steps.append(best)
+    axes.step([t.number for t in measured], steps, where="post", label="best so far")
+    axes.legend(loc="lower right", fontsize="small")
+    return _svg(figure)
+
+
+def batch_amp_svg(trials: tuple[TrialRecord, ...]) -> str | None:
+    """The best samples/s at each batch size, one line per AMP setting."""
+    best: dict[str, dict[int, float]] = defaultdict(dict)
+    for trial in trials:
+        rate = trial.result.samples_per_s
+        if trial.role == "duplicate" or not trial.eligible or not rate:
+            continue
+        config = trial.result.config
+        by_batch = best[config.amp]
+        by_batch[config.batch_size] = max(rate, by_batch.get(config.batch_size, 0.0))
+    if not best:
+        return None
+    figure, axes = _figure("batch size (per process)", "best samples/s")
+    for amp, by_batch in sorted(best.items()):
+        sizes = sorted(by_batch)
+        axes.plot(sizes, [by_batch[s] for s in sizes], marker="o", label=f"amp={amp}")
+    axes.set_xscale("log", base=2)
+    axes.legend(fontsize="small")
+    return _svg(figure)
+
+
+def memory_svg(trials: tuple[TrialRecord, ...], chosen: int) -> str | None:
+    """Samples/s against peak memory; the recommended trial marked."""
+    points = [
+        t
+        for t in trials
+        if t.role != "duplicate" and t.eligible and t.result.samples_per_s
+        if t.result.peak_memory_bytes
+    ]
+    if not points:
+        return None
+    figure, axes = _figure("peak memory (MiB)", "samples/s")
+    mib = [t.result.peak_memory_bytes / 2**20 for t in points]  # type: ignore[operator]
+    axes.scatter(mib, [t.result.samples_per_s for t in points], label="trial")
+    for trial, memory in zip(points, mib, strict=True):
+        if trial.number == chosen:
+            axes.scatter(
+                [memory],
+                [trial.result.samples_per_s],
+                s=160,
+                facecolors="none",
+                edgecolors="black",
+                label=f"recommended (trial {chosen})",
+            )
+    axes.legend(fontsize="small")
+    return _svg(figure)
+
+
+def importance_svg(importances: dict[str, float]) -> str | None:
+    """Optuna's parameter importances as horizontal bars."""
+    if not importances:
+        return None
+    figure, axes = _figure("importance (share of the variation in samples/s)", "")
+    names = list(importances)[::-1]
+    axes.barh(names, [importances[name] for name in names])
+    return _svg(figure)
+
+
+def _figure(xlabel: str, ylabel: str):  # type: ignore[no-untyped-def]
+    figure = Figure(figsize=SIZE, layout="constrained")
+    axes = figure.subplots()
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    axes.grid(alpha=0.3)
+    return figure, axes
+
+
+def _svg(figure: Figure) -> str:
+    """The figure as an <svg> element for HTML5: text stays text (small, searchable), and the
+    XML namespace declarations go, since the HTML parser knows them (no URL in the report)."""
+    buffer = io.StringIO()
+    # A fixed salt makes the SVG ids, and so re-rendered reports, identical run to run.
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "advisor"}):
+        figure.savefig(buffer, format="svg", metadata=NO_METADATA)
+    text = buffer.getvalue()
+    return XMLNS.sub("", text[text.index("<svg") :])
