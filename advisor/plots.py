@@ -8,6 +8,7 @@ from collections import defaultdict
 
 import matplotlib
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
 from advisor.results import TrialRecord
 
@@ -42,6 +43,7 @@ def history_svg(trials: tuple[TrialRecord, ...]) -> str | None:
             best = max(best, trial.result.samples_per_s)
         steps.append(best)
     axes.step([t.number for t in measured], steps, where="post", label="best so far")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.legend(loc="lower right", fontsize="small")
     return _svg(figure)
 
@@ -63,6 +65,7 @@ def batch_amp_svg(trials: tuple[TrialRecord, ...]) -> str | None:
         sizes = sorted(by_batch)
         axes.plot(sizes, [by_batch[s] for s in sizes], marker="o", label=f"amp={amp}")
     axes.set_xscale("log", base=2)
+    axes.xaxis.set_major_formatter(ScalarFormatter())  # 64, not 2^6
     axes.legend(fontsize="small")
     return _svg(figure)
 
@@ -98,7 +101,7 @@ def importance_svg(importances: dict[str, float]) -> str | None:
     """Optuna's parameter importances as horizontal bars."""
     if not importances:
         return None
-    figure, axes = _figure("importance (share of the variation in samples/s)", "")
+    figure, axes = _figure("importance for samples/s (normalised to sum to 1)", "")
     names = list(importances)[::-1]
     axes.barh(names, [importances[name] for name in names])
     return _svg(figure)
