@@ -228,4 +228,8 @@ def param_importances(records: list[TrialRecord]) -> dict[str, float]:
     )
     with warnings.catch_warnings():  # few trials: PED-ANOVA says so; the report shows the count
         warnings.simplefilter("ignore")
-        return dict(optuna.importance.get_param_importances(study))
+        importances = optuna.importance.get_param_importances(study)
+    # Rounded and tie-broken by name: Optuna orders ties by hash order, which changes from
+    # process to process, and a re-rendered report must not.
+    rounded = {name: round(value, 6) for name, value in importances.items()}
+    return dict(sorted(rounded.items(), key=lambda item: (-item[1], item[0])))
