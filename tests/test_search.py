@@ -117,3 +117,24 @@ def test_every_trial_failing_exits_3_with_the_reasons(tmp_path):
     measured = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     assert len(measured) == 2  # the failures are kept in the study
     assert all(t.constraints == {"feasible": 1.0} and t.value == 0.0 for t in measured)
+
+
+@pytest.mark.slow
+def test_reports_render_failed_trials_with_their_reasons(tmp_path):
+    result = advisor.tune(
+        f"{TINY}:oom_above_64",
+        trials=50,
+        sampler="grid",
+        batch_sizes="32,128",
+        accumulation_steps="1",
+        max_world_size=1,
+        out=tmp_path,
+        **FAST,
+    )
+    failed = [t for t in result.trials if t.result.status == "oom"]
+    assert len(failed) == 6  # batch 128 x amp 2 x workers 3
+    html = (tmp_path / "report.html").read_text()
+    assert html.count('<tr class="failed">') == 6
+    assert "out of memory: simulated: tried to allocate 8.00 GiB" in html
+    assert "failed or infeasible" in html  # the history plot marks them
+    assert "6 oom" in (tmp_path / "report.md").read_text()
