@@ -21,6 +21,7 @@ from pydantic import (
 from advisor.errors import SettingsError
 
 __all__ = [
+    "TUNED_KNOBS",
     "AmpMode",
     "Device",
     "ParallelMode",
@@ -37,6 +38,16 @@ Device = Literal["cpu", "cuda"]
 SamplerName = Literal["tpe", "random", "grid"]
 
 DEFAULT_BATCH_SIZE = 32
+# The knobs a search can vary, as `TrialConfig` attributes (`parallel` = mode and world size).
+TUNED_KNOBS = (
+    "parallel",
+    "batch_size",
+    "accumulation_steps",
+    "amp",
+    "num_workers",
+    "pin_memory",
+    "cudnn_benchmark",
+)
 STORAGE_SCHEMES = ("sqlite", "postgresql", "mysql")
 
 

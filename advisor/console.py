@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.status import Status
 from rich.table import Table
 
-from advisor.config import TrialConfig
+from advisor.config import TUNED_KNOBS, TrialConfig
 from advisor.results import HardwareProfile, Recommendation, TaskSummary, TrialRecord, TrialResult
 
 __all__ = ["ConsoleProgress", "hardware_table", "recommendation_table", "validation_table"]
@@ -82,16 +82,7 @@ def recommendation_table(rec: Recommendation) -> Table:
     table.add_column("knob")
     table.add_column("recommended", style="bold green")
     table.add_column("baseline")
-    knobs = (
-        "parallel",
-        "batch_size",
-        "accumulation_steps",
-        "amp",
-        "num_workers",
-        "pin_memory",
-        "cudnn_benchmark",
-    )
-    for name in knobs:
+    for name in TUNED_KNOBS:
         table.add_row(name, str(getattr(rec.config, name)), str(getattr(rec.baseline_config, name)))
     table.add_row(
         "global batch",

@@ -6,6 +6,7 @@ import statistics
 from collections import defaultdict
 from typing import Literal
 
+from advisor.config import TUNED_KNOBS
 from advisor.results import Bottleneck, KnobEffect, LayoutBest, TrialRecord
 
 __all__ = ["best_by_layout", "diagnose", "knob_effects", "param_importances"]
@@ -58,15 +59,6 @@ def _layout_key(layout: str) -> tuple[int, int]:
     return 2, int(layout.rpartition("-")[2])
 
 
-EFFECT_KNOBS = (
-    "parallel",
-    "batch_size",
-    "accumulation_steps",
-    "amp",
-    "num_workers",
-    "pin_memory",
-    "cudnn_benchmark",
-)
 _AMP_ORDER = {"off": 0, "bf16": 1, "fp16": 2}
 INPUT_BOUND_WAIT = 0.3  # the loop waited for data this fraction of the window or more
 OVERHEAD_GAIN = 1.3  # a larger batch alone raised throughput at least this much
@@ -91,7 +83,7 @@ def knob_effects(records: list[TrialRecord]) -> tuple[KnobEffect, ...]:
             key = (knob, _value(knob, before), _value(knob, after))
             groups[key].append((before, after))
     effects = [_effect(knob, old, new, pairs) for (knob, old, new), pairs in groups.items()]
-    return tuple(sorted(effects, key=lambda e: (EFFECT_KNOBS.index(e.knob), e.pairs[0])))
+    return tuple(sorted(effects, key=lambda e: (TUNED_KNOBS.index(e.knob), e.pairs[0])))
 
 
 def _effect(
@@ -112,7 +104,7 @@ def _effect(
 
 
 def _only_difference(first: TrialRecord, second: TrialRecord) -> str | None:
-    differing = [knob for knob in EFFECT_KNOBS if _value(knob, first) != _value(knob, second)]
+    differing = [knob for knob in TUNED_KNOBS if _value(knob, first) != _value(knob, second)]
     return differing[0] if len(differing) == 1 else None
 
 
@@ -206,7 +198,7 @@ def param_importances(records: list[TrialRecord]) -> dict[str, float]:
         for r in records
         if r.role in ("baseline", "search") and r.eligible and r.result.samples_per_s
     ]
-    varying = [k for k in EFFECT_KNOBS if len({_value(k, r) for r in measured}) > 1]
+    varying = [k for k in TUNED_KNOBS if len({_value(k, r) for r in measured}) > 1]
     if len(measured) < MIN_TRIALS_FOR_IMPORTANCE or not varying:
         return {}
     distributions: dict[str, optuna.distributions.BaseDistribution] = {

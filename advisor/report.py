@@ -8,7 +8,7 @@ import shlex
 from collections import Counter
 
 from advisor.codegen import launch_command
-from advisor.config import TuneSettings
+from advisor.config import TUNED_KNOBS, TuneSettings
 from advisor.effects import param_importances
 from advisor.plots import batch_amp_svg, history_svg, importance_svg, memory_svg
 from advisor.results import LayoutBest, TrialRecord, TuneResult
@@ -16,17 +16,8 @@ from advisor.templating import template_environment
 
 __all__ = ["render_html", "render_markdown", "render_trials_csv", "reproduce_command"]
 
-KNOBS = (
-    "device",
-    "parallel_mode",
-    "world_size",
-    "batch_size",
-    "accumulation_steps",
-    "amp",
-    "num_workers",
-    "pin_memory",
-    "cudnn_benchmark",
-)
+# `parallel` spelled out as its two fields, so trials.csv can be filtered on either.
+KNOBS = ("device", "parallel_mode", "world_size", *TUNED_KNOBS[1:])
 CSV_RESULT_FIELDS = (
     "status",
     "samples_per_s",

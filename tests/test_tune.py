@@ -29,6 +29,9 @@ SETTINGS = {
 }
 
 
+OUTPUTS = ("recommendation.json", "trials.csv", "report.md", "report.html", "train.py", "launch.sh")
+
+
 def _cli_tune(out, *flags: str) -> subprocess.CompletedProcess[str]:
     """`advisor tune` on the tiny workload with the fast settings of these tests."""
     fast = ("--trial-seconds", "0.3", "--warmup-steps", "2", "--confirm-top", "2")
@@ -65,16 +68,7 @@ def test_the_baseline_is_the_first_trial_and_every_trial_is_stored(first_run):
 
 def test_outputs_are_written(first_run):
     out = first_run.out_dir
-    files = (
-        "recommendation.json",
-        "trials.csv",
-        "report.md",
-        "report.html",
-        "train.py",
-        "launch.sh",
-    )
-    files += ("study.db",)
-    for name in files:
+    for name in (*OUTPUTS, "study.db"):
         assert (out / name).is_file(), name
     assert (out / "logs" / "trial-0.log").is_file()
     rec = Recommendation.model_validate_json((out / "recommendation.json").read_text())
@@ -218,14 +212,7 @@ def test_a_killed_parent_leaves_no_trial_running_after_resume(tmp_path):
 
 def test_report_re_renders_every_output_from_the_study_alone(first_run, tmp_path):
     out = first_run.out_dir
-    names = (
-        "recommendation.json",
-        "trials.csv",
-        "report.md",
-        "report.html",
-        "train.py",
-        "launch.sh",
-    )
+    names = OUTPUTS
     originals = {name: (out / name).read_text() for name in names}
     for name in names:
         (out / name).unlink()

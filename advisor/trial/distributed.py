@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ from advisor.config import TrialConfig
 from advisor.hardware import usable_cores
 from advisor.results import RankResult, TrialResult
 from advisor.trial.measure import measure_request
-from advisor.trial.protocol import TrialRequest
+from advisor.trial.protocol import TrialRequest, died_without_result
 
 __all__ = ["combine_ranks", "run_distributed"]
 
@@ -189,7 +188,7 @@ def _rank_failure(
     """The trial's failure: a rank that died without a report, else the earliest failure."""
     for rank, code in sorted(exit_codes.items()):
         if code != 0 and rank not in reports:
-            return _rank_died(config, rank, code)
+            return died_without_result(config, f"rank {rank}", code)
     failed = sorted(
         (report for report in reports.values() if not report.result.feasible),
         key=lambda report: report.finished_ns,
@@ -197,22 +196,6 @@ def _rank_failure(
     if failed:
         return _as_rank_failure(config, failed[0].rank, failed[0].result)
     return _supervisor_failed(config, "a rank failed without a result")
-
-
-def _rank_died(config: TrialConfig, rank: int, code: int) -> TrialResult:
-    if code == -signal.SIGKILL:
-        return TrialResult(
-            config=config,
-            status="oom",
-            reason=f"rank {rank} was killed by SIGKILL, which is what the kernel's OOM killer "
-            "does when host memory runs out",
-        )
-    if code < 0:
-        known = {member.value: member.name for member in signal.Signals}
-        reason = f"rank {rank} died of {known.get(-code, f'signal {-code}')}"
-    else:
-        reason = f"rank {rank} exited with code {code} without a result"
-    return TrialResult(config=config, status="crashed", reason=reason)
 
 
 def _as_rank_failure(config: TrialConfig, rank: int, result: TrialResult) -> TrialResult:

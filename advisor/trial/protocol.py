@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import signal
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.config import TrialConfig
+from advisor.results import TrialResult
 
-__all__ = ["TrialRequest"]
+__all__ = ["TrialRequest", "died_without_result"]
 
 
 class TrialRequest(BaseModel):
@@ -25,3 +27,23 @@ class TrialRequest(BaseModel):
     launched_at: float = Field(description="time.time() when the parent started the child")
     result_path: str
     phase_path: str | None = None
+
+
+def died_without_result(config: TrialConfig, who: str, code: int, hint: str = "") -> TrialResult:
+    """The result of a process (`who`, e.g. "rank 1") that exited with `code` and no report.
+
+    SIGKILL is what the kernel's OOM killer sends, so it reads as `oom`; anything else crashed.
+    """
+    if code == -signal.SIGKILL:
+        return TrialResult(
+            config=config,
+            status="oom",
+            reason=f"{who} was killed by SIGKILL, which is what the kernel's OOM killer does "
+            "when host memory runs out",
+        )
+    if code < 0:
+        known = {member.value: member.name for member in signal.Signals}
+        reason = f"{who} died of {known.get(-code, f'signal {-code}')}"
+    else:
+        reason = f"{who} exited with code {code} without a result{hint}"
+    return TrialResult(config=config, status="crashed", reason=reason)

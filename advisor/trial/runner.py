@@ -23,7 +23,7 @@ import psutil
 from advisor.config import TrialConfig
 from advisor.hardware import child_env
 from advisor.results import FailurePhase, TrialResult
-from advisor.trial.protocol import TrialRequest
+from advisor.trial.protocol import TrialRequest, died_without_result
 
 __all__ = ["TrialLaunch", "run_trial"]
 
@@ -215,23 +215,4 @@ def _read_result(request: TrialRequest, returncode: int, log_path: Path) -> Tria
 
 
 def _died(request: TrialRequest, code: int, log_path: Path) -> TrialResult:
-    if code < 0:
-        known = {member.value: member.name for member in signal.Signals}
-        name = known.get(-code, f"signal {-code}")
-        if -code == signal.SIGKILL:
-            return TrialResult(
-                config=request.config,
-                status="oom",
-                reason="the trial process was killed by SIGKILL, which is what the kernel's "
-                "OOM killer does when host memory runs out",
-            )
-        return TrialResult(
-            config=request.config,
-            status="crashed",
-            reason=f"the trial process died of {name}",
-        )
-    return TrialResult(
-        config=request.config,
-        status="crashed",
-        reason=f"the trial process exited with code {code} without a result; see {log_path}",
-    )
+    return died_without_result(request.config, "the trial process", code, f"; see {log_path}")
