@@ -14,11 +14,19 @@ from rich.console import Console
 
 import advisor
 import advisor.console
-from advisor.api import make_settings, stored_result, tune_with, validate, write_outputs
+from advisor.api import (
+    make_settings,
+    stored_result,
+    tune_with,
+    validate,
+    write_outputs,
+    write_reports,
+)
 from advisor.codegen import launch_command, render_launch_script, render_training_script
+from advisor.config import TuneSettings
 from advisor.errors import AdvisorError, BadInputError
 from advisor.hardware import probe
-from advisor.report import render_html, render_markdown
+from advisor.report import render_html, render_markdown, reproduce_command
 from advisor.results import Recommendation
 from advisor.storage import mask_url
 
@@ -74,6 +82,7 @@ def tune(spec: str, as_json: bool, quiet: bool, **flags: Any) -> None:
             f"(study {settings.resolved_study_name}); run the same command to resume",
             err=True,
         )
+        _write_provisional_reports(settings)
         sys.exit(130)
     if as_json:
         click.echo(result.recommendation.model_dump_json(indent=2))
@@ -124,6 +133,11 @@ def codegen(recommendation: Path, output: Path) -> None:
             f"{recommendation} is not a recommendation.json advisor can read ({problem}): "
             "pass the file `advisor tune` wrote"
         ) from exc
+    if rec.provisional:
+        raise BadInputError(
+            f"{recommendation} is provisional (its tune was interrupted before the finalists were "
+            "re-measured): resume the tune with its command, then run codegen on the new file"
+        )
     output.write_text(render_training_script(rec, output.parent))
     launcher = output.parent / "launch.sh"
     launcher.write_text(render_launch_script(rec))
@@ -172,16 +186,40 @@ def report(
         return
     if fmt == "all":
         write_outputs(result)
-        files = "recommendation.json, trials.csv, report.md, report.html, train.py, launch.sh"
+        files = "recommendation.json, trials.csv, report.md, report.html"
+        if not result.recommendation.provisional:
+            files += ", train.py, launch.sh"
         out.print(f"wrote {result.out_dir}/: {files}", highlight=False, soft_wrap=True)
-        return
-    result.out_dir.mkdir(parents=True, exist_ok=True)
-    path = result.out_dir / f"report.{fmt}"
-    path.write_text(render_html(result) if fmt == "html" else render_markdown(result))
-    out.print(f"wrote {path}", highlight=False, soft_wrap=True)
+    else:
+        result.out_dir.mkdir(parents=True, exist_ok=True)
+        path = result.out_dir / f"report.{fmt}"
+        path.write_text(render_html(result) if fmt == "html" else render_markdown(result))
+        out.print(f"wrote {path}", highlight=False, soft_wrap=True)
+    if result.recommendation.provisional:
+        out.print(
+            "[yellow]note:[/] the tune did not finish: these reports are provisional (single "
+            f"search windows, no training script); resume it with: "
+            f"{reproduce_command(result.settings)}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 cli.add_command(probe_command, name="probe")
+
+
+def _write_provisional_reports(settings: TuneSettings) -> None:
+    """After an interrupt, the reports of the trials so far; silent when there are none."""
+    try:
+        result = stored_result(settings.storage_url, settings.resolved_study_name, settings.out_dir)
+        write_reports(result)
+    except (AdvisorError, KeyboardInterrupt):
+        return
+    click.echo(
+        f"provisional reports of the trials so far (not re-measured): {result.out_dir}/report.md, "
+        "report.html",
+        err=True,
+    )
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

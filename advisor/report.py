@@ -74,6 +74,10 @@ def render_markdown(result: TuneResult) -> str:
             confirmations=result.confirmations,
             counts=_counts(result.trials),
             hw=rec.hardware,
+            settings=result.settings,
+            measured=_measured(result.trials),
+            reproduce=reproduce_command(result.settings),
+            rerender=shlex.join(["advisor", "report", result.out_dir.as_posix()]),
         )
     )
 
@@ -100,6 +104,8 @@ def render_html(result: TuneResult) -> str:
         trials=trials,
         counts=_counts(trials),
         hw=rec.hardware,
+        settings=result.settings,
+        measured=_measured(trials),
         trial_seconds=sum(t.result.wall_s or 0.0 for t in (*trials, *result.confirmations)),
         launch=launch_command(rec.config, (result.out_dir / "train.py").as_posix()),
         reproduce=reproduce_command(result.settings),
@@ -136,6 +142,10 @@ def _parallel_rows(layouts: tuple[LayoutBest, ...]) -> list[dict[str, object]]:
             ratio, basis = best.samples_per_s / single.samples_per_s, "search windows"
         rows.append({"best": best, "ratio": ratio, "basis": basis})
     return rows
+
+
+def _measured(trials: tuple[TrialRecord, ...]) -> int:
+    return sum(t.role != "duplicate" for t in trials)
 
 
 def _counts(trials: tuple[TrialRecord, ...]) -> str:

@@ -18,6 +18,7 @@ __all__ = [
     "LayoutBest",
     "RankResult",
     "Recommendation",
+    "StudyContext",
     "TaskSummary",
     "TrialRecord",
     "TrialResult",
@@ -178,10 +179,27 @@ class LayoutBest(_Frozen):
     config_label: str | None = None
 
 
+class StudyContext(_Frozen):
+    """What a tune stores with its study before the first trial, so that even an interrupted
+    study can be reported without the machine or the user's code."""
+
+    advisor_version: str
+    workdir: str = Field(description="the folder the spec resolves from")
+    baseline_config: TrialConfig
+    fixed_knobs: tuple[FixedKnob, ...] = ()
+    hardware: HardwareProfile
+    task: TaskSummary
+
+
 class Recommendation(_Frozen):
     """The chosen configuration and the evidence for it (`recommendation.json`)."""
 
     schema_version: int = RECOMMENDATION_SCHEMA_VERSION
+    provisional: bool = Field(
+        default=False,
+        description="the tune stopped before re-measuring its finalists: the figures are single "
+        "search windows, and no training script is written",
+    )
     advisor_version: str
     spec: str
     workdir: str = Field(description="the folder the spec resolves from")

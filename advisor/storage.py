@@ -12,6 +12,7 @@ from advisor.errors import StorageError
 
 __all__ = [
     "CONFIRMATIONS_ATTR",
+    "CONTEXT_ATTR",
     "RECOMMENDATION_ATTR",
     "SETTINGS_ATTR",
     "load_study",
@@ -24,6 +25,7 @@ STALE_AFTER_S = 30
 # Study attributes a finished tune leaves beside its trials.
 RECOMMENDATION_ATTR = "advisor_recommendation"
 SETTINGS_ATTR = "advisor_settings"
+CONTEXT_ATTR = "advisor_context"
 CONFIRMATIONS_ATTR = "confirmations"
 
 

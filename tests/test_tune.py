@@ -14,6 +14,7 @@ from advisor import TuneResult
 from advisor.api import stored_result
 from advisor.report import render_html
 from advisor.results import Recommendation
+from tests.browser import needs_chromium, rendered_dom, screenshot
 from tests.conftest import ROOT, TINY, run_advisor
 
 pytestmark = pytest.mark.slow
@@ -175,8 +176,12 @@ def test_ctrl_c_keeps_finished_trials_and_the_same_command_resumes(tmp_path):
     kept = _completed_trials(tmp_path)
     assert kept >= 2
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    _check_provisional_reports(tmp_path, stderr)
     resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
+    final = Recommendation.model_validate_json((tmp_path / "recommendation.json").read_text())
+    assert not final.provisional and final.confirm_runs
+    assert "Provisional" not in (tmp_path / "report.md").read_text()
     study = optuna.load_study(study_name="tiny-factory", storage=f"sqlite:///{tmp_path}/study.db")
     measured = [
         t
@@ -184,6 +189,33 @@ def test_ctrl_c_keeps_finished_trials_and_the_same_command_resumes(tmp_path):
         if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs["role"] != "duplicate"
     ]
     assert len(measured) == 5
+
+
+def _check_provisional_reports(out, stderr: str) -> None:
+    """An interrupted tune's reports: the best search window so far, marked provisional, no
+    training script; `advisor report` renders the same from the study."""
+    assert f"provisional reports of the trials so far (not re-measured): {out}/report.md" in stderr
+    assert not (out / "train.py").exists()
+    stored = stored_result(f"sqlite:///{out}/study.db", None, out)
+    rec = stored.recommendation
+    search = [t for t in stored.trials if t.role in ("baseline", "search") and t.eligible]
+    assert rec.provisional and not rec.confirm_runs and not stored.confirmations
+    assert rec.samples_per_s == max(t.result.samples_per_s for t in search)
+    baseline = next(t for t in search if t.role == "baseline")
+    assert rec.speedup == pytest.approx(rec.samples_per_s / baseline.result.samples_per_s)
+    for name in ("report.md", "report.html"):
+        text = (out / name).read_text()
+        assert "Provisional: this tune was interrupted." in text
+        assert f"{rec.samples_per_s:,.0f}" in text
+        assert "Re-runs of the finalists" not in text and "train.py" not in text
+    (out / "report.md").unlink()
+    rendered = run_advisor("report", str(out))
+    assert rendered.returncode == 0, rendered.stderr
+    assert "the tune did not finish: these reports are provisional" in rendered.stdout
+    assert "Provisional: this tune was interrupted." in (out / "report.md").read_text()
+    assert not (out / "train.py").exists()
+    refused = run_advisor("codegen", str(out / "recommendation.json"))
+    assert refused.returncode == 2 and "recommendation.json is provisional" in refused.stderr
 
 
 def test_a_killed_parent_leaves_no_trial_running_after_resume(tmp_path):
@@ -235,7 +267,10 @@ def test_report_of_an_unfinished_or_missing_study_says_what_to_do(tmp_path):
     optuna.create_study(study_name="half", storage=f"sqlite:///{tmp_path}/study.db")
     unfinished = run_advisor("report", str(tmp_path))
     assert unfinished.returncode == 2
-    assert "study 'half' has no recommendation yet (0 trials stored" in unfinished.stderr
+    assert (
+        "study 'half' was not written by this advisor version (0 trials stored, no settings)"
+        in (unfinished.stderr)
+    )
     assert "Traceback" not in unfinished.stderr
 
 
@@ -257,8 +292,38 @@ def test_html_report_is_self_contained_and_every_headline_figure_is_stored(first
     assert "advisor report " in html and "advisor tune tests/workloads/tiny.py:factory" in html
 
 
+@needs_chromium
+def test_html_report_renders_offline_in_a_browser_with_its_plots(first_run, tmp_path):
+    from matplotlib.image import imread
+
+    png = tmp_path / "report.png"
+    screenshot(first_run.out_dir / "report.html", png)
+    pixels = imread(png)[..., :3]
+    inked_rows = (pixels < 0.85).any(axis=2).any(axis=1)
+    assert inked_rows.mean() > 0.15  # a page of content, not a blank or an error page
+    # Matplotlib's first colour (#1f77b4): the plots' markers and lines were drawn.
+    plot_blue = (abs(pixels - (0x1F / 255, 0x77 / 255, 0xB4 / 255)) < 0.08).all(axis=2)
+    assert plot_blue.sum() > 500
+    dom = rendered_dom(first_run.out_dir / "report.html", tmp_path / "profile")
+    assert dom.count("<svg") >= 3 and "Why it won" in dom and "Trials" in dom
+
+
 def test_html_report_escapes_user_strings(first_run):
     hostile = '<script>alert("x")</script>'
     rec = first_run.recommendation.model_copy(update={"spec": hostile, "study_name": hostile})
     html = render_html(first_run.model_copy(update={"recommendation": rec}))
     assert hostile not in html and "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html
+
+
+def test_a_one_trial_study_reports_the_baseline_without_claims_it_cannot_back(tmp_path):
+    result = advisor.tune(f"{TINY}:factory", trials=1, out=tmp_path, **SETTINGS)
+    rec = result.recommendation
+    assert [t.role for t in result.trials] == ["baseline"]
+    assert rec.config == rec.baseline_config and rec.speedup == pytest.approx(1.0)
+    assert rec.knob_effects == ()
+    report = (tmp_path / "report.md").read_text()
+    assert "**Your configuration was the fastest one measured**" in report
+    assert "No two trials differed in one knob alone" in report
+    html = (tmp_path / "report.html").read_text()
+    assert html.count("<svg") == 3  # too few trials for parameter importance
+    assert "Parameter importance" not in html

@@ -1,0 +1,200 @@
+"""Turn a study's measurements into a `Recommendation`: the confirmed one a finished tune makes,
+or a provisional one from the search trials of a tune that was interrupted."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import optuna
+from pydantic import ValidationError
+
+from advisor.config import TuneSettings
+from advisor.effects import best_by_layout, diagnose, knob_effects
+from advisor.errors import NoFeasibleConfigError, StorageError
+from advisor.results import Recommendation, StudyContext, TrialRecord, TuneResult
+from advisor.search import records_of
+from advisor.selection import Selection, failure_summary
+from advisor.storage import (
+    CONFIRMATIONS_ATTR,
+    CONTEXT_ATTR,
+    RECOMMENDATION_ATTR,
+    SETTINGS_ATTR,
+    load_study,
+    mask_url,
+)
+
+__all__ = [
+    "confirmed_recommendation",
+    "provisional_recommendation",
+    "record_start",
+    "stored_result",
+]
+
+
+def record_start(study: optuna.Study, settings: TuneSettings, context: StudyContext) -> None:
+    """Store what the reports need besides the trials, before the first trial runs."""
+    stored = settings.model_copy(
+        update={"storage": mask_url(settings.storage) if settings.storage else None}
+    )
+    study.set_user_attr(SETTINGS_ATTR, stored.model_dump(mode="json"))
+    study.set_user_attr(CONTEXT_ATTR, context.model_dump(mode="json"))
+    # A resumed study's earlier recommendation no longer covers all its trials.
+    study.set_user_attr(RECOMMENDATION_ATTR, None)
+    study.set_user_attr(CONFIRMATIONS_ATTR, [])
+
+
+def confirmed_recommendation(
+    settings: TuneSettings,
+    context: StudyContext,
+    selection: Selection,
+    trials: list[TrialRecord],
+) -> Recommendation:
+    """The winner of the re-runs, its figures the medians of those re-runs."""
+    winner = selection.winner
+    base = selection.baseline_samples_per_s
+    return _recommendation(
+        settings,
+        context,
+        trials,
+        selection.confirmations,
+        winner,
+        samples_per_s=selection.samples_per_s,
+        baseline_samples_per_s=base,
+        confirm_runs=selection.winner_runs,
+        baseline_runs=selection.baseline_runs,
+        provisional=False,
+    )
+
+
+def provisional_recommendation(
+    settings: TuneSettings, context: StudyContext, trials: list[TrialRecord]
+) -> Recommendation:
+    """The best search window so far against the baseline's, for a tune that did not finish."""
+    measured = [t for t in trials if t.role in ("baseline", "search")]
+    eligible = [t for t in measured if t.eligible and t.result.samples_per_s]
+    if not measured:
+        raise StorageError(
+            f"study {settings.resolved_study_name!r} has no finished trial to report yet: "
+            "run its advisor tune command again to measure some"
+        )
+    if not eligible:
+        raise NoFeasibleConfigError(failure_summary(measured))
+    winner = max(eligible, key=lambda t: t.result.samples_per_s or 0.0)
+    baseline = next((t for t in eligible if t.role == "baseline"), None)
+    return _recommendation(
+        settings,
+        context,
+        trials,
+        (),
+        winner,
+        samples_per_s=winner.result.samples_per_s or 0.0,
+        baseline_samples_per_s=baseline.result.samples_per_s if baseline else None,
+        confirm_runs=(),
+        baseline_runs=(),
+        provisional=True,
+    )
+
+
+def _recommendation(
+    settings: TuneSettings,
+    context: StudyContext,
+    trials: list[TrialRecord],
+    confirmations: tuple[TrialRecord, ...],
+    winner: TrialRecord,
+    *,
+    samples_per_s: float,
+    baseline_samples_per_s: float | None,
+    confirm_runs: tuple[float, ...],
+    baseline_runs: tuple[float, ...],
+    provisional: bool,
+) -> Recommendation:
+    config, baseline = winner.result.config, context.baseline_config
+    effects = knob_effects(trials)
+    return Recommendation(
+        provisional=provisional,
+        advisor_version=context.advisor_version,
+        spec=settings.spec,
+        workdir=context.workdir,
+        config=config,
+        samples_per_s=samples_per_s,
+        peak_memory_bytes=winner.result.peak_memory_bytes,
+        baseline_config=baseline,
+        baseline_samples_per_s=baseline_samples_per_s,
+        speedup=samples_per_s / baseline_samples_per_s if baseline_samples_per_s else None,
+        chosen_from_trial=winner.number,
+        confirm_runs=confirm_runs,
+        baseline_runs=baseline_runs,
+        global_batch_changed=config.global_batch_size != baseline.global_batch_size,
+        warnings=_warnings(
+            config.global_batch_size,
+            baseline.global_batch_size,
+            baseline_runs,
+            baseline_samples_per_s,
+        ),
+        fixed_knobs=context.fixed_knobs,
+        parallel_best=best_by_layout(trials, confirmations),
+        knob_effects=effects,
+        bottleneck=diagnose(winner, effects),
+        hardware=context.hardware,
+        task=context.task,
+        storage=mask_url(settings.storage_url),
+        study_name=settings.resolved_study_name,
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def _warnings(
+    batch: int, baseline_batch: int, baseline_runs: tuple[float, ...], baseline_rate: float | None
+) -> tuple[str, ...]:
+    warnings = []
+    if batch != baseline_batch:
+        ratio = batch / baseline_batch
+        warnings.append(
+            f"the global batch changes from {baseline_batch} to {batch} ({ratio:g}x): the "
+            f"optimisation changes with it; scale the learning rate by {ratio:g} (linear-scaling "
+            f"rule) or re-run with --global-batch-size {baseline_batch} to keep it"
+        )
+    if baseline_rate is None:
+        warnings.append("the baseline configuration failed: no speed-up can be stated")
+    return tuple(warnings)
+
+
+def stored_result(url: str, study_name: str | None, out_dir: Path | None) -> TuneResult:
+    """A tune's result rebuilt from its study alone (for `advisor report`): the stored
+    recommendation of a finished tune, else a provisional one from the trials so far.
+
+    `out_dir` defaults to reports/<study name>.
+    """
+    study = load_study(url, study_name)
+    attrs = study.user_attrs
+    trials = records_of(study)
+    if SETTINGS_ATTR not in attrs or not (
+        attrs.get(CONTEXT_ATTR) or attrs.get(RECOMMENDATION_ATTR)
+    ):
+        raise StorageError(
+            f"study {study.study_name!r} was not written by this advisor version "
+            f"({len(trials)} trials stored, no settings): re-run the tune with a new --study-name"
+        )
+    try:
+        settings = TuneSettings.model_validate(attrs[SETTINGS_ATTR])
+        if attrs.get(RECOMMENDATION_ATTR):
+            recommendation = Recommendation.model_validate(attrs[RECOMMENDATION_ATTR])
+        else:
+            context = StudyContext.model_validate(attrs[CONTEXT_ATTR])
+            recommendation = provisional_recommendation(settings, context, trials)
+        confirmations = tuple(
+            TrialRecord.model_validate(c) for c in attrs.get(CONFIRMATIONS_ATTR, [])
+        )
+    except ValidationError as exc:
+        raise StorageError(
+            f"study {study.study_name!r} was not written by this advisor version "
+            f"({str(exc).splitlines()[0]}): re-run the tune with a new --study-name"
+        ) from exc
+    return TuneResult(
+        settings=settings,
+        recommendation=recommendation,
+        trials=tuple(trials),
+        confirmations=confirmations,
+        out_dir=out_dir or Path("reports") / study.study_name,
+    )
