@@ -17,7 +17,14 @@ from advisor.preflight import preflight
 from advisor.progress import NullProgress, Progress
 from advisor.report import render_html, render_markdown, render_trials_csv
 from advisor.results import StudyContext, TaskSummary, TrialResult, TuneResult
-from advisor.search import SearchContext, bind_study, make_sampler, records_of, run_search
+from advisor.search import (
+    SearchContext,
+    bind_study,
+    make_sampler,
+    pruned_of,
+    records_of,
+    run_search,
+)
 from advisor.selection import select_winner
 from advisor.space import build_space, resolve_device
 from advisor.storage import CONFIRMATIONS_ATTR, RECOMMENDATION_ATTR, mask_url, open_study
@@ -122,6 +129,7 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
         recommendation=recommendation,
         trials=tuple(trials),
         confirmations=selection.confirmations,
+        pruned=pruned_of(study),
         out_dir=out_dir,
     )
     write_outputs(result)

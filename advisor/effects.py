@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Literal
 
 from advisor.config import TUNED_KNOBS
-from advisor.results import Bottleneck, KnobEffect, LayoutBest, TrialRecord
+from advisor.results import Bottleneck, KnobEffect, LayoutBest, RejectedValue, TrialRecord
 
-__all__ = ["best_by_layout", "diagnose", "knob_effects", "param_importances"]
+__all__ = ["best_by_layout", "diagnose", "knob_effects", "param_importances", "rejected_values"]
 
 LAYOUT_ORDER = {"none": 0, "dp": 1}
 
@@ -82,8 +82,74 @@ def knob_effects(records: list[TrialRecord]) -> tuple[KnobEffect, ...]:
             before, after = sorted((first, second), key=lambda r: _value_key(knob, r))
             key = (knob, _value(knob, before), _value(knob, after))
             groups[key].append((before, after))
-    effects = [_effect(knob, old, new, pairs) for (knob, old, new), pairs in groups.items()]
-    return tuple(sorted(effects, key=lambda e: (TUNED_KNOBS.index(e.knob), e.pairs[0])))
+    ordered = sorted(
+        groups.items(),
+        key=lambda item: (
+            TUNED_KNOBS.index(item[0][0]),
+            _value_key(item[0][0], item[1][0][0]),
+            _value_key(item[0][0], item[1][0][1]),
+        ),
+    )
+    return tuple(_effect(knob, old, new, pairs) for (knob, old, new), pairs in ordered)
+
+
+def rejected_values(records: list[TrialRecord]) -> tuple[RejectedValue, ...]:
+    """Knob values that never gave a usable trial while another value of the knob did (e.g.
+    every amp=bf16 trial diverged). Stated only with evidence: a usable trial that differs
+    from a failed one in that knob alone, or at least two failures of the same kind."""
+    measured = [r for r in records if r.role in ("baseline", "search")]
+    rejected = []
+    for knob in TUNED_KNOBS:
+        by_value: dict[str, list[TrialRecord]] = defaultdict(list)
+        for record in measured:
+            by_value[_value(knob, record)].append(record)
+        usable = [r for r in measured if r.eligible]
+        for value, tried in by_value.items():
+            others = [r for r in usable if _value(knob, r) != value]
+            if any(r.eligible for r in tried) or not others:
+                continue
+            kinds = Counter(_failure_kind(r) for r in tried)
+            counterparts = tuple(
+                (ok.number, bad.number)
+                for bad in tried
+                for ok in others
+                if _only_difference(ok, bad) == knob
+            )
+            if counterparts or kinds.most_common(1)[0][1] >= 2:
+                rejected.append(_rejection(knob, value, tried, kinds, counterparts))
+    return tuple(rejected)
+
+
+def _failure_kind(record: TrialRecord) -> str:
+    return "over the memory headroom" if record.infeasible_reason else record.result.status
+
+
+def _rejection(
+    knob: str,
+    value: str,
+    tried: list[TrialRecord],
+    kinds: Counter[str],
+    counterparts: tuple[tuple[int, int], ...],
+) -> RejectedValue:
+    numbers = tuple(r.number for r in tried)
+    failures = ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
+    first = next(r for r in tried if _failure_kind(r) == kinds.most_common(1)[0][0])
+    why = first.infeasible_reason or first.result.reason or first.result.status
+    evidence = (
+        "; it alone differs between "
+        + ", ".join(f"trial {ok} (usable) and trial {bad}" for ok, bad in counterparts)
+        if counterparts
+        else "; no usable trial differs from these in this knob alone"
+    )
+    return RejectedValue(
+        knob=knob,
+        value=value,
+        trials=numbers,
+        failures=failures,
+        counterparts=counterparts,
+        explanation=f"{knob}={value} rejected: every trial with it failed ({failures}: trials "
+        f"{', '.join(map(str, numbers))}; trial {first.number}: {why}){evidence}",
+    )
 
 
 def _effect(

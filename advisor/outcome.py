@@ -10,10 +10,10 @@ import optuna
 from pydantic import ValidationError
 
 from advisor.config import TuneSettings
-from advisor.effects import best_by_layout, diagnose, knob_effects
+from advisor.effects import best_by_layout, diagnose, knob_effects, rejected_values
 from advisor.errors import NoFeasibleConfigError, StorageError
 from advisor.results import Recommendation, StudyContext, TrialRecord, TuneResult
-from advisor.search import records_of
+from advisor.search import pruned_of, records_of
 from advisor.selection import Selection, failure_summary
 from advisor.storage import (
     CONFIRMATIONS_ATTR,
@@ -135,6 +135,7 @@ def _recommendation(
         fixed_knobs=context.fixed_knobs,
         parallel_best=best_by_layout(trials, confirmations),
         knob_effects=effects,
+        rejected_values=rejected_values(trials),
         bottleneck=diagnose(winner, effects),
         hardware=context.hardware,
         task=context.task,
@@ -196,5 +197,6 @@ def stored_result(url: str, study_name: str | None, out_dir: Path | None) -> Tun
         recommendation=recommendation,
         trials=tuple(trials),
         confirmations=confirmations,
+        pruned=pruned_of(study),
         out_dir=out_dir or Path("reports") / study.study_name,
     )

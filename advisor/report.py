@@ -5,13 +5,13 @@ from __future__ import annotations
 import csv
 import io
 import shlex
-from collections import Counter
+from collections import Counter, defaultdict
 
 from advisor.codegen import launch_command
 from advisor.config import TUNED_KNOBS, TuneSettings
 from advisor.effects import param_importances
 from advisor.plots import batch_amp_svg, history_svg, importance_svg, memory_svg
-from advisor.results import LayoutBest, TrialRecord, TuneResult
+from advisor.results import LayoutBest, PrunedProposal, TrialRecord, TuneResult
 from advisor.templating import template_environment
 
 __all__ = ["render_html", "render_markdown", "render_trials_csv", "reproduce_command"]
@@ -37,9 +37,10 @@ CSV_RESULT_FIELDS = (
 
 
 def _md(value: object) -> str:
-    """A table-cell-safe Markdown string: no pipes, no line breaks, no raw HTML."""
+    """A table-cell-safe Markdown string: no pipes, no line breaks, no raw HTML (a `<` can
+    open a tag; a `>` alone cannot)."""
     text = " ".join(str(value).split())
-    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("|", "\\|").replace("<", "&lt;")
 
 
 def _fmt(pattern: str, scale: float = 1.0):  # type: ignore[no-untyped-def]
@@ -73,6 +74,7 @@ def render_markdown(result: TuneResult) -> str:
             trials=result.trials,
             confirmations=result.confirmations,
             counts=_counts(result.trials),
+            pruned=_pruned_rows(result.pruned),
             hw=rec.hardware,
             settings=result.settings,
             measured=_measured(result.trials),
@@ -103,6 +105,7 @@ def render_html(result: TuneResult) -> str:
         plots=[(title, svg) for title, svg in figures if svg],
         trials=trials,
         counts=_counts(trials),
+        pruned=_pruned_rows(result.pruned),
         hw=rec.hardware,
         settings=result.settings,
         measured=_measured(trials),
@@ -142,6 +145,14 @@ def _parallel_rows(layouts: tuple[LayoutBest, ...]) -> list[dict[str, object]]:
             ratio, basis = best.samples_per_s / single.samples_per_s, "search windows"
         rows.append({"best": best, "ratio": ratio, "basis": basis})
     return rows
+
+
+def _pruned_rows(pruned: tuple[PrunedProposal, ...]) -> list[tuple[str, str]]:
+    """(reason, the proposal numbers) for the proposals not run, grouped by reason."""
+    by_reason: dict[str, list[int]] = defaultdict(list)
+    for proposal in pruned:
+        by_reason[proposal.reason].append(proposal.number)
+    return [(reason, ", ".join(map(str, numbers))) for reason, numbers in by_reason.items()]
 
 
 def _measured(trials: tuple[TrialRecord, ...]) -> int:

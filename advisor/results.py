@@ -16,8 +16,10 @@ __all__ = [
     "HardwareProfile",
     "KnobEffect",
     "LayoutBest",
+    "PrunedProposal",
     "RankResult",
     "Recommendation",
+    "RejectedValue",
     "StudyContext",
     "TaskSummary",
     "TrialRecord",
@@ -157,6 +159,28 @@ class KnobEffect(_Frozen):
     data_wait_after: float | None = None
 
 
+class RejectedValue(_Frozen):
+    """A knob value none of whose trials could be used while other values of the knob could."""
+
+    knob: str
+    value: str
+    trials: tuple[int, ...] = Field(description="the failed trials with this value")
+    failures: str = Field(description="their failures by kind, e.g. '2 diverged'")
+    counterparts: tuple[tuple[int, int], ...] = Field(
+        default=(),
+        description="(usable trial, failed trial) pairs that differ in this knob alone",
+    )
+    explanation: str
+
+
+class PrunedProposal(_Frozen):
+    """A configuration the sampler proposed that advisor did not run, and why."""
+
+    number: int
+    params: dict[str, str | int | bool]
+    reason: str
+
+
 class Bottleneck(_Frozen):
     """What limits the winner, as its own measurements and its neighbours' show."""
 
@@ -221,6 +245,9 @@ class Recommendation(_Frozen):
     knob_effects: tuple[KnobEffect, ...] = Field(
         default=(), description="knob changes measured alone (pairs of trials)"
     )
+    rejected_values: tuple[RejectedValue, ...] = Field(
+        default=(), description="knob values whose trials all failed, and how"
+    )
     bottleneck: Bottleneck | None = None
     hardware: HardwareProfile
     task: TaskSummary
@@ -236,4 +263,7 @@ class TuneResult(_Frozen):
     recommendation: Recommendation
     trials: tuple[TrialRecord, ...]
     confirmations: tuple[TrialRecord, ...]
+    pruned: tuple[PrunedProposal, ...] = Field(
+        default=(), description="proposals not run: impossible or known not to fit"
+    )
     out_dir: Path

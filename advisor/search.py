@@ -18,8 +18,9 @@ from optuna.trial import TrialState
 
 from advisor.config import TrialConfig, TuneSettings
 from advisor.errors import SettingsError, StorageError
+from advisor.feasibility import known_out_of_memory, memory_problem
 from advisor.progress import Progress
-from advisor.results import HardwareProfile, TrialRecord, TrialResult
+from advisor.results import HardwareProfile, PrunedProposal, TrialRecord, TrialResult
 from advisor.space import SearchSpace
 from advisor.trial.runner import TrialLaunch, run_trial
 
@@ -27,7 +28,7 @@ __all__ = [
     "SearchContext",
     "bind_study",
     "make_sampler",
-    "memory_problem",
+    "pruned_of",
     "records_of",
     "run_search",
 ]
@@ -82,19 +83,15 @@ def records_of(study: optuna.Study) -> list[TrialRecord]:
     return records
 
 
-def memory_problem(result: TrialResult, hardware: HardwareProfile, headroom: float) -> str | None:
-    """Why a finished trial leaves too little memory free, or None when it fits."""
-    if not result.feasible or result.peak_memory_bytes is None:
-        return None
-    if result.config.device == "cuda" and hardware.gpus:
-        capacity, where = hardware.gpus[0].memory_bytes, "GPU"
-    else:
-        capacity, where = hardware.memory_bytes, "host"
-    if result.peak_memory_bytes <= (1 - headroom) * capacity:
-        return None
-    return (
-        f"peak {where} memory {result.peak_memory_bytes / 2**30:.1f} GiB leaves less than "
-        f"{headroom:.0%} of {capacity / 2**30:.1f} GiB free"
+def pruned_of(study: optuna.Study) -> tuple[PrunedProposal, ...]:
+    """Every proposal advisor pruned without running it, with the reason."""
+    return tuple(
+        PrunedProposal(
+            number=trial.number,
+            params=trial.params,
+            reason=trial.user_attrs.get("pruned_reason", "pruned"),
+        )
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
     )
 
 
@@ -189,6 +186,12 @@ class _Objective:
             self.unmeasured_in_a_row += 1
             repeat = {"number": trial.number, "role": "duplicate", "duplicate_of": earlier.number}
             return _record(trial, earlier.model_copy(update=repeat))
+        if trial.user_attrs.get("role") != "baseline":
+            problem = known_out_of_memory(config, self.measured.values())
+            if problem is not None:
+                self.unmeasured_in_a_row += 1
+                trial.set_user_attr("pruned_reason", problem)
+                raise optuna.TrialPruned(problem)
         self.unmeasured_in_a_row = 0
         role = trial.user_attrs.get("role", "search")
         label = f"trial {len(self.measured) + 1}/{self.context.settings.trials}"

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from advisor.config import TrialConfig
 from advisor.errors import NoFeasibleConfigError
+from advisor.feasibility import memory_problem
 from advisor.results import TrialRecord
-from advisor.search import SearchContext, memory_problem
+from advisor.search import SearchContext
 from advisor.trial.runner import run_trial
 
 __all__ = ["Selection", "failure_summary", "select_winner"]

@@ -3,7 +3,7 @@
 import pytest
 
 from advisor.config import TrialConfig
-from advisor.effects import best_by_layout, diagnose, knob_effects
+from advisor.effects import best_by_layout, diagnose, knob_effects, rejected_values
 from advisor.results import TrialRecord, TrialResult
 
 
@@ -89,3 +89,35 @@ def test_best_by_layout_uses_rerun_medians_of_each_layouts_best():
     ]
     assert layouts[0].rerun_samples_per_s is None
     assert layouts[1].rerun_samples_per_s == 2500
+
+
+def _diverged(number, **knobs):
+    record = _trial(number, 0, status="diverged", **knobs)
+    result = record.result.model_copy(update={"reason": "loss became nan at step 4"})
+    return record.model_copy(update={"result": result})
+
+
+def test_a_value_that_only_ever_failed_is_rejected_with_its_evidence():
+    trials = [
+        _trial(0, 1000, role="baseline"),
+        _diverged(1, amp="bf16"),  # amp alone differs from trial 0, which trained
+        _trial(2, 1800, batch_size=64),
+        _diverged(3, batch_size=128, amp="bf16", num_workers=1),
+    ]
+    [amp] = rejected_values(trials)
+    assert (amp.knob, amp.value, amp.trials, amp.failures) == ("amp", "bf16", (1, 3), "2 diverged")
+    assert amp.counterparts == ((0, 1),)
+    assert amp.explanation == (
+        "amp=bf16 rejected: every trial with it failed (2 diverged: trials 1, 3; trial 1: loss "
+        "became nan at step 4); it alone differs between trial 0 (usable) and trial 1"
+    )
+
+
+def test_one_failure_that_other_knobs_explain_as_well_is_not_blamed_on_a_value():
+    trials = [
+        _trial(0, 1000, role="baseline"),
+        _trial(1, 0, status="oom", batch_size=512, num_workers=2),  # batch or workers?
+        _trial(2, 1500, batch_size=64, amp="bf16"),
+    ]
+    assert rejected_values(trials) == ()  # one failure, no pair isolating either knob
+    assert rejected_values([_diverged(0, amp="bf16"), _diverged(1, amp="bf16")]) == ()  # no usable

@@ -6,9 +6,10 @@ import pytest
 import advisor
 from advisor.api import validate
 from advisor.config import TrialConfig, TuneSettings
+from advisor.feasibility import memory_problem
 from advisor.progress import NullProgress
 from advisor.results import TrialRecord, TrialResult
-from advisor.search import SearchContext, memory_problem, run_search
+from advisor.search import SearchContext, run_search
 from advisor.selection import failure_summary
 from advisor.space import build_space
 from advisor.trial.runner import TrialLaunch
@@ -88,6 +89,31 @@ def test_impossible_combinations_are_pruned_with_the_reason_not_run(tmp_path):
         "global batch 64 is no multiple of batch 64 x 2 processes"
     )
     assert [record.role for record in records] == ["baseline"]  # nothing ran for the other
+
+
+def test_batches_above_one_that_ran_out_of_memory_are_pruned_not_run(tmp_path):
+    settings = TuneSettings(spec=f"{TINY}:oom_above_64", trials=2, max_world_size=1)
+    space = build_space(settings, CPU_PROFILE, validate(f"{TINY}:factory").task)
+    study = optuna.create_study(direction="maximize")
+    base = space.params_of(space.baseline)
+    study.enqueue_trial({**base, "batch_size": 128})
+    study.enqueue_trial({**base, "batch_size": 256, "accumulation_steps": 2})
+    study.enqueue_trial({**base, "batch_size": 256, "amp": "bf16"})  # another knob: no inference
+    launch = TrialLaunch(
+        spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=0.2, timeout_s=120
+    )
+    context = SearchContext(settings, space, CPU_PROFILE, launch, tmp_path, NullProgress())
+    records = run_search(study, context)
+    [pruned] = study.get_trials(states=(optuna.trial.TrialState.PRUNED,))
+    assert pruned.params["batch_size"] == 256 and pruned.params["accumulation_steps"] == 2
+    assert pruned.user_attrs["pruned_reason"] == (
+        "batch 256 needs at least the memory of batch 128, which ran out of memory in trial 0 "
+        "with the same other knobs"
+    )
+    assert [(r.result.config.batch_size, r.result.status) for r in records] == [
+        (128, "oom"),
+        (256, "oom"),  # measured: bf16 autocast changes the memory a batch needs
+    ]
 
 
 @pytest.mark.slow

@@ -249,5 +249,11 @@ def _seed_everything(seed: int) -> None:
 
 
 def _first_line(exc: BaseException) -> str:
+    """The message's first line; for an error re-raised from a DataLoader worker, where the
+    first line only says which worker, that line and the worker's own exception line."""
     lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
+    if not lines:
+        return type(exc).__name__
+    if "Original Traceback" in str(exc) and len(lines) > 1:
+        return f"{lines[0]} {lines[-1].strip()}"
+    return lines[0]

@@ -11,10 +11,19 @@ from advisor.config import TrialConfig
 from advisor.trial.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY, survivors
 
+FAULTS = "tests/workloads/faults.py"
 
-def _run(name: str, tmp_path: Path, timeout_s: float = 120, trial_seconds=0.3, **config):
+
+def _run(
+    name: str,
+    tmp_path: Path,
+    timeout_s: float = 120,
+    trial_seconds=0.3,
+    workload: str = TINY,
+    **config,
+):
     launch = TrialLaunch(
-        spec=f"{TINY}:{name}",
+        spec=f"{workload}:{name}",
         cwd=ROOT,
         warmup_steps=2,
         trial_seconds=trial_seconds,
@@ -101,6 +110,25 @@ def test_hang_times_out_and_kills_the_whole_group(tmp_path, marked):
     assert "no result after 12 s" in result.reason
     assert result.wall_s < 30
     assert survivors(marked) == []
+
+
+def test_an_error_in_a_loader_worker_is_status_error_with_its_message(tmp_path):
+    result, _ = _run("worker_raises", tmp_path, workload=FAULTS, num_workers=2)
+    assert result.status == "error"
+    assert "ValueError" in result.reason and "simulated: cannot decode sample" in result.reason
+
+
+def test_a_hung_loader_worker_times_out_and_nothing_is_left(tmp_path, marked):
+    result, _ = _run("worker_hangs", tmp_path, workload=FAULTS, timeout_s=12, num_workers=2)
+    assert result.status == "timeout"
+    assert "no result after 12 s" in result.reason
+    assert survivors(marked) == []
+
+
+def test_a_segfault_is_status_crashed_with_the_signal(tmp_path):
+    result, _ = _run("segfault", tmp_path, workload=FAULTS)
+    assert result.status == "crashed"
+    assert "SIGSEGV" in result.reason
 
 
 def test_result_counts_even_if_user_threads_keep_the_child_alive(tmp_path, marked):

@@ -1,0 +1,98 @@
+"""Workloads that fail where real ones do: inside DataLoader workers, in native code, and a
+mix of faults spread over the search space (tests of the fault matrix, issue #5)."""
+
+import ctypes
+import os
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, get_worker_info
+
+from tests.workloads.tiny import _data, _model
+
+SAMPLES = 512
+
+
+class LoaderFault(Dataset):
+    """The tiny dataset, except that `__getitem__` misbehaves inside a loader worker when the
+    loader has `workers` workers (any number when None)."""
+
+    def __init__(self, fault, workers: int | None = None) -> None:
+        self.data = _data(SAMPLES)
+        self.fault = fault
+        self.workers = workers
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, index: int):
+        info = get_worker_info()
+        if info is not None and self.workers in (None, info.num_workers):
+            self.fault(index)
+        return self.data[index]
+
+
+def _raise_in_worker(index: int) -> None:
+    raise ValueError(f"simulated: cannot decode sample {index}")
+
+
+def _hang_in_worker(index: int) -> None:
+    time.sleep(3600)
+
+
+def worker_raises():
+    return _model(), LoaderFault(_raise_in_worker), nn.CrossEntropyLoss()
+
+
+def worker_hangs():
+    return _model(), LoaderFault(_hang_in_worker), nn.CrossEntropyLoss()
+
+
+class Segfaults(nn.Module):
+    """Dereferences a null pointer in forward, as a broken native extension would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _model()
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        ctypes.string_at(0)
+        return self.net(features)
+
+
+def segfault():
+    return Segfaults(), _data(SAMPLES), nn.CrossEntropyLoss()
+
+
+class Mixed(nn.Module):
+    """Trains at batch 32; batch 64 aborts the process, batch 128 runs out of memory, and
+    the loss turns NaN under autocast (as an fp16-unsafe model does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _model()
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        batch = features.shape[0]
+        if batch == 64:
+            os.abort()
+        if batch >= 128:
+            raise torch.OutOfMemoryError("simulated: tried to allocate 8.00 GiB")
+        out = self.net(features)
+        if torch.is_autocast_enabled(features.device.type):
+            return out * float("nan")
+        return out
+
+
+def _mixed_loader_fault(index: int) -> None:
+    info = get_worker_info()
+    if info.num_workers == 1:
+        time.sleep(3600)  # one worker: the loader hangs
+    raise ValueError(f"simulated: cannot decode sample {index}")  # two workers: it raises
+
+
+def mixed():
+    """Every fault of the matrix somewhere in its space; only batch 32, amp off, no workers
+    trains."""
+    return Mixed(), LoaderFault(_mixed_loader_fault), nn.CrossEntropyLoss()
