@@ -133,23 +133,34 @@ def _rejection(
 ) -> RejectedValue:
     numbers = tuple(r.number for r in tried)
     failures = ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
-    first = next(r for r in tried if _failure_kind(r) == kinds.most_common(1)[0][0])
-    why = first.infeasible_reason or first.result.reason or first.result.status
-    evidence = (
-        "; it alone differs between "
-        + ", ".join(f"trial {ok} (usable) and trial {bad}" for ok, bad in counterparts)
-        if counterparts
-        else "; no usable trial differs from these in this knob alone"
-    )
+    every = f"every trial with it failed ({failures}: trials {', '.join(map(str, numbers))})"
+    if counterparts:  # the failure the knob alone explains comes first
+        ok, bad = counterparts[0]
+        failed = next(r for r in tried if r.number == bad)
+        others = len({b for _, b in counterparts}) - 1
+        more = f" (and {others} more such pairs)" if others else ""
+        explanation = (
+            f"{knob}={value} rejected: trial {bad} {_failure_kind(failed)} ({_why(failed)}) "
+            f"where trial {ok}, differing in {knob} alone, trained{more}; {every}"
+        )
+    else:
+        first = next(r for r in tried if _failure_kind(r) == kinds.most_common(1)[0][0])
+        explanation = (
+            f"{knob}={value} rejected: {every}; trial {first.number}: {_why(first)}; no usable "
+            "trial differs from these in this knob alone"
+        )
     return RejectedValue(
         knob=knob,
         value=value,
         trials=numbers,
         failures=failures,
         counterparts=counterparts,
-        explanation=f"{knob}={value} rejected: every trial with it failed ({failures}: trials "
-        f"{', '.join(map(str, numbers))}; trial {first.number}: {why}){evidence}",
+        explanation=explanation,
     )
+
+
+def _why(record: TrialRecord) -> str:
+    return record.infeasible_reason or record.result.reason or record.result.status
 
 
 def _effect(

@@ -108,8 +108,8 @@ def test_a_value_that_only_ever_failed_is_rejected_with_its_evidence():
     assert (amp.knob, amp.value, amp.trials, amp.failures) == ("amp", "bf16", (1, 3), "2 diverged")
     assert amp.counterparts == ((0, 1),)
     assert amp.explanation == (
-        "amp=bf16 rejected: every trial with it failed (2 diverged: trials 1, 3; trial 1: loss "
-        "became nan at step 4); it alone differs between trial 0 (usable) and trial 1"
+        "amp=bf16 rejected: trial 1 diverged (loss became nan at step 4) where trial 0, "
+        "differing in amp alone, trained; every trial with it failed (2 diverged: trials 1, 3)"
     )
 
 
@@ -120,4 +120,10 @@ def test_one_failure_that_other_knobs_explain_as_well_is_not_blamed_on_a_value()
         _trial(2, 1500, batch_size=64, amp="bf16"),
     ]
     assert rejected_values(trials) == ()  # one failure, no pair isolating either knob
+    trials.append(_trial(3, 0, status="oom", batch_size=512, num_workers=1))
+    [batch] = rejected_values(trials)  # two of a kind: stated, without a pair
+    assert batch.explanation == (
+        "batch_size=512 rejected: every trial with it failed (2 oom: trials 1, 3); trial 1: oom; "
+        "no usable trial differs from these in this knob alone"
+    )
     assert rejected_values([_diverged(0, amp="bf16"), _diverged(1, amp="bf16")]) == ()  # no usable

@@ -323,7 +323,7 @@ def test_a_one_trial_study_reports_the_baseline_without_claims_it_cannot_back(tm
     assert rec.knob_effects == ()
     report = (tmp_path / "report.md").read_text()
     assert "**Your configuration was the fastest one measured**" in report
-    assert "No two trials differed in one knob alone" in report
+    assert "No two usable trials differed in one knob alone" in report
     html = (tmp_path / "report.html").read_text()
     assert html.count("<svg") == 3  # too few trials for parameter importance
     assert "Parameter importance" not in html

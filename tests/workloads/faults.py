@@ -66,33 +66,30 @@ def segfault():
 
 
 class Mixed(nn.Module):
-    """Trains at batch 32; batch 64 aborts the process, batch 128 runs out of memory, and
-    the loss turns NaN under autocast (as an fp16-unsafe model does)."""
+    """Trains at batch 32 in fp32. Under autocast the loss turns NaN (as an fp16-unsafe model's
+    does); batch 128 runs out of memory, or aborts the process under autocast."""
 
     def __init__(self) -> None:
         super().__init__()
         self.net = _model()
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        batch = features.shape[0]
-        if batch == 64:
-            os.abort()
-        if batch >= 128:
+        autocast = torch.is_autocast_enabled(features.device.type)
+        if features.shape[0] >= 128:
+            if autocast:
+                os.abort()
             raise torch.OutOfMemoryError("simulated: tried to allocate 8.00 GiB")
         out = self.net(features)
-        if torch.is_autocast_enabled(features.device.type):
-            return out * float("nan")
-        return out
+        return out * float("nan") if autocast else out
 
 
 def _mixed_loader_fault(index: int) -> None:
     info = get_worker_info()
-    if info.num_workers == 1:
+    if info is not None and info.num_workers == 1:
         time.sleep(3600)  # one worker: the loader hangs
     raise ValueError(f"simulated: cannot decode sample {index}")  # two workers: it raises
 
 
 def mixed():
-    """Every fault of the matrix somewhere in its space; only batch 32, amp off, no workers
-    trains."""
+    """A fault in every corner of its space: only batch 32, fp32, no loader workers trains."""
     return Mixed(), LoaderFault(_mixed_loader_fault), nn.CrossEntropyLoss()

@@ -1,0 +1,49 @@
+"""A tune over a workload with a fault in every corner of its space still ends with a
+feasible recommendation, every failure kept and explained."""
+
+import pytest
+
+from advisor.results import Recommendation
+from tests.conftest import run_advisor, survivors
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_tune_over_every_fault_recommends_what_trained_and_explains_the_rest(tmp_path, marked):
+    completed = run_advisor(
+        "tune",
+        "tests/workloads/faults.py:mixed",
+        "--sampler", "grid",
+        "--trials", "12",
+        "--batch-sizes", "32,128",
+        "--accumulation-steps", "1",
+        "--max-world-size", "1",
+        "--trial-seconds", "0.3",
+        "--warmup-steps", "2",
+        "--trial-timeout", "15",
+        "--confirm-top", "1",
+        "--out", str(tmp_path),
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    rec = Recommendation.model_validate_json((tmp_path / "recommendation.json").read_text())
+    assert (rec.config.batch_size, rec.config.amp, rec.config.num_workers) == (32, "off", 0)
+    report = (tmp_path / "report.md").read_text()
+    assert "12 configurations measured: " in report
+    for status in ("ok", "diverged", "oom", "crashed", "timeout", "error"):
+        assert f" | {status} | " in report, status
+    for reason in (
+        "non-finite",  # diverged under autocast
+        "simulated: tried to allocate 8.00 GiB",  # oom
+        "SIGABRT",  # crashed
+        "no result after 15 s",  # a hung loader worker
+        "simulated: cannot decode sample",  # an error inside a loader worker
+    ):
+        assert reason in report, reason
+    rejected = {(r.knob, r.value): r for r in rec.rejected_values}
+    assert set(rejected) == {("amp", "bf16"), ("batch_size", "128"), ("num_workers", "1"),
+                             ("num_workers", "2")}  # fmt: skip
+    amp = rejected[("amp", "bf16")]
+    assert amp.counterparts  # a usable trial and a failed one that differ in amp alone
+    assert " diverged (the loss became non-finite" in amp.explanation
+    assert f"- {amp.explanation}." in report
+    assert survivors(marked) == []
