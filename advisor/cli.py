@@ -11,6 +11,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 import advisor
 import advisor.console
@@ -24,10 +25,11 @@ from advisor.api import (
 )
 from advisor.codegen import launch_command, render_launch_script, render_training_script
 from advisor.config import TuneSettings
-from advisor.errors import AdvisorError, BadInputError
+from advisor.errors import AdvisorError, BadInputError, SettingsError
 from advisor.hardware import probe
 from advisor.report import render_html, render_markdown, reproduce_command
 from advisor.results import Recommendation
+from advisor.settings_file import read_settings_file
 from advisor.storage import mask_url
 
 __all__ = ["cli", "main"]
@@ -44,7 +46,12 @@ def cli(debug: bool) -> None:
 
 
 @cli.command()
-@click.argument("spec")
+@click.argument("spec", required=False)
+@click.option(
+    "--config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Settings from a .toml or .json file (names as the flags); flags override it.",
+)
 @click.option("--trials", type=int, help="Distinct configurations to measure [20].")
 @click.option("--timeout", type=float, help="Search budget in seconds (re-measurements follow).")
 @click.option("--trial-seconds", type=float, help="Timed window of each trial [3].")
@@ -60,6 +67,9 @@ def cli(debug: bool) -> None:
 @click.option("--storage", help="Optuna storage URL [sqlite:///OUT/study.db].")
 @click.option("--study-name", help="Study name [from the spec].")
 @click.option("--out", type=click.Path(path_type=Path), help="Output folder [reports/STUDY].")
+@click.option(
+    "--worker", help="This worker's name in a shared study [host name]; --trials counts its own."
+)
 @click.option("--seed", type=int, help="Sampler seed [0].")
 @click.option("--sampler", type=click.Choice(["tpe", "random", "grid"]), help="[tpe]")
 @click.option("--confirm-top", type=int, help="Finalists re-measured with the baseline [3].")
@@ -67,9 +77,9 @@ def cli(debug: bool) -> None:
 @click.option("--memory-headroom", type=float, help="Memory fraction to keep free [0.1].")
 @click.option("--json", "as_json", is_flag=True, help="Print only the recommendation as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
-def tune(spec: str, as_json: bool, quiet: bool, **flags: Any) -> None:
+def tune(spec: str | None, config: Path | None, as_json: bool, quiet: bool, **flags: Any) -> None:
     """Search for the fastest training configuration of SPEC (file.py:factory)."""
-    settings = make_settings(spec, **{k: v for k, v in flags.items() if v is not None})
+    settings = _settings(spec, config, {k: v for k, v in flags.items() if v is not None})
     # A closed terminal or a scheduler's SIGTERM stops the search like Ctrl-C: trials are kept.
     for stop in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(stop, _raise_interrupt)
@@ -92,11 +102,11 @@ def tune(spec: str, as_json: bool, quiet: bool, **flags: Any) -> None:
     if rec.config == rec.baseline_config:
         out.print("your configuration was the fastest one measured: no knob searched beat it")
     for warning in rec.warnings:
-        out.print(f"[yellow]note:[/] {warning}", highlight=False, soft_wrap=True)
+        out.print(f"[yellow]note:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     files = "recommendation.json, trials.csv, report.md, report.html, train.py, launch.sh, logs/"
-    out.print(f"wrote {result.out_dir}/: {files}", highlight=False, soft_wrap=True)
+    out.print(f"wrote {result.out_dir}/: {files}", markup=False, highlight=False, soft_wrap=True)
     command = launch_command(rec.config, (result.out_dir / "train.py").as_posix())
-    out.print(f"train with it: {command} --epochs 1", highlight=False, soft_wrap=True)
+    out.print(f"train with it: {command} --epochs 1", markup=False, highlight=False, soft_wrap=True)
 
 
 @cli.command()
@@ -143,7 +153,11 @@ def codegen(recommendation: Path, output: Path) -> None:
     launcher.write_text(render_launch_script(rec))
     launcher.chmod(0o755)
     command = launch_command(rec.config, output.as_posix())
-    out.print(f"wrote {output} and {launcher}; train with: {command} --epochs 1", highlight=False)
+    out.print(
+        f"wrote {output} and {launcher}; train with: {command} --epochs 1",
+        markup=False,
+        highlight=False,
+    )
 
 
 @cli.command()
@@ -189,23 +203,38 @@ def report(
         files = "recommendation.json, trials.csv, report.md, report.html"
         if not result.recommendation.provisional:
             files += ", train.py, launch.sh"
-        out.print(f"wrote {result.out_dir}/: {files}", highlight=False, soft_wrap=True)
+        out.print(
+            f"wrote {result.out_dir}/: {files}", markup=False, highlight=False, soft_wrap=True
+        )
     else:
         result.out_dir.mkdir(parents=True, exist_ok=True)
         path = result.out_dir / f"report.{fmt}"
         path.write_text(render_html(result) if fmt == "html" else render_markdown(result))
-        out.print(f"wrote {path}", highlight=False, soft_wrap=True)
+        out.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
     if result.recommendation.provisional:
         out.print(
             "[yellow]note:[/] the tune did not finish: these reports are provisional (single "
             f"search windows, no training script); resume it with: "
-            f"{reproduce_command(result.settings)}",
+            f"{escape(reproduce_command(result.settings))}",
             highlight=False,
             soft_wrap=True,
         )
 
 
 cli.add_command(probe_command, name="probe")
+
+
+def _settings(spec: str | None, config: Path | None, flags: dict[str, Any]) -> TuneSettings:
+    """The settings file's values, overridden by the flags given, validated together."""
+    values = {**(read_settings_file(config) if config else {}), **flags}
+    spec = spec or values.pop("spec", None)
+    values.pop("spec", None)
+    if not spec:
+        raise BadInputError("pass SPEC (e.g. mymodel.py:factory), or set spec in the --config file")
+    try:
+        return make_settings(str(spec), **values)
+    except SettingsError as exc:
+        raise SettingsError(f"{config}: {exc}" if config else str(exc)) from None
 
 
 def _write_provisional_reports(settings: TuneSettings) -> None:

@@ -5,7 +5,9 @@ Defaults live here and nowhere else: the CLI passes only the flags a user set.
 
 from __future__ import annotations
 
+import difflib
 import re
+import socket
 from pathlib import Path
 from typing import Literal
 
@@ -48,7 +50,7 @@ TUNED_KNOBS = (
     "pin_memory",
     "cudnn_benchmark",
 )
-STORAGE_SCHEMES = ("sqlite", "postgresql", "mysql")
+STORAGE_SCHEMES = ("sqlite", "postgresql", "mysql", "journal")
 
 
 class TrialConfig(BaseModel):
@@ -170,6 +172,11 @@ class TuneSettings(BaseModel):
     storage: str | None = Field(default=None, description="Optuna storage URL")
     study_name: str | None = None
     out: Path | None = Field(default=None, description="output directory")
+    worker: str | None = Field(
+        default=None,
+        description="this worker's name in a shared study (default: the host name); --trials "
+        "counts the configurations this worker measured",
+    )
     seed: int = 0
     sampler: SamplerName = "tpe"
     confirm_top: int = Field(default=3, ge=1, description="finalists re-measured")
@@ -206,16 +213,17 @@ class TuneSettings(BaseModel):
         if scheme not in STORAGE_SCHEMES:
             raise ValueError(
                 f"unknown storage URL scheme {scheme or value!r}: use sqlite:///path/study.db, "
-                "postgresql://user:pass@host/db or mysql://user:pass@host/db"
+                "journal:///path/study.log, postgresql://user:pass@host/db or "
+                "mysql://user:pass@host/db"
             )
         return value
 
-    @field_validator("study_name")
+    @field_validator("study_name", "worker")
     @classmethod
     def _name_is_usable(cls, value: str | None) -> str | None:
         if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", value):
             raise ValueError(
-                f"{value!r} is not a usable study name: use letters, digits, '.', '_' or '-'"
+                f"{value!r} is not a usable name: use letters, digits, '.', '_' or '-'"
             )
         return value
 
@@ -247,6 +255,10 @@ class TuneSettings(BaseModel):
         return self.out if self.out is not None else Path("reports") / self.resolved_study_name
 
     @property
+    def worker_name(self) -> str:
+        return self.worker or socket.gethostname()
+
+    @property
     def storage_url(self) -> str:
         if self.storage:
             return self.storage
@@ -254,12 +266,21 @@ class TuneSettings(BaseModel):
 
 
 def settings_error(exc: ValidationError, prefix: str = "invalid settings") -> SettingsError:
-    """Turn a pydantic error into one line naming every problem."""
+    """Turn a pydantic error into one line naming every problem; an unknown name comes with
+    the closest valid one."""
     problems = []
     for error in exc.errors():
         where = ".".join(str(part) for part in error["loc"]) or "settings"
+        if error["type"] == "extra_forbidden":
+            problems.append(f"{where}: unknown setting{_closest_setting(where)}")
+            continue
         message = str(error["msg"]).removeprefix("Value error, ")
         got = error.get("input")
         shown = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
         problems.append(f"{where}: {message}{shown}")
     return SettingsError(f"{prefix}: " + "; ".join(problems))
+
+
+def _closest_setting(name: str) -> str:
+    close = difflib.get_close_matches(name, TuneSettings.model_fields, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""

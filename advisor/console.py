@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from rich.console import Console
+from rich.markup import escape
 from rich.status import Status
 from rich.table import Table
 
@@ -34,10 +35,10 @@ class ConsoleProgress:
 
     def stage(self, message: str) -> None:
         if not self._quiet:
-            self._console.print(f"[dim]·[/] {message}", highlight=False, soft_wrap=True)
+            self._console.print(f"[dim]·[/] {escape(message)}", highlight=False, soft_wrap=True)
 
     def trial_started(self, label: str, config: TrialConfig) -> None:
-        self._label = f"{label}  {config.label()}"
+        self._label = escape(f"{label}  {config.label()}")  # printed as rich markup
         if self._quiet:
             return
         if self._console.is_terminal:
@@ -64,7 +65,7 @@ class ConsoleProgress:
             outcome = f"[green]{result.samples_per_s:>10,.0f} samples/s[/]"
         else:
             why = record.infeasible_reason or result.reason or ""
-            outcome = f"[red]{result.status}[/] {why}"
+            outcome = f"[red]{result.status}[/] {escape(why)}"
         mark = "[green]✓[/]" if record.eligible else "[red]✗[/]"
         self._console.print(f"{mark} {self._label}  {outcome}", highlight=False)
 
@@ -98,7 +99,8 @@ def hardware_table(hardware: HardwareProfile) -> Table:
     table = Table(title="Hardware", show_header=False)
     table.add_column("what")
     table.add_column("value")
-    table.add_row("CPU", f"{hardware.cpu_model}, {hardware.cores} cores, {hardware.cpu_capability}")
+    cpu = escape(hardware.cpu_model)
+    table.add_row("CPU", f"{cpu}, {hardware.cores} cores, {hardware.cpu_capability}")
     table.add_row("CPU bf16", "native (AVX512-BF16/AMX)" if hardware.cpu_bf16 else "emulated")
     table.add_row("memory", f"{hardware.memory_bytes / 2**30:.1f} GiB")
     table.add_row("Python / torch", f"{hardware.python_version} / {hardware.torch_version}")
@@ -108,7 +110,9 @@ def hardware_table(hardware: HardwareProfile) -> Table:
     if not hardware.gpus:
         table.add_row("GPUs", "none")
     for index, gpu in enumerate(hardware.gpus):
-        details = f"{gpu.name}, {gpu.memory_bytes / 2**30:.1f} GiB, capability {gpu.capability}"
+        details = (
+            f"{escape(gpu.name)}, {gpu.memory_bytes / 2**30:.1f} GiB, capability {gpu.capability}"
+        )
         table.add_row(f"GPU {index}", f"{details}, fp16, {'bf16' if gpu.bf16 else 'no bf16'}")
     return table
 
@@ -119,10 +123,11 @@ def validation_table(result: TrialResult) -> Table:
     table.add_column("what")
     table.add_column("value")
     if task is not None:
-        table.add_row("model", f"{task.model_class}, {task.num_parameters:,} parameters")
+        model = escape(task.model_class)
+        table.add_row("model", f"{model}, {task.num_parameters:,} parameters")
         size = f", {task.dataset_size:,} samples" if task.dataset_size is not None else ""
-        table.add_row("dataset", f"{task.dataset_class}{size}")
-        table.add_row("batch", f"{task.batch_description} ({task.batch_kind})")
+        table.add_row("dataset", f"{escape(task.dataset_class)}{size}")
+        table.add_row("batch", f"{escape(task.batch_description)} ({task.batch_kind})")
         table.add_row("loss", "returned by the model" if task.loss_from_model else "loss_fn")
         table.add_row("your batch size", str(task.user_batch_size))
     if result.step_time_median_s is not None:

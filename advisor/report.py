@@ -12,6 +12,7 @@ from advisor.config import TUNED_KNOBS, TuneSettings
 from advisor.effects import param_importances
 from advisor.plots import batch_amp_svg, history_svg, importance_svg, memory_svg
 from advisor.results import LayoutBest, PrunedProposal, TrialRecord, TuneResult
+from advisor.storage import mask_url
 from advisor.templating import template_environment
 
 __all__ = ["render_html", "render_markdown", "render_trials_csv", "reproduce_command"]
@@ -117,12 +118,15 @@ def render_html(result: TuneResult) -> str:
 
 
 def reproduce_command(settings: TuneSettings) -> str:
-    """The `advisor tune` command line for these settings (defaults left out)."""
+    """The `advisor tune` command line for these settings (defaults left out; a storage
+    password masked)."""
     parts = ["advisor", "tune", settings.spec]
     for name, value in settings.model_dump(mode="json", exclude_defaults=True).items():
         if name == "spec":
             continue
         shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        if name == "storage":  # the password stays out: the user types it in again
+            shown = mask_url(shown)
         parts += [f"--{name.replace('_', '-')}", shown]
     return shlex.join(parts)
 
@@ -168,7 +172,8 @@ def _counts(trials: tuple[TrialRecord, ...]) -> str:
     repeated = (
         f"; {duplicates} repeated {proposals} answered from earlier trials" if duplicates else ""
     )
-    return f"{len(measured)} configurations measured: {parts}{repeated}."
+    noun = "configuration" if len(measured) == 1 else "configurations"
+    return f"{len(measured)} {noun} measured: {parts}{repeated}."
 
 
 def render_trials_csv(result: TuneResult) -> str:

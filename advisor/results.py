@@ -132,6 +132,7 @@ class TrialRecord(_Frozen):
         description="why an 'ok' trial is still not eligible (e.g. memory)",
     )
     duplicate_of: int | None = None
+    worker: str | None = Field(default=None, description="the worker that measured it")
 
     @property
     def eligible(self) -> bool:

@@ -22,6 +22,7 @@ from advisor.feasibility import known_out_of_memory, memory_problem
 from advisor.progress import Progress
 from advisor.results import HardwareProfile, PrunedProposal, TrialRecord, TrialResult
 from advisor.space import SearchSpace
+from advisor.storage import claim
 from advisor.trial.runner import TrialLaunch, run_trial
 
 __all__ = [
@@ -73,6 +74,7 @@ def records_of(study: optuna.Study) -> list[TrialRecord]:
                     result=TrialResult.model_validate(trial.user_attrs["result"]),
                     infeasible_reason=trial.user_attrs.get("infeasible_reason"),
                     duplicate_of=trial.user_attrs.get("duplicate_of"),
+                    worker=trial.user_attrs.get("worker"),
                 )
             )
         except ValueError as exc:
@@ -109,12 +111,30 @@ def bind_study(study: optuna.Study, context: SearchContext) -> None:
     changed = sorted(
         key for key in terms.keys() | recorded.keys() if terms.get(key) != recorded.get(key)
     )
+    if "machine" in changed or "gpus" in changed:
+        raise SettingsError(
+            f"study {study.study_name!r} was measured on other hardware "
+            f"({_machine_text(recorded)}; this worker: {_machine_text(terms)}): throughput "
+            "from different machines is not comparable; join it from a machine like those, "
+            "or start a new study with --study-name NAME"
+        )
     if changed:
         raise SettingsError(
             f"study {study.study_name!r} was measured under other settings "
             f"({', '.join(changed)} differ): re-run with its original flags, or start a new "
             "study with --study-name NAME or --out DIR"
         )
+
+
+def _machine_text(terms: dict[str, Any]) -> str:
+    machine = terms.get("machine", {})
+    gpus = terms.get("gpus") or []
+    memory_gib = (machine.get("memory_bytes") or 0) / 2**30
+    text = (
+        f"{machine.get('cpu_model')}, {machine.get('cores')} cores, {memory_gib:.0f} GiB, "
+        f"torch {machine.get('torch_version')}"
+    )
+    return text + (f", {len(gpus)} x {gpus[0]}" if gpus else "")
 
 
 def _measurement_terms(context: SearchContext) -> dict[str, Any]:
@@ -134,7 +154,8 @@ def _measurement_terms(context: SearchContext) -> dict[str, Any]:
 
 
 def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]:
-    """Measure configurations until `--trials` distinct ones are done or a budget runs out."""
+    """Measure configurations until this worker has measured `--trials` distinct ones, every
+    configuration is measured, or a budget runs out."""
     settings, space = context.settings, context.space
     _enqueue_baseline(study, space)
     deadline = time.monotonic() + settings.timeout if settings.timeout else None
@@ -143,7 +164,8 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
     while True:
         records = records_of(study)
         measured = {r.result.config: r for r in records if r.role != "duplicate"}
-        if len(measured) >= settings.trials or len(measured) >= space.size:
+        mine = {c for c, r in measured.items() if r.worker == settings.worker_name}
+        if len(mine) >= settings.trials or len(measured) >= space.size:
             return records
         if deadline is not None and time.monotonic() > deadline:
             context.progress.stage(f"--timeout {settings.timeout:g} s reached")
@@ -153,7 +175,7 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
                 "the sampler keeps proposing measured or impossible configurations"
             )
             return records
-        objective.measured = measured
+        objective.measured, objective.done = measured, len(mine)
         # One trial per optimize() call: GridSampler stops the study when exhausted, which Optuna
         # allows only inside optimize(); an interrupt marks the running trial FAIL.
         study.optimize(objective, n_trials=1)
@@ -162,45 +184,57 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
 class _Objective:
     """Measure the sampled configuration, or answer a repeat from the trial that measured it.
 
-    A combination of values that is no configuration (see `SearchSpace.problem`) is pruned
-    with the reason, without running anything; samplers treat it as the worst outcome.
+    A proposal that cannot or need not run (see `_why_not_run`) is pruned with the reason,
+    without running anything; samplers treat it as the worst outcome.
     """
 
     def __init__(self, context: SearchContext) -> None:
         self.context = context
         self.measured: dict[TrialConfig, TrialRecord] = {}
+        self.done = 0  # configurations this worker measured
         self.unmeasured_in_a_row = 0
         self.deadline: float | None = None
 
     def __call__(self, trial: optuna.Trial) -> float:
-        space = self.context.space
+        settings, space = self.context.settings, self.context.space
+        trial.set_user_attr("worker", settings.worker_name)
+        claim(trial)
         params = space.suggest(trial)
-        problem = space.problem(params)
-        if problem is not None:
-            self.unmeasured_in_a_row += 1
-            trial.set_user_attr("pruned_reason", problem)
-            raise optuna.TrialPruned(problem)
-        config = space.config_from_params(params)
-        earlier = self.measured.get(config)
+        config = None if space.problem(params) else space.config_from_params(params)
+        earlier = self.measured.get(config) if config else None
         if earlier is not None:
             self.unmeasured_in_a_row += 1
             repeat = {"number": trial.number, "role": "duplicate", "duplicate_of": earlier.number}
             return _record(trial, earlier.model_copy(update=repeat))
-        if trial.user_attrs.get("role") != "baseline":
-            problem = known_out_of_memory(config, self.measured.values())
-            if problem is not None:
-                self.unmeasured_in_a_row += 1
-                trial.set_user_attr("pruned_reason", problem)
-                raise optuna.TrialPruned(problem)
+        problem = self._why_not_run(trial, params, config)
+        if problem is not None or config is None:
+            self.unmeasured_in_a_row += 1
+            trial.set_user_attr("pruned_reason", problem)
+            raise optuna.TrialPruned(problem)
         self.unmeasured_in_a_row = 0
         role = trial.user_attrs.get("role", "search")
-        label = f"trial {len(self.measured) + 1}/{self.context.settings.trials}"
+        label = f"trial {self.done + 1}/{settings.trials}"
         if self.deadline is not None:
             label += f" ({max(0.0, self.deadline - time.monotonic()):.0f} s of --timeout left)"
         record = _measure(trial, config, role, label, self.context)
         value = _record(trial, record)
         self.context.progress.trial_finished(record, _best([*self.measured.values(), record]))
         return value
+
+    def _why_not_run(
+        self, trial: optuna.Trial, params: dict[str, Any], config: TrialConfig | None
+    ) -> str | None:
+        """No configuration at all; being measured by another worker now; or larger than a
+        batch that ran out of memory."""
+        if config is None:
+            return self.context.space.problem(params)
+        for other in trial.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if other.number != trial.number and other.params == params:
+                who = other.user_attrs.get("worker", "another worker")
+                return f"being measured in trial {other.number} by {who}"
+        if trial.user_attrs.get("role") == "baseline":
+            return None
+        return known_out_of_memory(config, self.measured.values())
 
 
 def _enqueue_baseline(study: optuna.Study, space: SearchSpace) -> None:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import socket
+import time
 import warnings
+from pathlib import Path
 
 import optuna
+import psutil
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 
 from advisor.errors import StorageError
 
@@ -15,7 +21,9 @@ __all__ = [
     "CONTEXT_ATTR",
     "RECOMMENDATION_ATTR",
     "SETTINGS_ATTR",
+    "claim",
     "load_study",
+    "make_storage",
     "mask_url",
     "open_study",
 ]
@@ -27,6 +35,9 @@ RECOMMENDATION_ATTR = "advisor_recommendation"
 SETTINGS_ATTR = "advisor_settings"
 CONTEXT_ATTR = "advisor_context"
 CONFIRMATIONS_ATTR = "confirmations"
+PROCESS_ATTR = "advisor_process"  # host:pid:start time of the worker measuring a trial
+JOURNAL_PREFIX = "journal:///"
+OPEN_ATTEMPTS = 5
 
 
 def mask_url(url: str) -> str:
@@ -37,25 +48,28 @@ def mask_url(url: str) -> str:
         return url.split("@", 1)[-1] if "@" in url else url
 
 
+def make_storage(url: str) -> optuna.storages.BaseStorage:
+    """The Optuna storage for a URL: `journal:///file.log` (or `journal:////abs/file.log`, the
+    slashes as in SQLite URLs) is a journal file; anything else an SQLAlchemy database URL."""
+    if url.startswith(JOURNAL_PREFIX):
+        path = Path(url.removeprefix(JOURNAL_PREFIX))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+    # A heartbeat marks trials of a worker that died (SIGKILL, lost machine) as stale; Optuna
+    # fails them when the next trial starts, so they do not stay RUNNING forever.
+    with warnings.catch_warnings():  # "experimental" since Optuna 2.9; users need not see it
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RDBStorage(
+            url, heartbeat_interval=HEARTBEAT_S, grace_period=STALE_AFTER_S
+        )
+
+
 def open_study(url: str, study_name: str, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
     """Create the study, or load it when it exists (so the same command resumes)."""
     # advisor reports progress and failures itself; Optuna would log a traceback per Ctrl-C.
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
-        # A heartbeat marks trials of a worker that died (SIGKILL, lost machine) as stale;
-        # Optuna fails them when the next trial starts, so they do not stay RUNNING forever.
-        with warnings.catch_warnings():  # "experimental" since Optuna 2.9; users need not see it
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            storage = optuna.storages.RDBStorage(
-                url, heartbeat_interval=HEARTBEAT_S, grace_period=STALE_AFTER_S
-            )
-        return optuna.create_study(
-            study_name=study_name,
-            storage=storage,
-            sampler=sampler,
-            direction="maximize",
-            load_if_exists=True,
-        )
+        study = _create_or_load(url, study_name, sampler)
     except ImportError as exc:
         raise StorageError(
             f"cannot open storage {mask_url(url)}: its database driver is missing "
@@ -67,13 +81,71 @@ def open_study(url: str, study_name: str, sampler: optuna.samplers.BaseSampler) 
             f"cannot open storage {mask_url(url)}: {message.replace(url, mask_url(url))}; "
             "check the URL, the server and your credentials"
         ) from exc
+    _fail_trials_of_dead_workers(study)
+    return study
+
+
+def _create_or_load(
+    url: str, study_name: str, sampler: optuna.samplers.BaseSampler
+) -> optuna.Study:
+    """create_study(load_if_exists=True), retried while another worker creates the same tables
+    or study at the same moment (SQLite reports that as an error, not a wait)."""
+    for attempt in range(OPEN_ATTEMPTS):
+        try:
+            return optuna.create_study(
+                study_name=study_name,
+                storage=make_storage(url),
+                sampler=sampler,
+                direction="maximize",
+                load_if_exists=True,
+            )
+        except (OperationalError, IntegrityError):
+            if attempt == OPEN_ATTEMPTS - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def claim(trial: optuna.Trial) -> None:
+    """Mark a trial as this process's, so that a later worker can tell when it died."""
+    trial.set_user_attr(PROCESS_ATTR, _this_process())
+
+
+def _this_process() -> str:
+    process = psutil.Process()
+    return f"{socket.gethostname()}:{process.pid}:{process.create_time():.0f}"
+
+
+def _fail_trials_of_dead_workers(study: optuna.Study) -> None:
+    """Fail RUNNING trials whose worker process on this host is gone.
+
+    RDB storages do this by heartbeat; a journal file has none. Trials of other hosts are left
+    alone: whether their worker lives cannot be seen from here.
+    """
+    host = socket.gethostname()
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = str(trial.user_attrs.get(PROCESS_ATTR, ""))
+        owner_host, _, rest = owner.partition(":")
+        if owner_host != host or not rest:
+            continue
+        pid, _, started = rest.partition(":")
+        if not _alive(int(pid), started):  # Optuna offers no public call for this
+            study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+
+
+def _alive(pid: int, started: str) -> bool:
+    try:
+        return f"{psutil.Process(pid).create_time():.0f}" == started
+    except psutil.Error:
+        return False
 
 
 def load_study(url: str, study_name: str | None) -> optuna.Study:
     """An existing study; without a name, the only study in the storage."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
-        names = optuna.get_all_study_names(storage=url)
+        storage = make_storage(url)
+        names = optuna.get_all_study_names(storage=storage)
     except Exception as exc:
         raise StorageError(f"cannot open storage {mask_url(url)}: {exc}") from exc
     if not names:
@@ -85,4 +157,4 @@ def load_study(url: str, study_name: str | None) -> optuna.Study:
         raise StorageError(
             f"{mask_url(url)} has {wanted} (studies: {', '.join(names)}): pass --study-name NAME"
         )
-    return optuna.load_study(study_name=study_name, storage=url)
+    return optuna.load_study(study_name=study_name, storage=storage)

@@ -84,3 +84,51 @@ def test_validate_prints_model_size_shapes_and_step_time():
     assert "LossModel" in completed.stdout
     assert "{features: float32[16, 8], label: int64[16]}" in completed.stdout
     assert "step time" in completed.stdout
+
+
+def test_a_settings_file_with_many_problems_names_them_all_in_one_line(tmp_path):
+    config = tmp_path / "tune.toml"
+    config.write_text(
+        f'spec = "{TINY}:factory"\n'
+        "trials = 0\n"
+        "trial_second = 2\n"  # a typo
+        'batch-sizes = [16, "x"]\n'
+        'sampler = "bayes"\n'
+    )
+    line = _one_line_error(advisor("tune", "--config", str(config)))
+    assert line.startswith(f"error: {config}: invalid settings: ")
+    for problem in (
+        "trials: Input should be greater than or equal to 1 (got 0)",
+        "batch_sizes.1: Input should be a valid integer",
+        "sampler: Input should be 'tpe', 'random' or 'grid' (got 'bayes')",
+        "trial_second: unknown setting; did you mean 'trial_seconds'?",
+    ):
+        assert problem in line
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "fragment"),
+    [
+        ("tune.yaml", "trials: 3", "use a .toml or .json settings file"),
+        ("tune.json", "{trials: 3", "is not valid JSON"),
+        ("tune.toml", "trials = [", "is not valid TOML"),
+        ("tune.json", "[1, 2]", "expected a table of settings"),
+        ("tune.toml", "trials = 3", "pass SPEC (e.g. mymodel.py:factory), or set spec"),
+    ],
+)
+def test_an_unusable_settings_file_is_one_line(name, text, fragment, tmp_path):
+    config = tmp_path / name
+    config.write_text(text)
+    assert fragment in _one_line_error(advisor("tune", "--config", str(config)))
+
+
+@pytest.mark.slow
+def test_a_settings_file_drives_the_tune_and_flags_override_it(tmp_path):
+    config = tmp_path / "tune.json"
+    settings = {"spec": f"{TINY}:factory", "trials": 5, "trial-seconds": 0.2, "warmup_steps": 1}
+    config.write_text(json.dumps({**settings, "max_world_size": 1, "confirm_top": 1}))
+    completed = advisor("tune", "--config", str(config), "--trials", "1", "--out", str(tmp_path))
+    assert completed.returncode == 0, completed.stderr
+    rec = json.loads((tmp_path / "recommendation.json").read_text())
+    assert rec["spec"] == f"{TINY}:factory"
+    assert "1 configuration measured: 1 ok." in (tmp_path / "report.md").read_text()  # --trials won

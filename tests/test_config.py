@@ -62,7 +62,7 @@ def test_settings_parse_comma_lists():
         ({"batch_sizes": "0,x"}, "batch_sizes: '0,x' is not a comma-separated list"),
         ({"storage": "redis://localhost/0"}, "unknown storage URL scheme 'redis'"),
         ({"storage": "study.db"}, "unknown storage URL scheme 'study.db'"),
-        ({"study_name": "a b"}, "is not a usable study name"),
+        ({"study_name": "a b"}, "is not a usable name"),
         ({"global_batch_size": 64, "batch_sizes": "8,16"}, "exclude each other"),
     ],
 )

@@ -1,10 +1,13 @@
 """A tune over a workload with a fault in every corner of its space still ends with a
 feasible recommendation, every failure kept and explained."""
 
+import subprocess
+import sys
+
 import pytest
 
 from advisor.results import Recommendation
-from tests.conftest import run_advisor, survivors
+from tests.conftest import ROOT, run_advisor, survivors
 
 pytestmark = pytest.mark.slow
 
@@ -46,4 +49,40 @@ def test_a_tune_over_every_fault_recommends_what_trained_and_explains_the_rest(t
     assert amp.counterparts  # a usable trial and a failed one that differ in amp alone
     assert " diverged (the loss became non-finite" in amp.explanation
     assert f"- {amp.explanation}." in report
+    assert survivors(marked) == []
+
+
+def test_user_strings_full_of_markup_stay_inert_everywhere(tmp_path, marked):
+    workload = tmp_path / 'we"ird\n<b>[bold]model.py'
+    workload.write_text(
+        "from tests.workloads.faults import hostile  # noqa: F401\n"
+    )  # a spec with quotes, a newline, HTML and rich markup in it
+    out = tmp_path / "out"
+    completed = run_advisor(
+        "tune", f"{workload}:hostile",
+        "--sampler", "grid", "--trials", "4", "--batch-sizes", "32,64",
+        "--accumulation-steps", "1", "--max-world-size", "1",
+        "--trial-seconds", "0.2", "--warmup-steps", "1", "--confirm-top", "1",
+        "--out", str(out),
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    assert "Traceback" not in completed.stderr
+    assert "rich [/] markup" in completed.stderr  # printed as text, not read as markup
+    html = (out / "report.html").read_text()
+    assert "<script" not in html and "<b>[bold]" not in html
+    assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html
+    assert "&lt;b&gt;[bold]model.py:hostile" in html
+    markdown = (out / "report.md").read_text()
+    assert "<script" not in markdown and "<b>" not in markdown
+    assert "&lt;b>[bold]model.py:hostile" in markdown
+    for line in markdown.splitlines():  # every table row stays one row
+        if line.startswith("| ") and "ValueError" in line:
+            assert line.endswith(" |") and "\\| a pipe" in line
+    script = out / "train.py"
+    compile(script.read_text(), str(script), "exec")
+    trained = subprocess.run(
+        [sys.executable, str(script), "--max-steps", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
     assert survivors(marked) == []

@@ -93,3 +93,23 @@ def _mixed_loader_fault(index: int) -> None:
 def mixed():
     """A fault in every corner of its space: only batch 32, fp32, no loader workers trains."""
     return Mixed(), LoaderFault(_mixed_loader_fault), nn.CrossEntropyLoss()
+
+
+HOSTILE = 'rich [/] markup, <script>alert("x")</script> | a pipe,\nand a "quoted" newline'
+
+
+class Hostile(nn.Module):
+    """Raises an error full of markup above batch 32, as user code's messages may be."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _model()
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        if features.shape[0] > 32:
+            raise ValueError(HOSTILE)
+        return self.net(features)
+
+
+def hostile():
+    return Hostile(), _data(SAMPLES), nn.CrossEntropyLoss()

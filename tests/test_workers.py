@@ -1,0 +1,121 @@
+"""Several `advisor tune` workers on one study, over each kind of storage; stale trials of dead
+workers; refusal to mix machines."""
+
+import socket
+import subprocess
+import sys
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from advisor.api import validate
+from advisor.config import TuneSettings
+from advisor.errors import SettingsError
+from advisor.progress import NullProgress
+from advisor.search import SearchContext, bind_study
+from advisor.space import build_space
+from advisor.storage import PROCESS_ATTR, claim, load_study, open_study
+from advisor.trial.runner import TrialLaunch
+from tests.conftest import CPU_PROFILE, ROOT, TINY, run_advisor
+from tests.postgres import PASSWORD, postgres_url  # noqa: F401 (a fixture)
+
+FAST = ("--trial-seconds", "0.3", "--warmup-steps", "2", "--confirm-top", "1")
+
+
+def _worker(name: str, storage: str, out, trials: int) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "advisor", "tune", f"{TINY}:factory", "--trials", str(trials)]
+    command += ["--worker", name, "--storage", storage, "--study-name", "shared", "--out", str(out)]
+    command += ["--max-world-size", "1", *FAST]
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+
+
+def _run_two_workers(storage: str, tmp_path) -> optuna.Study:
+    workers = [_worker(name, storage, tmp_path / name, 3) for name in ("a", "b")]
+    for worker in workers:
+        stdout, stderr = worker.communicate(timeout=600)
+        assert worker.returncode == 0, stderr
+        assert PASSWORD not in stdout + stderr
+    return load_study(storage, "shared")
+
+
+def _check_sum(study: optuna.Study) -> None:
+    measured = [
+        t
+        for t in study.get_trials(states=(TrialState.COMPLETE,))
+        if t.user_attrs["role"] != "duplicate"
+    ]
+    by_worker = {name: [t for t in measured if t.user_attrs["worker"] == name] for name in "ab"}
+    assert len(by_worker["a"]) == len(by_worker["b"]) == 3  # 3 + 3: the sum requested
+    assert len(measured) == 6
+    assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_two_workers_on_one_file_storage_measure_the_sum_of_their_trials(kind, tmp_path):
+    storage = f"{kind}:///{tmp_path}/study.{'db' if kind == 'sqlite' else 'log'}"
+    _check_sum(_run_two_workers(storage, tmp_path))
+
+
+@pytest.mark.slow
+def test_two_workers_on_postgresql_and_the_password_stays_out_of_everything(
+    postgres_url,  # noqa: F811
+    tmp_path,
+):
+    study = _run_two_workers(postgres_url, tmp_path)
+    _check_sum(study)
+    for name in "ab":
+        for path in (tmp_path / name).rglob("*"):
+            if path.is_file() and path.suffix in (".json", ".md", ".html", ".csv", ".py", ".sh"):
+                assert PASSWORD not in path.read_text(), path
+        assert "postgres:***@127.0.0.1" in (tmp_path / name / "report.md").read_text()
+
+
+def test_a_dead_workers_running_trial_is_failed_when_a_journal_study_is_opened(tmp_path):
+    url = f"journal:///{tmp_path}/study.log"
+    study = open_study(url, "s", optuna.samplers.RandomSampler())
+    code = "import os; print(os.getpid())"
+    dead = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    stale = study.ask()
+    stale.set_user_attr(PROCESS_ATTR, f"{socket.gethostname()}:{dead.stdout.strip()}:0")
+    alive = study.ask()
+    claim(alive)  # this process: alive
+    reopened = open_study(url, "s", optuna.samplers.RandomSampler())
+    states = {t.number: t.state for t in reopened.get_trials()}
+    assert states == {stale.number: TrialState.FAIL, alive.number: TrialState.RUNNING}
+
+
+def test_a_worker_on_other_hardware_is_refused(tmp_path):
+    settings = TuneSettings(spec=f"{TINY}:factory")
+    task = validate(settings.spec).task
+    study = optuna.create_study(direction="maximize")
+    bind_study(study, _context(settings, CPU_PROFILE, task, tmp_path))
+    bigger = CPU_PROFILE.model_copy(update={"cores": 64, "cpu_model": "Other CPU"})
+    with pytest.raises(SettingsError, match="was measured on other hardware") as refused:
+        bind_study(study, _context(settings, bigger, task, tmp_path))
+    assert "(test CPU, 2 cores, 24 GiB, torch 2.13.0+cpu; this worker: Other CPU, 64 cores" in (
+        str(refused.value)
+    )
+    assert "not comparable" in str(refused.value)
+
+
+def _context(settings, hardware, task, logs) -> SearchContext:
+    space = build_space(settings, hardware, task)
+    launch = TrialLaunch(
+        spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=0.2, timeout_s=60
+    )
+    return SearchContext(settings, space, hardware, launch, logs, NullProgress())
+
+
+def test_a_wrong_password_is_one_masked_line(postgres_url, tmp_path):  # noqa: F811
+    wrong = postgres_url.replace(PASSWORD, "wrong-pw-123")
+    completed = run_advisor(
+        "tune", f"{TINY}:factory", "--storage", wrong, "--out", str(tmp_path), *FAST
+    )
+    assert completed.returncode == 2
+    assert "wrong-pw-123" not in completed.stdout + completed.stderr
+    [line] = [text for text in completed.stderr.splitlines() if text.startswith("error:")]
+    assert "cannot open storage postgresql+psycopg2://postgres:***@127.0.0.1" in line
+    assert "Traceback" not in completed.stderr
