@@ -103,6 +103,8 @@ def hardware_table(hardware: HardwareProfile) -> Table:
     table.add_row("CPU", f"{cpu}, {hardware.cores} cores, {hardware.cpu_capability}")
     table.add_row("CPU bf16", "native (AVX512-BF16/AMX)" if hardware.cpu_bf16 else "emulated")
     table.add_row("memory", f"{hardware.memory_bytes / 2**30:.1f} GiB")
+    if hardware.cpu_peak_flops:
+        table.add_row("CPU matmul peak", _peaks(hardware.cpu_peak_flops))
     table.add_row("Python / torch", f"{hardware.python_version} / {hardware.torch_version}")
     table.add_row(
         "CUDA / cuDNN", f"{hardware.cuda_version or '–'} / {hardware.cudnn_version or '–'}"
@@ -114,7 +116,13 @@ def hardware_table(hardware: HardwareProfile) -> Table:
             f"{escape(gpu.name)}, {gpu.memory_bytes / 2**30:.1f} GiB, capability {gpu.capability}"
         )
         table.add_row(f"GPU {index}", f"{details}, fp16, {'bf16' if gpu.bf16 else 'no bf16'}")
+        if gpu.peak_flops:
+            table.add_row(f"GPU {index} matmul peak", _peaks(gpu.peak_flops))
     return table
+
+
+def _peaks(peaks: dict[str, float]) -> str:
+    return ", ".join(f"{dtype} {rate / 1e9:,.0f} GFLOP/s" for dtype, rate in peaks.items())
 
 
 def validation_table(result: TrialResult) -> Table:

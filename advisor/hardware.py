@@ -11,6 +11,7 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from advisor.errors import AdvisorError
 from advisor.results import GpuInfo, HardwareProfile
@@ -21,6 +22,8 @@ __all__ = ["child_env", "probe", "probe_isolated", "usable_cores"]
 def probe() -> HardwareProfile:
     import psutil
     import torch
+
+    from advisor.peak import matmul_flops
 
     cuda = torch.cuda.is_available()
     return HardwareProfile(
@@ -34,6 +37,7 @@ def probe() -> HardwareProfile:
         cuda_version=torch.version.cuda,
         cudnn_version=torch.backends.cudnn.version() if cuda else None,
         gpus=tuple(_gpu(index) for index in range(torch.cuda.device_count())) if cuda else (),
+        cpu_peak_flops=matmul_flops(torch.device("cpu"), _cpu_dtypes()),
     )
 
 
@@ -72,14 +76,30 @@ def _gpu(index: int) -> GpuInfo:
     import torch as _torch
 
     properties = _torch.cuda.get_device_properties(index)
+    from advisor.peak import matmul_flops
+
     with _torch.cuda.device(index):
         bf16 = _torch.cuda.is_bf16_supported()
+    dtypes = (_torch.float32, _torch.float16, *((_torch.bfloat16,) if bf16 else ()))
+    tf32 = _torch.backends.cuda.matmul.allow_tf32
+    _torch.backends.cuda.matmul.allow_tf32 = False  # fp32 as trials run it: no TF32
+    try:
+        peak = matmul_flops(_torch.device("cuda", index), dtypes)
+    finally:
+        _torch.backends.cuda.matmul.allow_tf32 = tf32
     return GpuInfo(
         name=properties.name,
         memory_bytes=properties.total_memory,
         capability=f"{properties.major}.{properties.minor}",
         bf16=bf16,
+        peak_flops=peak,
     )
+
+
+def _cpu_dtypes() -> tuple[Any, ...]:
+    import torch as _torch
+
+    return (_torch.float32, _torch.bfloat16) if _cpu_has_bf16() else (_torch.float32,)
 
 
 def _cpu_has_bf16() -> bool:

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from advisor.config import TuneSettings
 from advisor.effects import best_by_layout, diagnose, knob_effects, rejected_values
+from advisor.efficiency import efficiency
 from advisor.errors import NoFeasibleConfigError, StorageError
 from advisor.results import Recommendation, StudyContext, TrialRecord, TuneResult
 from advisor.search import pruned_of, records_of
@@ -137,6 +138,7 @@ def _recommendation(
         knob_effects=effects,
         rejected_values=rejected_values(trials),
         bottleneck=diagnose(winner, effects),
+        efficiency=efficiency(config, samples_per_s, context.task, context.hardware),
         hardware=context.hardware,
         task=context.task,
         storage=mask_url(settings.storage_url),

@@ -48,6 +48,16 @@ def _fmt(pattern: str, scale: float = 1.0):  # type: ignore[no-untyped-def]
     return lambda v: "–" if v is None else pattern.format(v * scale)
 
 
+def _si(value: float | None) -> str:
+    """1.73e6 -> '1.73 M', 5.7e10 -> '57.0 G': FLOP counts and rates."""
+    if value is None:
+        return "–"
+    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}"
+    return f"{value:.3g} "
+
+
 _MARKDOWN_FILTERS = {
     "md": _md,
     "rate": _fmt("{:,.0f}"),
@@ -56,6 +66,7 @@ _MARKDOWN_FILTERS = {
     "sec": _fmt("{:.1f}"),
     "mib": _fmt("{:,.0f} MiB", 1 / 2**20),
     "gib": _fmt("{:.1f} GiB", 1 / 2**30),
+    "si": _si,
     "runs": lambda runs: ", ".join(f"{r:,.0f}" for r in runs) or "none",
 }
 

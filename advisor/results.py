@@ -11,6 +11,7 @@ from advisor.config import TrialConfig, TuneSettings
 
 __all__ = [
     "Bottleneck",
+    "Efficiency",
     "FixedKnob",
     "GpuInfo",
     "HardwareProfile",
@@ -42,6 +43,9 @@ class GpuInfo(_Frozen):
     memory_bytes: int
     capability: str = Field(description="compute capability, e.g. '8.0'")
     bf16: bool
+    peak_flops: dict[str, float] = Field(
+        default_factory=dict, description="measured matmul FLOP/s by dtype (fp32 without TF32)"
+    )
 
 
 class HardwareProfile(_Frozen):
@@ -57,6 +61,9 @@ class HardwareProfile(_Frozen):
     cuda_version: str | None = None
     cudnn_version: int | None = None
     gpus: tuple[GpuInfo, ...] = ()
+    cpu_peak_flops: dict[str, float] = Field(
+        default_factory=dict, description="measured matmul FLOP/s on all usable cores, by dtype"
+    )
 
     @property
     def has_cuda(self) -> bool:
@@ -78,6 +85,9 @@ class TaskSummary(_Frozen):
     custom_optimizer: bool
     custom_collate: bool
     user_batch_size: int
+    flops_per_sample: float | None = Field(
+        default=None, description="forward + backward FLOPs per sample (FlopCounterMode)"
+    )
 
 
 class RankResult(_Frozen):
@@ -190,6 +200,17 @@ class Bottleneck(_Frozen):
     trials: tuple[int, ...]
 
 
+class Efficiency(_Frozen):
+    """The recommendation's FLOP rate against the machine's measured matmul peak."""
+
+    flops_per_sample: float = Field(description="forward + backward, as FlopCounterMode counts")
+    achieved_flops: float = Field(description="flops_per_sample x samples/s")
+    peak_flops: float = Field(description="measured matmul FLOP/s for the dtype, all devices")
+    dtype: str
+    devices: str = Field(description="what the peak was measured on, e.g. '2 CPU cores'")
+    fraction_of_peak: float
+
+
 class LayoutBest(_Frozen):
     """The best search trial of one parallel layout (`none`, `dp`, `ddp-N`)."""
 
@@ -250,6 +271,7 @@ class Recommendation(_Frozen):
         default=(), description="knob values whose trials all failed, and how"
     )
     bottleneck: Bottleneck | None = None
+    efficiency: Efficiency | None = None
     hardware: HardwareProfile
     task: TaskSummary
     storage: str

@@ -76,6 +76,9 @@ def test_probe_json_describes_this_machine():
         "SVE256",
     )
     assert isinstance(profile["gpus"], list)
+    peaks = profile["cpu_peak_flops"]  # measured: a 2048^2 matmul reaches GFLOP/s on any CPU
+    assert peaks["fp32"] > 1e9
+    assert ("bf16" in peaks) == profile["cpu_bf16"]
 
 
 def test_validate_prints_model_size_shapes_and_step_time():

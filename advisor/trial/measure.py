@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.flop_counter import FlopCounterMode
 
 from advisor.errors import AdvisorError
 from advisor.results import FailurePhase, TaskSummary, TrialResult
@@ -165,8 +166,20 @@ def _validated(
     startup: float,
 ) -> TrialResult:
     window = run_window(trainer, min_steps=1, max_steps=1, cover_worker_cycles=False)
+    flops = _flops_per_sample(trainer)  # after the timed step: counting slows a step down
     trainer.close()
+    summary = summary.model_copy(update={"flops_per_sample": flops})
     return _measured(request, window, memory.stop(), summary, startup, warmup_s=0.0)
+
+
+def _flops_per_sample(trainer: Trainer) -> float | None:
+    """Forward and backward FLOPs of one training step per sample, as torch counts them
+    (matmuls, convolutions, attention; elementwise work is not counted)."""
+    with FlopCounterMode(display=False) as counter:
+        trainer.step()
+    total = counter.get_total_flops()
+    samples = trainer.config.batch_size * trainer.config.accumulation_steps
+    return total / samples if total else None
 
 
 def _measured(
