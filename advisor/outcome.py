@@ -65,7 +65,7 @@ def confirmed_recommendation(
         confirm_runs=selection.winner_runs,
         baseline_runs=selection.baseline_runs,
         provisional=False,
-    )
+    ).model_copy(update={"close_call": selection.close_call})
 
 
 def provisional_recommendation(

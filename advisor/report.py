@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import shlex
+import statistics
 from collections import Counter, defaultdict
 
 from advisor.codegen import launch_command
@@ -68,6 +69,9 @@ _MARKDOWN_FILTERS = {
     "gib": _fmt("{:.1f} GiB", 1 / 2**30),
     "si": _si,
     "runs": lambda runs: ", ".join(f"{r:,.0f}" for r in runs) or "none",
+    "spread": lambda runs: (
+        f"±{(max(runs) - min(runs)) / 2 / statistics.median(runs):.1%}" if len(runs) > 1 else "–"
+    ),
 }
 
 

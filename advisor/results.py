@@ -259,6 +259,9 @@ class Recommendation(_Frozen):
     confirm_runs: tuple[float, ...] = Field(description="samples/s of each re-run after search")
     baseline_runs: tuple[float, ...] = Field(description="the baseline's re-runs, alongside")
     global_batch_changed: bool
+    close_call: str | None = Field(
+        default=None, description="how a tie within measurement noise was decided"
+    )
     warnings: tuple[str, ...] = ()
     fixed_knobs: tuple[FixedKnob, ...] = ()
     parallel_best: tuple[LayoutBest, ...] = Field(

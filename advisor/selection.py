@@ -11,7 +11,7 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass
 
-from advisor.config import TrialConfig
+from advisor.config import TUNED_KNOBS, TrialConfig
 from advisor.errors import NoFeasibleConfigError
 from advisor.feasibility import memory_problem
 from advisor.results import TrialRecord
@@ -20,6 +20,11 @@ from advisor.trial.runner import run_trial
 
 __all__ = ["Selection", "failure_summary", "select_winner"]
 
+# Re-runs closer than this are treated as equal even when their own spread is smaller: two
+# re-runs are too few to estimate the noise, and benchmarks/measurement_noise.py measured a
+# coefficient of variation of several percent for one window on this project's VM.
+NOISE_FLOOR = 0.03
+
 
 @dataclass(frozen=True)
 class Selection:
@@ -27,6 +32,7 @@ class Selection:
     winner_runs: tuple[float, ...]
     baseline_runs: tuple[float, ...]
     confirmations: tuple[TrialRecord, ...]
+    close_call: str | None = None
 
     @property
     def samples_per_s(self) -> float:
@@ -65,12 +71,78 @@ def select_winner(records: list[TrialRecord], context: SearchContext) -> Selecti
         raise NoFeasibleConfigError(
             "no finalist was feasible when re-measured: " + failure_summary(failed)
         )
-    winner = max(confirmed, key=lambda r: statistics.median(_rates(reruns[r.number])))
+    winner, close_call = _decide(confirmed, reruns, baseline, context)
     baseline_runs: tuple[float, ...] = ()
     if baseline is not None and baseline in confirmed:
         baseline_runs = _rates(reruns[baseline.number])
     confirmations = tuple(c for runs in reruns.values() for c in runs)
-    return Selection(winner, _rates(reruns[winner.number]), baseline_runs, confirmations)
+    return Selection(
+        winner, _rates(reruns[winner.number]), baseline_runs, confirmations, close_call
+    )
+
+
+def _decide(
+    confirmed: list[TrialRecord],
+    reruns: dict[int, list[TrialRecord]],
+    baseline: TrialRecord | None,
+    context: SearchContext,
+) -> tuple[TrialRecord, str | None]:
+    """The fastest finalist by the median of its re-runs. When the runner-up is within the
+    noise, both are re-run again; if they are still within it, the one that changes fewer
+    knobs from the baseline wins, and the returned note says so."""
+    ranked = sorted(confirmed, key=lambda r: _median(reruns[r.number]), reverse=True)
+    if len(ranked) < 2 or not _within_noise(ranked[0], ranked[1], reruns):
+        return ranked[0], None
+    first, second = ranked[0], ranked[1]
+    for number, runs in _confirm(
+        [first, second], context, round_offset=len(reruns[first.number])
+    ).items():
+        reruns[number].extend(runs)
+    if not all(c.eligible for pair in (first, second) for c in reruns[pair.number]):
+        return max((first, second), key=lambda r: _median(reruns[r.number])), None
+    fast, slow = sorted((first, second), key=lambda r: _median(reruns[r.number]), reverse=True)
+    if not _within_noise(fast, slow, reruns):
+        return fast, None
+    reference = baseline.result.config if baseline is not None else None
+    simpler = min(
+        (fast, slow),
+        key=lambda r: (_changes(r.result.config, reference), -_median(reruns[r.number])),
+    )
+    other = slow if simpler is fast else fast
+    gap = _median(reruns[fast.number]) / _median(reruns[slow.number]) - 1
+    return simpler, (
+        f"trials {fast.number} and {slow.number} stayed within measurement noise after "
+        f"{len(reruns[fast.number])} re-runs each ({gap:.1%} apart, spreads "
+        f"{_spread(reruns[fast.number]):.1%} and {_spread(reruns[slow.number]):.1%}): "
+        f"advisor recommends trial {simpler.number}, which changes fewer knobs from your "
+        f"baseline than trial {other.number}"
+    )
+
+
+def _within_noise(
+    first: TrialRecord, second: TrialRecord, reruns: dict[int, list[TrialRecord]]
+) -> bool:
+    noise = max(NOISE_FLOOR, _spread(reruns[first.number]), _spread(reruns[second.number]))
+    return _median(reruns[first.number]) <= _median(reruns[second.number]) * (1 + noise)
+
+
+def _median(runs: list[TrialRecord]) -> float:
+    rates = _rates(runs)
+    return statistics.median(rates) if rates else 0.0
+
+
+def _spread(runs: list[TrialRecord]) -> float:
+    """Half the range of the re-runs over their median."""
+    rates = _rates(runs)
+    if len(rates) < 2:
+        return 0.0
+    return (max(rates) - min(rates)) / 2 / statistics.median(rates)
+
+
+def _changes(config: TrialConfig, baseline: TrialConfig | None) -> int:
+    if baseline is None:
+        return 0
+    return sum(getattr(config, knob) != getattr(baseline, knob) for knob in TUNED_KNOBS)
 
 
 def _best_per_layout(eligible: list[TrialRecord]) -> list[TrialRecord]:
@@ -81,17 +153,22 @@ def _best_per_layout(eligible: list[TrialRecord]) -> list[TrialRecord]:
     return list(best.values())
 
 
-def _confirm(finalists: list[TrialRecord], context: SearchContext) -> dict[int, list[TrialRecord]]:
+def _confirm(
+    finalists: list[TrialRecord], context: SearchContext, round_offset: int = 0
+) -> dict[int, list[TrialRecord]]:
     """Re-run every finalist `confirm_repeats` times, interleaved so that drift hits all alike."""
     reruns: dict[int, list[TrialRecord]] = {record.number: [] for record in finalists}
     repeats = context.settings.confirm_repeats
     total = repeats * len(finalists)
+    label = "re-run" if not round_offset else "tie-break re-run"
     for round_index in range(repeats):
         for index, record in enumerate(finalists):
             done = round_index * len(finalists) + index + 1
             config: TrialConfig = record.result.config
-            context.progress.trial_started(f"re-run {done}/{total}", config)
-            log_path = context.logs_dir / f"rerun-{record.number}-{round_index + 1}.log"
+            context.progress.trial_started(f"{label} {done}/{total}", config)
+            log_path = (
+                context.logs_dir / f"rerun-{record.number}-{round_offset + round_index + 1}.log"
+            )
             result = run_trial(
                 context.launch, config, log_path, on_phase=context.progress.trial_phase
             )

@@ -10,7 +10,7 @@ from advisor.feasibility import memory_problem
 from advisor.progress import NullProgress
 from advisor.results import TrialRecord, TrialResult
 from advisor.search import SearchContext, run_search
-from advisor.selection import failure_summary
+from advisor.selection import failure_summary, select_winner
 from advisor.space import build_space
 from advisor.trial.runner import TrialLaunch
 from tests.conftest import CPU_PROFILE, ROOT, TINY, run_advisor, survivors
@@ -164,3 +164,30 @@ def test_reports_render_failed_trials_with_their_reasons(tmp_path):
     assert "out of memory: simulated: tried to allocate 8.00 GiB" in html
     assert "failed or infeasible" in html  # the history plot marks them
     assert "6 oom" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_tie_within_noise_is_re_run_then_goes_to_the_config_with_fewer_changes(tmp_path):
+    settings = TuneSettings(
+        spec=f"{TINY}:sleepy", trials=2, confirm_top=2, confirm_repeats=2, max_world_size=1
+    )
+    space = build_space(settings, CPU_PROFILE, validate(f"{TINY}:factory").task)
+    launch = TrialLaunch(
+        spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=0.5, timeout_s=120
+    )
+    context = SearchContext(settings, space, CPU_PROFILE, launch, tmp_path, NullProgress())
+    baseline, bf16 = TrialConfig(batch_size=32), TrialConfig(batch_size=32, amp="bf16")
+    records = [  # as the search left them: bf16 looked faster in its single window
+        TrialRecord(number=0, role="baseline", result=_measured(baseline, 3000.0)),
+        TrialRecord(number=1, role="search", result=_measured(bf16, 3300.0)),
+    ]
+    selection = select_winner(records, context)
+    assert selection.winner.number == 0  # the same speed, one knob fewer
+    reruns = [c for c in selection.confirmations if c.number in (0, 1)]
+    assert len(reruns) == 8  # 2 re-runs each, then 2 more each for the tie
+    assert "stayed within measurement noise after 4 re-runs each" in selection.close_call
+    assert "advisor recommends trial 0, which changes fewer knobs" in selection.close_call
+
+
+def _measured(config: TrialConfig, rate: float) -> TrialResult:
+    return TrialResult(config=config, status="ok", samples_per_s=rate, peak_memory_bytes=2**20)
