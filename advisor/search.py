@@ -164,7 +164,13 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
     while True:
         records = records_of(study)
         measured = {r.result.config: r for r in records if r.role != "duplicate"}
-        mine = {c for c, r in measured.items() if r.worker == settings.worker_name}
+        # Counted from this worker's own records: another worker may have measured the same
+        # configuration at the same moment, and `measured` keeps only one record per config.
+        mine = {
+            r.result.config
+            for r in records
+            if r.role != "duplicate" and r.worker == settings.worker_name
+        }
         if len(mine) >= settings.trials or len(measured) >= space.size:
             return records
         if deadline is not None and time.monotonic() > deadline:
@@ -229,7 +235,9 @@ class _Objective:
         if config is None:
             return self.context.space.problem(params)
         for other in trial.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if other.number != trial.number and other.params == params:
+            # An enqueued trial carries its values before it suggests them.
+            planned = other.system_attrs.get("fixed_params") or other.params
+            if other.number != trial.number and planned == params:
                 who = other.user_attrs.get("worker", "another worker")
                 return f"being measured in trial {other.number} by {who}"
         if trial.user_attrs.get("role") == "baseline":
