@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import shlex
-import statistics
 from collections import Counter, defaultdict
 
 from advisor.codegen import launch_command
@@ -13,6 +12,7 @@ from advisor.config import TUNED_KNOBS, TuneSettings
 from advisor.effects import param_importances
 from advisor.plots import batch_amp_svg, history_svg, importance_svg, memory_svg
 from advisor.results import LayoutBest, PrunedProposal, TrialRecord, TuneResult
+from advisor.selection import relative_spread
 from advisor.storage import mask_url
 from advisor.templating import template_environment
 
@@ -69,9 +69,7 @@ _MARKDOWN_FILTERS = {
     "gib": _fmt("{:.1f} GiB", 1 / 2**30),
     "si": _si,
     "runs": lambda runs: ", ".join(f"{r:,.0f}" for r in runs) or "none",
-    "spread": lambda runs: (
-        f"±{(max(runs) - min(runs)) / 2 / statistics.median(runs):.1%}" if len(runs) > 1 else "–"
-    ),
+    "spread": lambda runs: f"±{relative_spread(runs):.1%}" if len(runs) > 1 else "–",
 }
 
 

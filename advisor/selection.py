@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from advisor.config import TUNED_KNOBS, TrialConfig
@@ -18,7 +19,7 @@ from advisor.results import TrialRecord
 from advisor.search import SearchContext
 from advisor.trial.runner import run_trial
 
-__all__ = ["Selection", "failure_summary", "select_winner"]
+__all__ = ["Selection", "failure_summary", "relative_spread", "select_winner"]
 
 # Re-runs closer than this are treated as equal even when their own spread is smaller: two
 # re-runs are too few to estimate the noise, and benchmarks/measurement_noise.py measured a
@@ -98,8 +99,14 @@ def _decide(
         [first, second], context, round_offset=len(reruns[first.number])
     ).items():
         reruns[number].extend(runs)
-    if not all(c.eligible for pair in (first, second) for c in reruns[pair.number]):
-        return max((first, second), key=lambda r: _median(reruns[r.number])), None
+    feasible = [r for r in ranked if all(c.eligible for c in reruns[r.number])]
+    if first not in feasible or second not in feasible:  # a re-run failed: never recommended
+        if not feasible:
+            failed = [c for r in (first, second) for c in reruns[r.number] if not c.eligible]
+            raise NoFeasibleConfigError(
+                "no finalist stayed feasible when re-measured: " + failure_summary(failed)
+            )
+        return max(feasible, key=lambda r: _median(reruns[r.number])), None
     fast, slow = sorted((first, second), key=lambda r: _median(reruns[r.number]), reverse=True)
     if not _within_noise(fast, slow, reruns):
         return fast, None
@@ -132,8 +139,11 @@ def _median(runs: list[TrialRecord]) -> float:
 
 
 def _spread(runs: list[TrialRecord]) -> float:
-    """Half the range of the re-runs over their median."""
-    rates = _rates(runs)
+    return relative_spread(_rates(runs))
+
+
+def relative_spread(rates: Sequence[float]) -> float:
+    """Half the range of repeated measurements over their median; 0 for fewer than two."""
     if len(rates) < 2:
         return 0.0
     return (max(rates) - min(rates)) / 2 / statistics.median(rates)

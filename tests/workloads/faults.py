@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, get_worker_info
 
-from tests.workloads.tiny import _data, _model
+from tests.workloads.tiny import Faulty, _data, _fault_factory, _model
 
 SAMPLES = 512
 
@@ -49,20 +49,11 @@ def worker_hangs():
     return _model(), LoaderFault(_hang_in_worker), nn.CrossEntropyLoss()
 
 
-class Segfaults(nn.Module):
-    """Dereferences a null pointer in forward, as a broken native extension would."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = _model()
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        ctypes.string_at(0)
-        return self.net(features)
+def _null_dereference(model: Faulty, features: torch.Tensor) -> None:
+    ctypes.string_at(0)  # as a broken native extension would
 
 
-def segfault():
-    return Segfaults(), _data(SAMPLES), nn.CrossEntropyLoss()
+segfault = _fault_factory(_null_dereference)
 
 
 class Mixed(nn.Module):
@@ -98,18 +89,9 @@ def mixed():
 HOSTILE = 'rich [/] markup, <script>alert("x")</script> | a pipe,\nand a "quoted" newline'
 
 
-class Hostile(nn.Module):
-    """Raises an error full of markup above batch 32, as user code's messages may be."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = _model()
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        if features.shape[0] > 32:
-            raise ValueError(HOSTILE)
-        return self.net(features)
+def _raise_markup_above_32(model: Faulty, features: torch.Tensor) -> None:
+    if features.shape[0] > 32:
+        raise ValueError(HOSTILE)  # as user code's messages may be
 
 
-def hostile():
-    return Hostile(), _data(SAMPLES), nn.CrossEntropyLoss()
+hostile = _fault_factory(_raise_markup_above_32)

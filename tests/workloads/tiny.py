@@ -204,18 +204,9 @@ rank1_sigkill = _fault_factory(_on_rank_1(_sigkill))
 
 
 # --- a step time set by the clock, not the arithmetic --------------------------------------
-class Sleepy(nn.Module):
-    """Sleeps 10 ms a micro-batch: configurations that change only the arithmetic (amp) run
-    at the same speed, within the noise."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = _model()
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        time.sleep(0.01)
-        return self.net(features)
+def _sleep_10_ms(model: Faulty, features: torch.Tensor) -> None:
+    time.sleep(0.01)
 
 
-def sleepy():
-    return Sleepy(), _data(), nn.CrossEntropyLoss()
+# Configurations that change only the arithmetic (amp) run at the same speed, within the noise.
+sleepy = _fault_factory(_sleep_10_ms)
