@@ -169,7 +169,7 @@ def test_reports_render_failed_trials_with_their_reasons(tmp_path):
 @pytest.mark.slow
 def test_a_tie_within_noise_is_re_run_then_goes_to_the_config_with_fewer_changes(tmp_path):
     settings = TuneSettings(
-        spec=f"{TINY}:sleepy", trials=2, confirm_top=2, confirm_repeats=2, max_world_size=1
+        spec=f"{TINY}:paced", trials=2, confirm_top=2, confirm_repeats=2, max_world_size=1
     )
     space = build_space(settings, CPU_PROFILE, validate(f"{TINY}:factory").task)
     launch = TrialLaunch(

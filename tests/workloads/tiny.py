@@ -204,9 +204,19 @@ rank1_sigkill = _fault_factory(_on_rank_1(_sigkill))
 
 
 # --- a step time set by the clock, not the arithmetic --------------------------------------
-def _sleep_10_ms(model: Faulty, features: torch.Tensor) -> None:
-    time.sleep(0.01)
+BEAT_S = 0.02
 
 
-# Configurations that change only the arithmetic (amp) run at the same speed, within the noise.
-sleepy = _fault_factory(_sleep_10_ms)
+def _on_the_beat(model: Faulty, features: torch.Tensor) -> None:
+    """Start each forward on a fixed 20 ms beat; a late step is caught up by the next ones.
+
+    Whatever the arithmetic costs (it is far below the beat), every configuration then trains
+    at the same number of steps per second, so two of them are a tie by construction.
+    """
+    beat = getattr(model, "next_beat", None) or time.perf_counter()
+    time.sleep(max(0.0, beat - time.perf_counter()))
+    model.next_beat = beat + BEAT_S
+
+
+# Configurations that change only the arithmetic (amp) run at the same speed.
+paced = _fault_factory(_on_the_beat)
