@@ -64,13 +64,21 @@ def marked(monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def survivors(mark: str) -> list[psutil.Process]:
-    """Live processes started under the `marked` fixture's tag, other than this one."""
+    """Live processes started under the `marked` fixture's tag, other than this one and the
+    trial launcher it shares with later tests (`advisor.trial.launcher`, tested on its own)."""
     found = []
     for process in psutil.process_iter():
         try:
             ours = process.environ().get("ADVISOR_TEST_MARK") == mark
-            if ours and process.status() != psutil.STATUS_ZOMBIE and process.pid != os.getpid():
+            launcher = _is_launcher(process) and not _is_launcher(process.parent())
+            alive = process.status() != psutil.STATUS_ZOMBIE
+            if ours and alive and not launcher and process.pid != os.getpid():
                 found.append(process)
         except psutil.Error:
             continue
     return found
+
+
+def _is_launcher(process: psutil.Process | None) -> bool:
+    """The launcher or one of its forks: trial children and their loader workers."""
+    return process is not None and "advisor.trial.launcher" in process.cmdline()

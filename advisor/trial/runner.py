@@ -16,13 +16,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast, get_args
+from typing import Protocol, cast, get_args
 
 import psutil
 
 from advisor.config import TrialConfig
 from advisor.hardware import child_env
 from advisor.results import FailurePhase, TrialResult
+from advisor.trial.launcher import LauncherGoneError, LaunchOrder, shared_launcher
 from advisor.trial.protocol import TrialRequest, died_without_result
 
 __all__ = ["TrialLaunch", "run_trial"]
@@ -30,6 +31,17 @@ __all__ = ["TrialLaunch", "run_trial"]
 GRACE_S = 3.0
 POLL_S = 0.2
 PhaseCallback = Callable[[str], None]
+
+
+class _Child(Protocol):
+    """A trial child as the runner watches it: a `Popen` or a `ForkedTrial`."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self) -> int: ...
 
 
 class TrialLaunch:
@@ -45,6 +57,7 @@ class TrialLaunch:
         timeout_s: float,
         seed: int = 0,
         max_measure_steps: int | None = None,
+        preloaded: bool = True,
     ) -> None:
         self.spec = spec
         self.cwd = cwd
@@ -53,6 +66,9 @@ class TrialLaunch:
         self.timeout_s = timeout_s
         self.seed = seed
         self.max_measure_steps = max_measure_steps
+        # Fork each trial from advisor's pre-imported launcher (`advisor.trial.launcher`)
+        # rather than start a fresh interpreter: 2 s less per trial, as isolated.
+        self.preloaded = preloaded
 
 
 def run_trial(
@@ -96,25 +112,47 @@ def _supervise(
     on_phase: PhaseCallback | None,
 ) -> tuple[TrialResult | None, int]:
     """Wait for the child; return a result only when the parent decided the outcome."""
+    try:
+        process = _start_child(request_path, launch, log_path)
+    except LauncherGoneError as exc:
+        return _launcher_failed(request, exc), 1
+    try:
+        timed_out, phase = _wait(process, request, launch.timeout_s, on_phase)
+    except LauncherGoneError as exc:  # its trial child followed it (advisor.trial.worker)
+        _signal_group(process.pid, signal.SIGKILL)
+        return _launcher_failed(request, exc), 1
+    finally:
+        # Also on Ctrl-C: the child is in another session, so the terminal's SIGINT
+        # never reached it. Orphaned loader workers die with the group too.
+        with contextlib.suppress(LauncherGoneError):
+            _kill_group(process)
+    if timed_out:
+        return _timed_out(request, launch.timeout_s, phase), process.returncode or 0
+    return None, process.returncode or 0
+
+
+def _start_child(request_path: Path, launch: TrialLaunch, log_path: Path) -> _Child:
+    """A trial child leading a session of its own, its output going to `log_path`."""
+    env = child_env()
+    if launch.preloaded:
+        order = LaunchOrder(
+            request_path=str(request_path), log_path=str(log_path), cwd=str(launch.cwd), env=env
+        )
+        return shared_launcher(env, launch.cwd).fork(order)
     with log_path.open("w") as log:
-        process = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", "advisor.trial.worker", str(request_path)],
             cwd=launch.cwd,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env=child_env(),
+            env=env,
         )
-        try:
-            timed_out, phase = _wait(process, request, launch.timeout_s, on_phase)
-        finally:
-            # Also on Ctrl-C: the child is in another session, so the terminal's SIGINT
-            # never reached it. Orphaned loader workers die with the group too.
-            _kill_group(process)
-    if timed_out:
-        return _timed_out(request, launch.timeout_s, phase), process.returncode
-    return None, process.returncode
+
+
+def _launcher_failed(request: TrialRequest, exc: LauncherGoneError) -> TrialResult:
+    return TrialResult(config=request.config, status="crashed", reason=str(exc))
 
 
 def _timed_out(request: TrialRequest, timeout_s: float, phase: str) -> TrialResult:
@@ -128,7 +166,7 @@ def _timed_out(request: TrialRequest, timeout_s: float, phase: str) -> TrialResu
 
 
 def _wait(
-    process: subprocess.Popen[bytes],
+    process: _Child,
     request: TrialRequest,
     timeout_s: float,
     on_phase: PhaseCallback | None,
@@ -159,7 +197,7 @@ def _wait(
         time.sleep(POLL_S)
 
 
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
+def _kill_group(process: _Child) -> None:
     """SIGTERM the child's process group, then SIGKILL whatever is left, then reap."""
     if process.poll() is not None:
         # The trial finished: whatever is left in its group (orphaned loader workers) goes now.
@@ -194,7 +232,7 @@ def _group_members(pid: int) -> list[psutil.Process]:
         return []
 
 
-def _alive(process: subprocess.Popen[bytes], members: list[psutil.Process]) -> bool:
+def _alive(process: _Child, members: list[psutil.Process]) -> bool:
     if process.poll() is None:
         return True
     return any(_member_alive(member) for member in members)

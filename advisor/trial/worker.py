@@ -19,7 +19,7 @@ from advisor.results import TrialResult
 from advisor.trial.measure import measure_request
 from advisor.trial.protocol import TrialRequest
 
-__all__ = ["main", "run_request"]
+__all__ = ["exit_with_parent", "main", "run_request"]
 
 
 def run_request(request: TrialRequest) -> TrialResult:
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _exit_with_parent() -> None:
+def exit_with_parent() -> None:
     """Kill this trial's process group if the parent dies (SIGKILL, closed terminal, ...).
 
     The trial runs in a session of its own, so nothing else would stop a hung trial, its loader
@@ -63,7 +63,7 @@ def _exit_with_parent() -> None:
 
 
 if __name__ == "__main__":
-    _exit_with_parent()
+    exit_with_parent()
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -2,6 +2,7 @@
 
 import functools
 import os
+import sys
 import time
 
 import torch
@@ -9,6 +10,8 @@ from torch import nn
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 from advisor import TrainingTask
+
+_DYNAMO_PRELOADED = "torch._dynamo" in sys.modules  # before this module made any optimizer
 
 FEATURES = 8
 SAMPLES = 512
@@ -170,6 +173,19 @@ hang = _fault_factory(_hang)
 abort = _fault_factory(_abort)
 sigkill = _fault_factory(_sigkill)
 hog_device_memory = _fault_factory(_hog_device_memory)
+
+
+def says_what_was_imported():
+    """Fails with a message saying whether torch._dynamo (which only advisor's launcher and an
+    optimizer import) was loaded before this module."""
+    raise RuntimeError(f"torch._dynamo preloaded: {_DYNAMO_PRELOADED}")
+
+
+def float64_default():
+    """Changes torch's global default dtype, as some user code does; trials after it must not
+    see the change."""
+    torch.set_default_dtype(torch.float64)
+    return factory()
 
 
 def lingering_thread():

@@ -1,0 +1,258 @@
+"""A pre-imported trial launcher: every trial is a fork of a process that has torch loaded.
+
+A fresh interpreter spends about 2 s before a trial's first step: 1.1 s importing torch and
+0.9 s importing `torch._dynamo`, which every optimizer's constructor pulls in
+(`benchmarks/trial_overhead.py`). The launcher pays that once per advisor process. It is
+started as `python -m advisor.trial.launcher` in a session of its own, imports torch and the
+trial code, and never runs a tensor operation or touches CUDA, so a fork of it is as clean as a
+new process: each trial child gets a copy of that state, becomes the leader of a new session
+(the runner kills its whole group), and runs `advisor.trial.worker.main` with its output in the
+trial's log.
+
+`multiprocessing`'s forkserver is not used: it re-imports the caller's `__main__` in every
+child, which re-runs a user's script that calls `advisor.tune` without a main guard.
+
+Protocol: one JSON line per trial on the launcher's stdin (`LaunchOrder`), answered by one
+line with the child's pid and, once the launcher has reaped it, one with its return code
+(negative for a signal, as `subprocess` reports it). The launcher exits on end of input, and
+when its parent dies it kills the running trial's group and exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["LaunchOrder", "Launcher", "LauncherGoneError", "shared_launcher"]
+
+PRELOAD = ("torch", "torch._dynamo", "torch.optim", "advisor.trial.worker")
+REAP_POLL_S = 0.01
+READY_TIMEOUT_S = 120.0
+
+
+class LaunchOrder(BaseModel):
+    """One trial for the launcher to start."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    request_path: str
+    log_path: str
+    cwd: str
+    env: dict[str, str]
+
+
+class LauncherGoneError(RuntimeError):
+    """The launcher process exited while a trial was running."""
+
+
+# --- the launcher process ----------------------------------------------------------------------
+def main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it closes our stdin
+    for module in PRELOAD:
+        __import__(module)
+    parent = os.getppid()
+    _send({"ready": os.getpid()})
+    for line in sys.stdin:
+        order = LaunchOrder.model_validate_json(line)
+        with warnings.catch_warnings():  # torch's import leaves an idle BLAS thread behind
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            _run_child(order)  # never returns
+        _send({"pid": pid})
+        returncode = _reap(pid, parent)
+        if returncode is None:  # the parent is gone: so is its trial
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            return 1
+        _send({"pid": pid, "returncode": returncode})
+    return 0
+
+
+def _send(message: dict[str, int]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def _reap(pid: int, parent: int) -> int | None:
+    """Wait for the child; None if the launcher's parent died first."""
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if os.getppid() != parent:
+            return None
+        time.sleep(REAP_POLL_S)
+
+
+def _run_child(order: LaunchOrder) -> None:
+    """In the forked child: become a trial process, run the trial, exit. Never returns."""
+    code = 1
+    try:
+        os.setsid()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        _redirect(order.log_path)
+        os.chdir(order.cwd)
+        sys.path[0] = order.cwd  # as `python -m advisor.trial.worker` run there would have it
+        os.environ.clear()
+        os.environ.update(order.env)
+        from advisor.trial import worker
+
+        worker.exit_with_parent()
+        code = worker.main([order.request_path])
+    except BaseException:  # a fork must never return into the launcher's loop
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _redirect(log_path: str) -> None:
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)  # not the launcher's order pipe
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.close(null)
+
+
+# --- the parent's side -------------------------------------------------------------------------
+class ForkedTrial:
+    """A trial child started by the launcher, with the part of `Popen`'s interface that the
+    runner uses (`pid`, `poll`, `wait`, `returncode`)."""
+
+    def __init__(self, launcher: Launcher, pid: int) -> None:
+        self._launcher = launcher
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        while self.returncode is None:
+            message = self._launcher.read(timeout_s=0.0)
+            if message is None:
+                break
+            if message.get("pid") == self.pid and "returncode" in message:
+                self.returncode = message["returncode"]
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.poll() is None:
+            time.sleep(REAP_POLL_S)
+        return self.returncode  # type: ignore[return-value]
+
+
+class Launcher:
+    """The parent's handle on one launcher process."""
+
+    def __init__(self, env: dict[str, str], cwd: Path) -> None:
+        self.env = env
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "advisor.trial.launcher"],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # the terminal's Ctrl-C is the parent's to handle
+        )
+        self._buffer = b""
+        self._ready = False
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self._process.poll() is None
+
+    def fork(self, order: LaunchOrder) -> ForkedTrial:
+        """Start a trial child; raises `LauncherGoneError` if the launcher is not there."""
+        if not self._ready:
+            if self.read(timeout_s=READY_TIMEOUT_S) is None:  # the imports, once
+                raise LauncherGoneError("advisor's trial launcher did not start")
+            self._ready = True
+        stdin = self._process.stdin
+        assert stdin is not None
+        try:
+            stdin.write((order.model_dump_json() + "\n").encode())
+            stdin.flush()
+        except (BrokenPipeError, OSError) as exc:
+            raise LauncherGoneError("advisor's trial launcher is not running") from exc
+        while True:  # past the exit of an earlier child that nobody waited for
+            message = self.read(timeout_s=READY_TIMEOUT_S)
+            if message is None:
+                raise LauncherGoneError("advisor's trial launcher did not start the trial")
+            if "returncode" not in message and "pid" in message:
+                return ForkedTrial(self, message["pid"])
+
+    def read(self, timeout_s: float) -> dict[str, int] | None:
+        """The launcher's next message, or None if none came within `timeout_s`."""
+        stdout = self._process.stdout
+        assert stdout is not None
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buffer:
+            left = max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([stdout], [], [], left)
+            if not ready:
+                if time.monotonic() >= deadline:
+                    return None
+                continue
+            chunk = os.read(stdout.fileno(), 65536)
+            if not chunk:
+                raise LauncherGoneError("advisor's trial launcher exited unexpectedly")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self._process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self._process.stdin.close()
+        try:
+            self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        if self._process.stdout is not None:
+            self._process.stdout.close()
+
+
+_shared: Launcher | None = None
+
+
+@atexit.register
+def _close_shared() -> None:
+    if _shared is not None:
+        _shared.close()
+
+
+def shared_launcher(env: dict[str, str], cwd: Path) -> Launcher:
+    """This process's launcher, started on first use and again whenever the environment the
+    children need has changed (torch read it at import) or the last one died."""
+    global _shared
+    if _shared is not None and (_shared.env != env or not _shared.alive):
+        _shared.close()
+        _shared = None
+    if _shared is None:
+        _shared = Launcher(env, cwd)
+    return _shared
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""The pre-imported launcher: trials forked from it are as isolated as fresh interpreters."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+from advisor.config import TrialConfig
+from advisor.hardware import child_env
+from advisor.trial.launcher import shared_launcher
+from advisor.trial.runner import TrialLaunch, run_trial
+from tests.conftest import ROOT, TINY, survivors
+
+
+def _launch(timeout_s: float = 120, preloaded: bool = True) -> TrialLaunch:
+    return TrialLaunch(
+        spec=f"{TINY}:factory",
+        cwd=ROOT,
+        warmup_steps=2,
+        trial_seconds=0.3,
+        timeout_s=timeout_s,
+        preloaded=preloaded,
+    )
+
+
+def _trial(launch: TrialLaunch, name: str, tmp_path, on_phase=None):
+    launch.spec = f"{TINY}:{name}"
+    config = TrialConfig(batch_size=16)
+    return run_trial(launch, config, tmp_path / f"{name}.log", on_phase=on_phase)
+
+
+def test_a_trial_finds_torch_imported_unless_asked_for_a_fresh_interpreter(tmp_path):
+    forked = _trial(_launch(), "says_what_was_imported", tmp_path)
+    fresh = _trial(_launch(preloaded=False), "says_what_was_imported", tmp_path)
+    assert forked.reason.endswith("torch._dynamo preloaded: True")
+    assert fresh.reason.endswith("torch._dynamo preloaded: False")
+
+
+def test_a_trial_cannot_change_the_state_the_next_one_starts_from(tmp_path):
+    launch = _launch()
+    leaky = _trial(launch, "float64_default", tmp_path)
+    clean = _trial(launch, "factory", tmp_path)
+    assert leaky.task.batch_description == "(float64[16, 8], int64[16])"
+    assert clean.task.batch_description == "(float32[16, 8], int64[16])"
+
+
+def test_a_crashing_trial_leaves_the_launcher_serving(tmp_path, marked):
+    launch = _launch()
+    crashed = _trial(launch, "abort", tmp_path)
+    launcher = shared_launcher(child_env(), ROOT).pid
+    ok = _trial(launch, "factory", tmp_path)
+    assert crashed.status == "crashed" and "SIGABRT" in crashed.reason
+    assert ok.status == "ok", ok.reason
+    assert shared_launcher(child_env(), ROOT).pid == launcher
+    assert survivors(marked) == []
+
+
+def test_a_killed_launcher_fails_its_trial_and_the_next_trial_gets_a_new_one(tmp_path, marked):
+    launch = _launch(timeout_s=60)
+
+    def kill_launcher(phase: str) -> None:
+        if phase == "first_step":
+            os.kill(shared_launcher(child_env(), ROOT).pid, signal.SIGKILL)
+
+    hung = _trial(launch, "hang", tmp_path, on_phase=kill_launcher)
+    assert hung.status == "crashed"
+    assert hung.reason == "advisor's trial launcher exited unexpectedly"
+    assert hung.wall_s < 30  # not the 60 s timeout
+    deadline = time.monotonic() + 10
+    while survivors(marked) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert survivors(marked) == []  # the hung trial went with its launcher
+    assert _trial(launch, "factory", tmp_path).status == "ok"
+
+
+def test_the_launcher_and_its_trial_exit_with_their_parent(tmp_path, marked):
+    parent_code = (
+        "from pathlib import Path\n"
+        "from advisor.config import TrialConfig\n"
+        "from advisor.trial.runner import TrialLaunch, run_trial\n"
+        f"launch = TrialLaunch(spec='{TINY}:hang', cwd=Path('{ROOT}'), warmup_steps=1,"
+        " trial_seconds=0.2, timeout_s=600)\n"
+        f"run_trial(launch, TrialConfig(batch_size=16), Path('{tmp_path}/t.log'))\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while len(_tagged(marked)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(_tagged(marked)) == 3  # parent, launcher, trial child
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 15
+    while _tagged(marked) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _tagged(marked) == []
+
+
+def _tagged(mark: str) -> list[psutil.Process]:
+    """Every live process with the tag, the launcher included."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            ours = process.environ().get("ADVISOR_TEST_MARK") == mark
+            if ours and process.pid != os.getpid() and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
