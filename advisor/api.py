@@ -15,6 +15,7 @@ from advisor.hardware import probe_isolated
 from advisor.outcome import confirmed_recommendation, record_start, stored_result
 from advisor.preflight import preflight
 from advisor.progress import NullProgress, Progress
+from advisor.pruning import make_pruner
 from advisor.report import render_html, render_markdown, render_trials_csv
 from advisor.results import StudyContext, TaskSummary, TrialResult, TuneResult
 from advisor.search import (
@@ -93,7 +94,10 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
         f"{mask_url(settings.storage_url)}, study {settings.resolved_study_name}"
     )
     study = open_study(
-        settings.storage_url, settings.resolved_study_name, make_sampler(settings, space)
+        settings.storage_url,
+        settings.resolved_study_name,
+        make_sampler(settings, space),
+        make_pruner(settings.early_stop, settings.trial_seconds),
     )
     context = StudyContext(
         advisor_version=advisor.__version__,

@@ -72,6 +72,11 @@ def cli(debug: bool) -> None:
 )
 @click.option("--seed", type=int, help="Sampler seed [0].")
 @click.option("--sampler", type=click.Choice(["tpe", "random", "grid"]), help="[tpe]")
+@click.option(
+    "--early-stop",
+    type=float,
+    help="Stop a search trial early below this fraction of the best so far; 0: never [0.5].",
+)
 @click.option("--confirm-top", type=int, help="Finalists re-measured with the baseline [3].")
 @click.option("--confirm-repeats", type=int, help="Re-runs per finalist [2].")
 @click.option("--memory-headroom", type=float, help="Memory fraction to keep free [0.1].")

@@ -179,6 +179,13 @@ class TuneSettings(BaseModel):
     )
     seed: int = 0
     sampler: SamplerName = "tpe"
+    early_stop: float = Field(
+        default=0.5,
+        ge=0,
+        lt=1,
+        description="end a search trial's window after 30% of it when its throughput is below "
+        "this fraction of the best so far; 0 never ends one early",
+    )
     confirm_top: int = Field(default=3, ge=1, description="finalists re-measured")
     confirm_repeats: int = Field(default=2, ge=1, description="re-runs per finalist")
     memory_headroom: float = Field(default=0.1, ge=0, lt=1)

@@ -63,6 +63,10 @@ class ConsoleProgress:
         result = record.result
         if record.eligible:
             outcome = f"[green]{result.samples_per_s:>10,.0f} samples/s[/]"
+            if result.stopped_early:
+                outcome += (
+                    f" (stopped after {result.window_s or 0:.1f} s: far slower than the best)"
+                )
         else:
             why = record.infeasible_reason or result.reason or ""
             outcome = f"[red]{result.status}[/] {escape(why)}"

@@ -32,6 +32,7 @@ CSV_RESULT_FIELDS = (
     "warmup_s",
     "window_s",
     "steps_measured",
+    "stopped_early",
     "wall_s",
     "reason",
     "log_path",

@@ -121,6 +121,9 @@ class TrialResult(_Frozen):
     steps_measured: int = 0
     samples_measured: int = 0
     losses: tuple[float, ...] = ()
+    stopped_early: bool = Field(
+        default=False, description="the search ended its window early: clearly slower than the best"
+    )
     ranks: tuple[RankResult, ...] = Field(default=(), description="per-rank figures under DDP")
     wall_s: float | None = Field(default=None, description="whole trial as the parent saw it")
     task: TaskSummary | None = None
@@ -147,6 +150,21 @@ class TrialRecord(_Frozen):
     @property
     def eligible(self) -> bool:
         return self.result.feasible and self.infeasible_reason is None
+
+    @property
+    def note(self) -> str:
+        """What a reader needs to know beyond the figures: why it failed or is not eligible,
+        which trial it repeats, or that its window was cut short."""
+        if self.infeasible_reason or self.result.reason:
+            return self.infeasible_reason or self.result.reason or ""
+        if self.duplicate_of is not None:
+            return f"same configuration as trial {self.duplicate_of}"
+        if self.result.stopped_early:
+            return (
+                f"stopped after {self.result.window_s or 0:.1f} s of its window: far slower "
+                "than the best so far"
+            )
+        return ""
 
 
 class FixedKnob(_Frozen):

@@ -23,7 +23,7 @@ from advisor.progress import Progress
 from advisor.results import HardwareProfile, PrunedProposal, TrialRecord, TrialResult
 from advisor.space import SearchSpace
 from advisor.storage import claim
-from advisor.trial.runner import TrialLaunch, run_trial
+from advisor.trial.runner import ProgressCallback, TrialLaunch, run_trial
 
 __all__ = [
     "SearchContext",
@@ -258,7 +258,14 @@ def _measure(
 ) -> TrialRecord:
     context.progress.trial_started(f"{label} ({role})" if role != "search" else label, config)
     log_path = context.logs_dir / f"trial-{trial.number}.log"
-    result = run_trial(context.launch, config, log_path, on_phase=context.progress.trial_phase)
+    result = run_trial(
+        context.launch,
+        config,
+        log_path,
+        on_phase=context.progress.trial_phase,
+        # The baseline is the reference for every speed-up: always its whole window.
+        on_progress=_pruning(trial) if role != "baseline" else None,
+    )
     return TrialRecord(
         number=trial.number,
         role=role,  # type: ignore[arg-type]
@@ -267,6 +274,16 @@ def _measure(
             result, context.hardware, context.settings.memory_headroom
         ),
     )
+
+
+def _pruning(trial: optuna.Trial) -> ProgressCallback:
+    """Report the window's running throughput to Optuna; stop when the study's pruner says so."""
+
+    def report(elapsed_s: float, samples_per_s: float) -> bool:
+        trial.report(samples_per_s, step=round(elapsed_s * 1000))
+        return trial.should_prune()
+
+    return report
 
 
 def _record(trial: optuna.Trial, record: TrialRecord) -> float:

@@ -64,12 +64,17 @@ def make_storage(url: str) -> optuna.storages.BaseStorage:
         )
 
 
-def open_study(url: str, study_name: str, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+def open_study(
+    url: str,
+    study_name: str,
+    sampler: optuna.samplers.BaseSampler,
+    pruner: optuna.pruners.BasePruner | None = None,
+) -> optuna.Study:
     """Create the study, or load it when it exists (so the same command resumes)."""
     # advisor reports progress and failures itself; Optuna would log a traceback per Ctrl-C.
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
-        study = _create_or_load(url, study_name, sampler)
+        study = _create_or_load(url, study_name, sampler, pruner)
     except ImportError as exc:
         raise StorageError(
             f"cannot open storage {mask_url(url)}: its database driver is missing "
@@ -86,7 +91,10 @@ def open_study(url: str, study_name: str, sampler: optuna.samplers.BaseSampler) 
 
 
 def _create_or_load(
-    url: str, study_name: str, sampler: optuna.samplers.BaseSampler
+    url: str,
+    study_name: str,
+    sampler: optuna.samplers.BaseSampler,
+    pruner: optuna.pruners.BasePruner | None,
 ) -> optuna.Study:
     """create_study(load_if_exists=True), retried while another worker creates the same tables
     or study at the same moment (SQLite reports that as an error, not a wait)."""
@@ -96,6 +104,7 @@ def _create_or_load(
                 study_name=study_name,
                 storage=make_storage(url),
                 sampler=sampler,
+                pruner=pruner,
                 direction="maximize",
                 load_if_exists=True,
             )

@@ -27,7 +27,15 @@ from advisor.trial.batches import (
     to_device,
 )
 
-__all__ = ["Agreement", "Trainer", "Window", "run_window", "warm_up", "wrap_model"]
+__all__ = [
+    "Agreement",
+    "Trainer",
+    "Window",
+    "WindowMonitor",
+    "run_window",
+    "warm_up",
+    "wrap_model",
+]
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PREFETCH_FACTOR = 2
@@ -42,6 +50,12 @@ class Agreement(Protocol):
     def all_done(self, steps: int, done: bool) -> bool:
         """Whether every rank is done; each rank calls it after the same steps."""
         ...
+
+
+class WindowMonitor(Protocol):
+    """Watches a window as it runs; returns True once the window should end early."""
+
+    def __call__(self, elapsed_s: float, micro_batches: int) -> bool: ...
 
 
 class DivergedError(ArithmeticError):
@@ -213,6 +227,7 @@ class Window:
     micro_batches: int = 0
     elapsed_s: float = 0.0
     data_wait_s: float = 0.0
+    stopped_early: bool = False
     step_times_s: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
 
@@ -233,12 +248,14 @@ def run_window(
     max_steps: int | None = None,
     cover_worker_cycles: bool = True,
     agree: Agreement | None = None,
+    monitor: WindowMonitor | None = None,
 ) -> Window:
     """Run optimizer steps until both minimums are met (or `max_steps`), then check the losses.
 
     The window also spans at least two full worker cycles (`num_workers × prefetch_factor`
     micro-batches): loaders with workers deliver batches in bursts. DDP ranks pass `agree`:
     they stop together, once every rank is done (one waiting for the others would hang).
+    A `monitor` may end the window before `min_seconds`, never before the other minimums.
     """
     min_micro = 2 * trainer.config.num_workers * PREFETCH_FACTOR if cover_worker_cycles else 0
     window = Window()
@@ -253,14 +270,16 @@ def run_window(
         last = now
         window.steps += 1
         window.micro_batches += trainer.config.accumulation_steps
+        stop = monitor is not None and monitor(now - started, window.micro_batches)
         done = (
             window.steps >= min_steps
             and window.micro_batches >= min_micro
-            and now - started >= min_seconds
+            and (stop or now - started >= min_seconds)
         )
         if agree is not None:
             done = agree.all_done(window.steps, done)
         if done or window.steps == max_steps:
+            window.stopped_early = stop and now - started < min_seconds
             break
     trainer.synchronize()
     window.elapsed_s = time.perf_counter() - started

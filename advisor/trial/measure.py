@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.flop_counter import FlopCounterMode
 
+from advisor.config import TrialConfig
 from advisor.errors import AdvisorError
 from advisor.results import FailurePhase, TaskSummary, TrialResult
 from advisor.task import TrainingTask, build_task, user_batch_size
@@ -104,12 +105,12 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: dict[str, A
     warmup = warm_up(trainer, request.warmup_steps)
     warmup_s = time.perf_counter() - warmup_started
     phase.enter("measure")
-    window = _timed_window(trainer, request, warmup)
+    window = _timed_window(trainer, request, warmup, rank)
     trainer.close()
     return _measured(request, window, memory.stop(), state["summary"], startup_s, warmup_s)
 
 
-def _timed_window(trainer: Trainer, request: TrialRequest, warmup: Window) -> Window:
+def _timed_window(trainer: Trainer, request: TrialRequest, warmup: Window, rank: int) -> Window:
     """The measured window: at least `trial_seconds`, on every DDP rank."""
     agree = None
     if trainer.config.world_size > 1:
@@ -121,7 +122,36 @@ def _timed_window(trainer: Trainer, request: TrialRequest, warmup: Window) -> Wi
         min_seconds=request.trial_seconds,
         max_steps=request.max_measure_steps,
         agree=agree,
+        monitor=_ParentWatch(request, trainer.config, rank),
     )
+
+
+class _ParentWatch:
+    """Tells the parent how fast the window runs, and ends it when the parent asks.
+
+    Every `INTERVAL_S`, rank 0 appends "elapsed_s samples" (all ranks' samples, estimated from
+    its own) to the progress file, and every rank looks for the stop file. DDP ranks then stop
+    at their next agreement check.
+    """
+
+    INTERVAL_S = 0.1
+
+    def __init__(self, request: TrialRequest, config: TrialConfig, rank: int) -> None:
+        self._progress = Path(request.progress_path) if request.progress_path and not rank else None
+        self._stop = Path(request.stop_path) if request.stop_path else None
+        self._samples_per_micro_batch = config.batch_size * config.world_size
+        self._next_s = self.INTERVAL_S
+        self._stopping = False
+
+    def __call__(self, elapsed_s: float, micro_batches: int) -> bool:
+        if self._stopping or elapsed_s < self._next_s:
+            return self._stopping
+        self._next_s = elapsed_s + self.INTERVAL_S
+        if self._progress is not None:
+            with self._progress.open("a") as progress:
+                progress.write(f"{elapsed_s:.4f} {micro_batches * self._samples_per_micro_batch}\n")
+        self._stopping = self._stop is not None and self._stop.exists()
+        return self._stopping
 
 
 class _RankAgreement:
@@ -207,6 +237,7 @@ def _measured(
         steps_measured=window.steps,
         samples_measured=samples,
         losses=tuple(window.losses[:200]),
+        stopped_early=window.stopped_early,
         task=summary,
     )
 

@@ -27,6 +27,12 @@ class TrialRequest(BaseModel):
     launched_at: float = Field(description="time.time() when the parent started the child")
     result_path: str
     phase_path: str | None = None
+    progress_path: str | None = Field(
+        default=None, description="where the window's running throughput is appended"
+    )
+    stop_path: str | None = Field(
+        default=None, description="a file the parent creates to end the window early"
+    )
 
 
 def died_without_result(config: TrialConfig, who: str, code: int, hint: str = "") -> TrialResult:

@@ -26,11 +26,13 @@ from advisor.results import FailurePhase, TrialResult
 from advisor.trial.launcher import LauncherGoneError, LaunchOrder, shared_launcher
 from advisor.trial.protocol import TrialRequest, died_without_result
 
-__all__ = ["TrialLaunch", "run_trial"]
+__all__ = ["ProgressCallback", "TrialLaunch", "run_trial"]
 
 GRACE_S = 3.0
 POLL_S = 0.2
 PhaseCallback = Callable[[str], None]
+# Called with the window's elapsed seconds and running samples/s; True ends the window early.
+ProgressCallback = Callable[[float, float], bool]
 
 
 class _Child(Protocol):
@@ -78,8 +80,13 @@ def run_trial(
     *,
     mode: str = "trial",
     on_phase: PhaseCallback | None = None,
+    on_progress: ProgressCallback | None = None,
 ) -> TrialResult:
-    """Run one trial in a fresh child process and return what it measured (or why it failed)."""
+    """Run one trial in a fresh child process and return what it measured (or why it failed).
+
+    `on_progress` sees the timed window's running throughput and may end the window early; the
+    result then measures the shorter window and says `stopped_early`.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="advisor-trial-") as scratch:
         request = TrialRequest(
@@ -94,11 +101,14 @@ def run_trial(
             launched_at=time.time(),
             result_path=str(Path(scratch) / "result.json"),
             phase_path=str(Path(scratch) / "phase"),
+            progress_path=str(Path(scratch) / "progress") if on_progress else None,
+            stop_path=str(Path(scratch) / "stop") if on_progress else None,
         )
         request_path = Path(scratch) / "request.json"
         request_path.write_text(request.model_dump_json())
         started = time.perf_counter()
-        outcome, returncode = _supervise(request, request_path, launch, log_path, on_phase)
+        watch = _Watch(request, on_phase, on_progress)
+        outcome, returncode = _supervise(request, request_path, launch, log_path, watch)
         wall_s = time.perf_counter() - started
         result = outcome or _read_result(request, returncode, log_path)
     return result.model_copy(update={"wall_s": wall_s, "log_path": str(log_path)})
@@ -109,7 +119,7 @@ def _supervise(
     request_path: Path,
     launch: TrialLaunch,
     log_path: Path,
-    on_phase: PhaseCallback | None,
+    watch: _Watch,
 ) -> tuple[TrialResult | None, int]:
     """Wait for the child; return a result only when the parent decided the outcome."""
     try:
@@ -117,7 +127,7 @@ def _supervise(
     except LauncherGoneError as exc:
         return _launcher_failed(request, exc), 1
     try:
-        timed_out, phase = _wait(process, request, launch.timeout_s, on_phase)
+        timed_out, phase = _wait(process, request, launch.timeout_s, watch)
     except LauncherGoneError as exc:  # its trial child followed it (advisor.trial.worker)
         _signal_group(process.pid, signal.SIGKILL)
         return _launcher_failed(request, exc), 1
@@ -166,14 +176,9 @@ def _timed_out(request: TrialRequest, timeout_s: float, phase: str) -> TrialResu
 
 
 def _wait(
-    process: _Child,
-    request: TrialRequest,
-    timeout_s: float,
-    on_phase: PhaseCallback | None,
+    process: _Child, request: TrialRequest, timeout_s: float, watch: _Watch
 ) -> tuple[bool, str]:
     deadline = time.monotonic() + timeout_s
-    phases: list[str] = []
-    phase_path = Path(request.phase_path) if request.phase_path else None
     result_path = Path(request.result_path)
     result_seen: float | None = None
     while True:
@@ -184,17 +189,55 @@ def _wait(
         finished = finished or (
             result_seen is not None and time.monotonic() - result_seen > GRACE_S
         )
-        if phase_path is not None and phase_path.exists():
-            complete = phase_path.read_text().split("\n")[:-1]  # the last piece may be partial
-            for phase in complete[len(phases) :]:
-                phases.append(phase)
-                if on_phase is not None:
-                    on_phase(phase)
+        watch.read()
         if finished:
-            return False, phases[-1] if phases else "build"
+            return False, watch.phase
         if time.monotonic() > deadline:
-            return True, phases[-1] if phases else "build"
+            return True, watch.phase
         time.sleep(POLL_S)
+
+
+class _Watch:
+    """What the parent reads from a running child: its phases and its window's progress."""
+
+    def __init__(
+        self,
+        request: TrialRequest,
+        on_phase: PhaseCallback | None,
+        on_progress: ProgressCallback | None,
+    ) -> None:
+        self._request = request
+        self._on_phase = on_phase
+        self._on_progress = on_progress
+        self._phases: list[str] = []
+        self._reports = 0
+        self._stopped = False
+
+    @property
+    def phase(self) -> str:
+        return self._phases[-1] if self._phases else "build"
+
+    def read(self) -> None:
+        for phase in _new_lines(self._request.phase_path, len(self._phases)):
+            self._phases.append(phase)
+            if self._on_phase is not None:
+                self._on_phase(phase)
+        if self._on_progress is None or self._stopped:
+            return
+        for line in _new_lines(self._request.progress_path, self._reports):
+            self._reports += 1
+            elapsed_s, samples = (float(field) for field in line.split())
+            if self._on_progress(elapsed_s, samples / elapsed_s):
+                Path(self._request.stop_path or "").touch()
+                self._stopped = True
+                return
+
+
+def _new_lines(path: str | None, seen: int) -> list[str]:
+    """The complete lines of an appended file after the first `seen` (the last may be partial)."""
+    if path is None or not Path(path).exists():
+        return []
+    return Path(path).read_text().split("\n")[:-1][seen:]
 
 
 def _kill_group(process: _Child) -> None:

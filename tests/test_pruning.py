@@ -1,0 +1,94 @@
+"""Early stopping: Optuna's pruner ends the windows of trials far slower than the best."""
+
+import optuna
+import pytest
+
+import advisor
+from advisor.config import TrialConfig
+from advisor.pruning import SlowerThanBestPruner
+from advisor.trial.runner import TrialLaunch, run_trial
+from tests.conftest import ROOT, TINY, survivors
+
+
+def _study_with_best(value: float) -> optuna.Study:
+    study = optuna.create_study(direction="maximize", pruner=SlowerThanBestPruner(0.5, 300))
+    study.add_trial(optuna.trial.create_trial(value=value))
+    return study
+
+
+def test_a_trial_below_the_fraction_of_the_best_is_pruned_only_after_the_first_step():
+    trial = _study_with_best(100.0).ask()
+    trial.report(40.0, step=100)
+    assert not trial.should_prune()  # too early to judge
+    trial.report(40.0, step=300)
+    assert trial.should_prune()
+
+
+def test_a_trial_near_the_best_or_in_a_study_without_one_runs_on():
+    near = _study_with_best(100.0).ask()
+    near.report(60.0, step=400)
+    first = optuna.create_study(direction="maximize", pruner=SlowerThanBestPruner(0.5, 300)).ask()
+    first.report(1.0, step=400)
+    assert not near.should_prune() and not first.should_prune()
+
+
+def _launch(trial_seconds: float) -> TrialLaunch:
+    return TrialLaunch(
+        spec=f"{TINY}:factory", cwd=ROOT, warmup_steps=2, trial_seconds=trial_seconds, timeout_s=60
+    )
+
+
+@pytest.mark.parametrize("knobs", [{}, {"parallel_mode": "ddp", "world_size": 2}])
+def test_the_parent_ends_a_window_early_and_keeps_what_it_measured(tmp_path, marked, knobs):
+    seen: list[tuple[float, float]] = []
+
+    def stop_after_half_a_second(elapsed_s: float, samples_per_s: float) -> bool:
+        seen.append((elapsed_s, samples_per_s))
+        return elapsed_s >= 0.5
+
+    config = TrialConfig(batch_size=16, **knobs)
+    result = run_trial(
+        _launch(30.0), config, tmp_path / "t.log", on_progress=stop_after_half_a_second
+    )
+    assert result.status == "ok", result.reason
+    assert result.stopped_early
+    assert 0.5 <= result.window_s < 5  # not the 30 s asked for
+    assert result.samples_per_s > 0 and result.steps_measured >= 3
+    assert all(rate > 0 for _, rate in seen) and seen[0][0] < 0.5
+    assert survivors(marked) == []
+
+
+def test_a_window_nobody_stops_runs_its_length(tmp_path):
+    result = run_trial(_launch(0.5), TrialConfig(batch_size=16), tmp_path / "t.log",
+                       on_progress=lambda elapsed_s, rate: False)  # fmt: skip
+    assert result.status == "ok" and not result.stopped_early and result.window_s >= 0.5
+
+
+@pytest.mark.slow
+def test_a_tune_stops_the_slow_configurations_early_and_says_so(tmp_path):
+    result = advisor.tune(
+        f"{TINY}:slow_with_bf16",
+        trials=4,
+        sampler="grid",
+        batch_sizes="16",
+        accumulation_steps="1",
+        max_world_size=1,
+        trial_seconds=1.0,
+        warmup_steps=1,
+        confirm_top=1,
+        out=tmp_path,
+    )
+    search = [t for t in result.trials if t.role in ("baseline", "search")]
+    slow = [t for t in search if t.result.config.amp == "bf16"]
+    fast = [t for t in search if t.result.config.amp == "off"]
+    assert slow and fast
+    # Every bf16 trial ran at a quarter of the best fp32 speed once one fp32 trial finished.
+    assert all(t.result.stopped_early and t.result.window_s < 0.8 for t in slow if t.number > 0)
+    assert not any(t.result.stopped_early for t in fast)
+    assert result.recommendation.config.amp == "off"
+    study = optuna.load_study(
+        study_name="tiny-slow_with_bf16", storage=f"sqlite:///{tmp_path}/study.db"
+    )
+    reported = study.trials[slow[0].number].intermediate_values
+    assert reported and min(reported) < 400  # Optuna holds the running throughput
+    assert "far slower than the best so far" in (tmp_path / "report.md").read_text()
