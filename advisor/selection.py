@@ -25,6 +25,10 @@ __all__ = ["Selection", "failure_summary", "relative_spread", "select_winner"]
 # re-runs are too few to estimate the noise, and benchmarks/measurement_noise.py measured a
 # coefficient of variation of several percent for one window on this project's VM.
 NOISE_FLOOR = 0.03
+# A finalist whose first re-run is this far behind the leader's is not re-run again: twice the
+# 12 % between-process variation of one window measured on this project's VM
+# (benchmarks/machine_drift.py), so noise alone is unlikely to put it ahead.
+CLEARLY_BEHIND = 0.25
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ def select_winner(records: list[TrialRecord], context: SearchContext) -> Selecti
             finalists.append(layout_best)
     if baseline is not None and baseline.eligible and baseline not in finalists:
         finalists.append(baseline)
-    reruns = _confirm(finalists, context)
+    reruns = _confirm_adaptively(finalists, baseline, context)
     confirmed = [r for r in finalists if all(c.eligible for c in reruns[r.number])]
     if not confirmed:
         failed = [c for runs in reruns.values() for c in runs if not c.eligible]
@@ -82,6 +86,26 @@ def select_winner(records: list[TrialRecord], context: SearchContext) -> Selecti
     )
 
 
+def _confirm_adaptively(
+    finalists: list[TrialRecord], baseline: TrialRecord | None, context: SearchContext
+) -> dict[int, list[TrialRecord]]:
+    """Re-run every finalist once, then for the remaining `confirm_repeats - 1` rounds only
+    those that can still win, and the baseline (the reference for the speed-up)."""
+    repeats = context.settings.confirm_repeats
+    reruns = _confirm(finalists, context, 1, label=f"re-run round 1/{repeats},")
+    for round_index in range(1, repeats):
+        leader = max(_median(reruns[r.number]) for r in finalists)
+        contenders = [r for r in finalists if r is baseline or _can_win(reruns[r.number], leader)]
+        label = f"re-run round {round_index + 1}/{repeats},"
+        for number, runs in _confirm(contenders, context, 1, round_index, label).items():
+            reruns[number].extend(runs)
+    return reruns
+
+
+def _can_win(runs: list[TrialRecord], leader: float) -> bool:
+    return all(c.eligible for c in runs) and _median(runs) * (1 + CLEARLY_BEHIND) >= leader
+
+
 def _decide(
     confirmed: list[TrialRecord],
     reruns: dict[int, list[TrialRecord]],
@@ -95,8 +119,9 @@ def _decide(
     if len(ranked) < 2 or not _within_noise(ranked[0], ranked[1], reruns):
         return ranked[0], None
     first, second = ranked[0], ranked[1]
+    rounds = context.settings.confirm_repeats
     for number, runs in _confirm(
-        [first, second], context, round_offset=len(reruns[first.number])
+        [first, second], context, rounds, len(reruns[first.number]), "tie-break re-run"
     ).items():
         reruns[number].extend(runs)
     feasible = [r for r in ranked if all(c.eligible for c in reruns[r.number])]
@@ -164,14 +189,17 @@ def _best_per_layout(eligible: list[TrialRecord]) -> list[TrialRecord]:
 
 
 def _confirm(
-    finalists: list[TrialRecord], context: SearchContext, round_offset: int = 0
+    finalists: list[TrialRecord],
+    context: SearchContext,
+    rounds: int,
+    round_offset: int = 0,
+    label: str = "re-run",
 ) -> dict[int, list[TrialRecord]]:
-    """Re-run every finalist `confirm_repeats` times, interleaved so that drift hits all alike."""
+    """Re-run every finalist `rounds` times, interleaved so that drift hits all alike; log files
+    are numbered from `round_offset`."""
     reruns: dict[int, list[TrialRecord]] = {record.number: [] for record in finalists}
-    repeats = context.settings.confirm_repeats
-    total = repeats * len(finalists)
-    label = "re-run" if not round_offset else "tie-break re-run"
-    for round_index in range(repeats):
+    total = rounds * len(finalists)
+    for round_index in range(rounds):
         for index, record in enumerate(finalists):
             done = round_index * len(finalists) + index + 1
             config: TrialConfig = record.result.config

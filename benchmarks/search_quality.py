@@ -3,10 +3,11 @@
     python benchmarks/search_quality.py [--specs examples/mlp.py:factory ...] [--budget 0.25]
 
 For each example workload, over one reduced space (stated in the output):
-  (a) grid: every configuration (the oracle), cached per machine and space in
-      benchmarks/results/search_quality_oracle.json, so it is not re-run needlessly;
+  (a) grid: every configuration, each for its whole window (the oracle), cached per machine and
+      space in benchmarks/results/search_quality_oracle.json, so it is not re-run needlessly;
   (b) random: Optuna's RandomSampler with `--budget` x the grid's trials;
   (c) advisor: the default (TPE) search with the same number of trials.
+Random and advisor stop trials far slower than the best early (`--early-stop`, the default).
 Each runs as `advisor.tune` does, re-measuring its finalists. Then the configuration each chose,
 and the baseline, are re-measured by one independent harness (isolated trials, interleaved,
 `--repeats` rounds, median). Quality = chosen / oracle's choice; cost = search wall time / grid
@@ -36,6 +37,9 @@ EXAMPLES = ("examples/mlp.py:factory", "examples/data_bound.py:factory", "exampl
 # with two micro-batches and two accumulation steps (the full default space has several hundred
 # configurations: hours of grid on 2 cores).
 SPACE = {"batch_sizes": "32,512", "accumulation_steps": "1,4"}
+# Bumped when the trial harness's cost changes (2: trials fork from a pre-imported launcher),
+# so that the grid's wall time is measured again.
+HARNESS = 2
 TRIAL = {"trial_seconds": 1.0, "warmup_steps": 2, "confirm_top": 2, "confirm_repeats": 2}
 
 
@@ -43,7 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--specs", nargs="*", default=list(EXAMPLES))
     parser.add_argument("--budget", type=float, default=0.25, help="trials / grid trials")
-    parser.add_argument("--repeats", type=int, default=3, help="independent re-measurements")
+    parser.add_argument("--repeats", type=int, default=5, help="independent re-measurements")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rows = [_compare(spec, args) for spec in args.specs]
@@ -73,6 +77,8 @@ def _compare(spec: str, args: argparse.Namespace) -> dict[str, Any]:
             name: {
                 "chosen": methods[name]["chosen"],
                 "trials": methods[name]["trials"],
+                "stopped_early": methods[name].get("stopped_early", 0),
+                "re_runs": methods[name].get("re_runs", 0),
                 "wall_s": methods[name]["wall_s"],
                 "samples_per_s": rates[name],
                 "quality": statistics.median(rates[name]) / best,
@@ -89,7 +95,7 @@ def _oracle(spec: str) -> dict[str, Any]:
     key = _cache_key(spec)
     cache = json.loads(ORACLE_CACHE.read_text()) if ORACLE_CACHE.exists() else {}
     if key not in cache:
-        cache[key] = _search(spec, "grid", 10_000, seed=0)
+        cache[key] = _search(spec, "grid", 10_000, seed=0, early_stop=0.0)
         RESULTS.mkdir(exist_ok=True)
         ORACLE_CACHE.write_text(json.dumps(cache, indent=2))
     print(f"{spec} grid: {cache[key]['chosen']} ({cache[key]['trials']} trials)")
@@ -98,22 +104,26 @@ def _oracle(spec: str) -> dict[str, Any]:
 
 def _cache_key(spec: str) -> str:
     machine = probe().model_dump(include={"cpu_model", "cores", "memory_bytes", "torch_version"})
-    text = json.dumps([spec, SPACE, TRIAL, machine, advisor.__version__], sort_keys=True)
+    text = json.dumps([spec, SPACE, TRIAL, machine, advisor.__version__, HARNESS], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _search(spec: str, sampler: str, trials: int, seed: int) -> dict[str, Any]:
+def _search(
+    spec: str, sampler: str, trials: int, seed: int, early_stop: float = 0.5
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as out:
         started = time.monotonic()
         result = advisor.tune(spec, sampler=sampler, trials=trials, seed=seed, out=out,
-                              **SPACE, **TRIAL)  # fmt: skip
+                              early_stop=early_stop, **SPACE, **TRIAL)  # fmt: skip
         wall_s = time.monotonic() - started
     rec = result.recommendation
     return {
         "config": rec.config.model_dump(mode="json"),
         "chosen": rec.config.label(),
         "baseline": rec.baseline_config.model_dump(mode="json"),
-        "trials": sum(t.role != "duplicate" for t in result.trials),
+        "trials": sum(t.role in ("baseline", "search") for t in result.trials),
+        "stopped_early": sum(t.result.stopped_early for t in result.trials),
+        "re_runs": sum(t.role == "confirm" for t in result.trials),
         "wall_s": wall_s,
     }
 
@@ -139,13 +149,15 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
         f"{SPACE['accumulation_steps']}, every parallel layout, AMP setting and worker count "
         f"this machine offers; trial window {TRIAL['trial_seconds']} s.",
         "",
-        "| workload | method | trials | chosen | samples/s (median) | quality | cost | speed-up |",
-        "|---|---|---|---|---|---|---|---|",
+        "| workload | method | trials (stopped early) | re-runs | chosen | samples/s (median) "
+        "| quality | cost | speed-up |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         for name, method in row["methods"].items():
             lines.append(
-                f"| {row['spec']} | {name} | {method['trials']} | {method['chosen']} | "
+                f"| {row['spec']} | {name} | {method['trials']} ({method['stopped_early']}) | "
+                f"{method['re_runs']} | {method['chosen']} | "
                 f"{statistics.median(method['samples_per_s']):,.0f} | {method['quality']:.2f} | "
                 f"{method['cost']:.2f} | {method['speedup']:.2f}x |"
             )

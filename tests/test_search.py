@@ -189,5 +189,26 @@ def test_a_tie_within_noise_is_re_run_then_goes_to_the_config_with_fewer_changes
     assert "advisor recommends trial 0, which changes fewer knobs" in selection.close_call
 
 
+@pytest.mark.slow
+def test_a_finalist_clearly_behind_after_its_first_re_run_is_not_re_run_again(tmp_path):
+    settings = TuneSettings(
+        spec=f"{TINY}:slow_with_bf16", trials=2, confirm_top=2, confirm_repeats=3, max_world_size=1
+    )
+    space = build_space(settings, CPU_PROFILE, validate(f"{TINY}:factory").task)
+    launch = TrialLaunch(
+        spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=0.5, timeout_s=120
+    )
+    context = SearchContext(settings, space, CPU_PROFILE, launch, tmp_path, NullProgress())
+    baseline, bf16 = TrialConfig(batch_size=32), TrialConfig(batch_size=32, amp="bf16")
+    records = [  # a lucky search window made bf16 a finalist; it runs at a quarter of the speed
+        TrialRecord(number=0, role="baseline", result=_measured(baseline, 1600.0)),
+        TrialRecord(number=1, role="search", result=_measured(bf16, 1700.0)),
+    ]
+    selection = select_winner(records, context)
+    runs = {n: [c for c in selection.confirmations if c.number == n] for n in (0, 1)}
+    assert (len(runs[0]), len(runs[1])) == (3, 1)
+    assert selection.winner.number == 0 and selection.close_call is None
+
+
 def _measured(config: TrialConfig, rate: float) -> TrialResult:
     return TrialResult(config=config, status="ok", samples_per_s=rate, peak_memory_bytes=2**20)

@@ -111,18 +111,25 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: dict[str, A
 
 
 def _timed_window(trainer: Trainer, request: TrialRequest, warmup: Window, rank: int) -> Window:
-    """The measured window: at least `trial_seconds`, on every DDP rank."""
+    """The measured window: at least `trial_seconds`, on every DDP rank, unless the parent
+    watching it ends it early."""
+    watch = _ParentWatch(request, trainer.config, rank) if request.stop_path else None
     agree = None
     if trainer.config.world_size > 1:
         dist.barrier()  # all windows start together
-        agree = _RankAgreement(trainer.device, request.trial_seconds, warmup.median_step_s)
+        agree = _RankAgreement(
+            trainer.device,
+            request.trial_seconds,
+            warmup.median_step_s,
+            check_every_s=_ParentWatch.INTERVAL_S if watch else None,
+        )
     return run_window(
         trainer,
         min_steps=3,
         min_seconds=request.trial_seconds,
         max_steps=request.max_measure_steps,
         agree=agree,
-        monitor=_ParentWatch(request, trainer.config, rank),
+        monitor=watch,
     )
 
 
@@ -159,16 +166,23 @@ class _RankAgreement:
 
     Each check is an all-reduce, so ranks check rarely, all after the same steps: the first
     check comes after a quarter of the window as the warm-up predicts it, each later one where
-    the time still missing says (the earliest any rank proposes).
+    the time still missing says (the earliest any rank proposes). A window the parent may end
+    early is checked about every `check_every_s` (an all-reduce of two integers: tens of
+    microseconds over gloo), so that the ranks stop soon after the parent asks.
     """
 
     FIRST_CHECK_FRACTION = 4
 
-    def __init__(self, device: torch.device, seconds: float, step_s: float) -> None:
+    def __init__(
+        self, device: torch.device, seconds: float, step_s: float, check_every_s: float | None
+    ) -> None:
         self._device = device
         self._seconds = seconds
-        expected = math.ceil(seconds / max(step_s, 1e-9))
-        self._next_check = self._earliest(max(1, expected // self.FIRST_CHECK_FRACTION))
+        step_s = max(step_s, 1e-9)
+        expected = math.ceil(seconds / step_s)
+        self._max_gap = math.ceil(check_every_s / step_s) if check_every_s else expected
+        first = min(expected // self.FIRST_CHECK_FRACTION, self._max_gap)
+        self._next_check = self._earliest(max(1, first))
         self._started = time.perf_counter()
 
     def all_done(self, steps: int, done: bool) -> bool:
@@ -176,7 +190,8 @@ class _RankAgreement:
             return False
         elapsed = time.perf_counter() - self._started
         missing_s = max(0.0, self._seconds - elapsed)
-        proposal = steps + max(1, math.ceil(missing_s * steps / elapsed)) if not done else steps
+        gap = min(max(1, math.ceil(missing_s * steps / elapsed)), self._max_gap)
+        proposal = steps + gap if not done else steps
         flags = torch.tensor([int(done), proposal], device=self._device)
         dist.all_reduce(flags, op=dist.ReduceOp.MIN)
         self._next_check = max(int(flags[1].item()), steps + 1)
