@@ -1,9 +1,12 @@
 """DDP trials: the trial child supervises `world_size` ranks and combines what they measured.
 
-The ranks are started with torch's own launcher (`torch.multiprocessing.start_processes`, spawn),
-which stops every rank as soon as one fails. They rendezvous through a `TCPStore` that this
-supervisor binds to port 0 and holds for the whole trial, so concurrent trials can never race
-for a port. Ranks stay in the trial's process group: the runner's timeout kills them all.
+The ranks are started with torch's own launcher (`torch.multiprocessing.start_processes`), which
+stops every rank as soon as one fails. They are forks of this supervisor, which has imported
+torch and run nothing else, so a rank starts in milliseconds, not seconds (the CUDA ranks set up
+their devices after the fork). They rendezvous through a `TCPStore` that this supervisor binds to
+port 0 after forking them (its server thread must not be forked) and holds for the whole trial,
+so concurrent trials can never race for a port. Ranks stay in the trial's process group: the
+runner's timeout kills them all.
 
 Each rank writes its own `TrialResult` to a file instead of gathering them with a collective, so
 a dead rank cannot leave the others waiting to report. Throughput is the samples of all ranks
@@ -28,7 +31,6 @@ from torch.multiprocessing import start_processes
 from torch.multiprocessing.spawn import ProcessContext, ProcessException
 
 from advisor.config import TrialConfig
-from advisor.hardware import usable_cores
 from advisor.results import RankResult, TrialResult
 from advisor.trial.measure import measure_request
 from advisor.trial.protocol import TrialRequest, died_without_result
@@ -38,6 +40,7 @@ __all__ = ["combine_ranks", "run_distributed"]
 LOCALHOST = "127.0.0.1"
 RANK_GRACE_S = 1.0  # after one rank fails, how long the others get before SIGTERM
 RENDEZVOUS_TIMEOUT = timedelta(minutes=5)
+PORT_FILE = "store-port"
 
 
 class RankReport(BaseModel):
@@ -53,30 +56,54 @@ class RankReport(BaseModel):
 def run_distributed(request: TrialRequest) -> TrialResult:
     """Run one DDP trial: start the ranks, wait for all of them, combine their results."""
     config = request.config
-    # Read by each rank's torch at import; Trainer also sets it: no oversubscribed cores.
-    os.environ["OMP_NUM_THREADS"] = str(config.main_process_threads(usable_cores()))
-    try:
-        store = dist.TCPStore(LOCALHOST, 0, is_master=True, wait_for_workers=False)
-    except (RuntimeError, OSError) as exc:
-        return _supervisor_failed(config, f"could not open the rendezvous store: {exc}")
     with tempfile.TemporaryDirectory(prefix="advisor-ranks-") as scratch:
         reports = Path(scratch)
+        # Forked before the store's server thread exists: this process has imported torch but
+        # run nothing, so the ranks start without importing it again.
         context = start_processes(
             _rank_main,
-            args=(request, store.port, str(reports)),
+            args=(request, str(reports)),
             nprocs=config.world_size,
             join=False,
-            start_method="spawn",
+            start_method="fork",
         )
+        try:
+            store = dist.TCPStore(LOCALHOST, 0, is_master=True, wait_for_workers=False)
+        except (RuntimeError, OSError) as exc:
+            _stop(context)
+            return _supervisor_failed(config, f"could not open the rendezvous store: {exc}")
+        _write_atomically(reports / PORT_FILE, str(store.port))
         exit_codes = _wait_for_ranks(context)
         if exit_codes is not None:
-            with contextlib.suppress(ProcessException):
-                context.join(grace_period=RANK_GRACE_S)  # stops and reaps the other ranks
+            _stop(context)
             return _rank_failure(config, _read_reports(reports), exit_codes)
         results = [report.result for report in _read_reports(reports).values()]
     if len(results) != config.world_size:
         return _supervisor_failed(config, "a rank exited without a result")
     return combine_ranks(config, results)
+
+
+def _stop(context: ProcessContext) -> None:
+    """Stop and reap the ranks still running (SIGTERM, then SIGKILL after the grace period)."""
+    with contextlib.suppress(ProcessException):
+        context.join(grace_period=RANK_GRACE_S)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+def _store_port(reports: Path) -> int:
+    """The rendezvous port, once the supervisor has written it."""
+    path = reports / PORT_FILE
+    deadline = time.monotonic() + RENDEZVOUS_TIMEOUT.total_seconds()
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the supervisor did not open the rendezvous store")
+        time.sleep(0.005)
+    return int(path.read_text())
 
 
 def _wait_for_ranks(context: ProcessContext) -> dict[int, int] | None:
@@ -146,12 +173,13 @@ def _rank_summary(rank: int, result: TrialResult) -> RankResult:
     )
 
 
-def _rank_main(rank: int, request: TrialRequest, port: int, reports: str) -> None:
-    """Entry point of one rank (a spawned process): join the group, measure, report, exit."""
+def _rank_main(rank: int, request: TrialRequest, reports: str) -> None:
+    """Entry point of one rank (a forked process): join the group, measure, report, exit."""
     config = request.config
     try:
         if config.device == "cuda":
             torch.cuda.set_device(rank)
+        port = _store_port(Path(reports))
         store = dist.TCPStore(
             LOCALHOST, port, config.world_size, is_master=False, timeout=RENDEZVOUS_TIMEOUT
         )
@@ -164,10 +192,7 @@ def _rank_main(rank: int, request: TrialRequest, port: int, reports: str) -> Non
     else:
         result = measure_request(request, rank)
     report = RankReport(rank=rank, finished_ns=time.monotonic_ns(), result=result)
-    path = Path(reports) / f"rank-{rank}.json"
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(report.model_dump_json())
-    os.replace(temporary, path)
+    _write_atomically(Path(reports) / f"rank-{rank}.json", report.model_dump_json())
     sys.stdout.flush()
     sys.stderr.flush()
     # A failed rank exits non-zero so that the launcher stops the others at once (they may be
