@@ -12,6 +12,7 @@ import advisor
 from advisor.codegen import render_launch_script, render_training_script
 from advisor.config import TuneSettings, settings_error
 from advisor.hardware import probe_isolated
+from advisor.numerics import NumericsCheck
 from advisor.outcome import confirmed_recommendation, record_start, stored_result
 from advisor.preflight import preflight
 from advisor.progress import NullProgress, Progress
@@ -115,7 +116,8 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
         timeout_s=settings.trial_timeout_s,
         seed=settings.seed,
     )
-    search = SearchContext(settings, space, hardware, launch, logs_dir, progress)
+    numerics = NumericsCheck(launch, logs_dir)
+    search = SearchContext(settings, space, hardware, launch, logs_dir, progress, numerics)
     bind_study(study, search)
     # Stored first, so that `advisor report` can render even an interrupted study.
     record_start(study, settings, context)

@@ -73,6 +73,11 @@ def cli(debug: bool) -> None:
 @click.option("--seed", type=int, help="Sampler seed [0].")
 @click.option("--sampler", type=click.Choice(["tpe", "random", "grid"]), help="[tpe]")
 @click.option(
+    "--knobs",
+    help="Knobs to search: classic, all, or a comma list of groups (compile, channels_last, "
+    "matmul_precision, loader, optimizer) and knob names [classic].",
+)
+@click.option(
     "--early-stop",
     type=float,
     help="Stop a search trial early below this fraction of the best so far; 0: never [0.5].",

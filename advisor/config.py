@@ -23,6 +23,8 @@ from pydantic import (
 from advisor.errors import SettingsError
 
 __all__ = [
+    "KNOB_GROUPS",
+    "MATHS_KNOBS",
     "TUNED_KNOBS",
     "AmpMode",
     "Device",
@@ -36,6 +38,9 @@ __all__ = [
 
 ParallelMode = Literal["none", "dp", "ddp"]
 AmpMode = Literal["off", "bf16", "fp16"]
+CompileMode = Literal["off", "default", "max-autotune-no-cudagraphs"]
+MatmulPrecision = Literal["highest", "high"]
+OptimizerImpl = Literal["default", "foreach", "fused"]
 Device = Literal["cpu", "cuda"]
 SamplerName = Literal["tpe", "random", "grid"]
 
@@ -49,7 +54,24 @@ TUNED_KNOBS = (
     "num_workers",
     "pin_memory",
     "cudnn_benchmark",
+    "compile",
+    "channels_last",
+    "matmul_precision",
+    "prefetch_factor",
+    "persistent_workers",
+    "optimizer_impl",
 )
+# `--knobs` names these groups (or single knobs); `classic` is the default search.
+KNOB_GROUPS: dict[str, tuple[str, ...]] = {
+    "classic": TUNED_KNOBS[:7],
+    "compile": ("compile",),
+    "channels_last": ("channels_last",),
+    "matmul_precision": ("matmul_precision",),
+    "loader": ("prefetch_factor", "persistent_workers"),
+    "optimizer": ("optimizer_impl",),
+}
+# Knobs that change the arithmetic, not only its speed: checked against their twin's losses.
+MATHS_KNOBS = ("compile", "channels_last", "matmul_precision", "optimizer_impl")
 STORAGE_SCHEMES = ("sqlite", "postgresql", "mysql", "journal")
 
 
@@ -67,6 +89,18 @@ class TrialConfig(BaseModel):
     cudnn_benchmark: bool = False
     num_workers: int = Field(default=0, ge=0)
     pin_memory: bool = False
+    compile: CompileMode = Field(default="off", description="torch.compile mode")
+    channels_last: bool = Field(default=False, description="NHWC memory format for 4-D inputs")
+    matmul_precision: MatmulPrecision = Field(
+        default="highest", description="torch.set_float32_matmul_precision; high = TF32 on CUDA"
+    )
+    prefetch_factor: int = Field(default=2, ge=1, description="batches each worker loads ahead")
+    persistent_workers: bool = Field(
+        default=True, description="keep loader workers between epochs (with num_workers > 0)"
+    )
+    optimizer_impl: OptimizerImpl = Field(
+        default="default", description="the optimizer's foreach/fused implementation"
+    )
 
     @model_validator(mode="after")
     def _check_combination(self) -> TrialConfig:
@@ -111,7 +145,26 @@ class TrialConfig(BaseModel):
             parts.append("pin")
         if self.cudnn_benchmark:
             parts.append("cudnn.benchmark")
+        if self.compile != "off":
+            parts.append(f"compile={self.compile}")
+        if self.channels_last:
+            parts.append("channels_last")
+        if self.matmul_precision != "highest":
+            parts.append(f"matmul={self.matmul_precision}")
+        if self.num_workers and self.prefetch_factor != 2:
+            parts.append(f"prefetch={self.prefetch_factor}")
+        if self.num_workers and not self.persistent_workers:
+            parts.append("workers-per-epoch")
+        if self.optimizer_impl != "default":
+            parts.append(f"optimizer={self.optimizer_impl}")
         return " ".join(parts)
+
+    @property
+    def maths_twin(self) -> TrialConfig:
+        """This configuration without the knobs that change the arithmetic (`MATHS_KNOBS`)."""
+        return self.model_copy(
+            update={name: TrialConfig.model_fields[name].default for name in MATHS_KNOBS}
+        )
 
 
 def parse_parallel(choice: str) -> tuple[ParallelMode, int]:
@@ -131,6 +184,8 @@ def _combination_problems(config: TrialConfig) -> list[str]:
             f"world_size={config.world_size} needs parallel_mode='ddp' "
             f"({config.parallel_mode!r} runs one process): set world_size=1"
         )
+    if config.num_workers == 0 and config.prefetch_factor != 2:
+        problems.append("prefetch_factor needs num_workers > 0: leave it at 2")
     if config.parallel_mode == "ddp" and config.world_size < 2:
         problems.append("parallel_mode='ddp' needs world_size >= 2; use parallel_mode='none'")
     if config.device == "cpu":
@@ -142,6 +197,8 @@ def _combination_problems(config: TrialConfig) -> list[str]:
             problems.append("cudnn_benchmark=True has no effect on CPU: set it to False")
         if config.parallel_mode == "dp":
             problems.append("parallel_mode='dp' needs CUDA GPUs; on CPU use 'none' or 'ddp'")
+        if config.matmul_precision != "highest":
+            problems.append("matmul_precision='high' (TF32) needs a CUDA GPU: set it to 'highest'")
     return problems
 
 
@@ -186,6 +243,11 @@ class TuneSettings(BaseModel):
         description="end a search trial's window after 30% of it when its throughput is below "
         "this fraction of the best so far; 0 never ends one early",
     )
+    knobs: tuple[str, ...] = Field(
+        default=("classic",),
+        description="knob groups (or knobs) to search: classic, all, or a comma-separated list "
+        f"of {', '.join(KNOB_GROUPS)} and single knob names",
+    )
     confirm_top: int = Field(default=3, ge=1, description="finalists re-measured")
     confirm_repeats: int = Field(default=2, ge=1, description="re-runs per finalist")
     memory_headroom: float = Field(default=0.1, ge=0, lt=1)
@@ -210,6 +272,40 @@ class TuneSettings(BaseModel):
         if not value or any(item < 1 for item in value):
             raise ValueError(f"{list(value)} must be a non-empty list of integers >= 1")
         return tuple(sorted(set(value)))
+
+    @field_validator("knobs", mode="before")
+    @classmethod
+    def _parse_knobs(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(item.strip() for item in value.split(",") if item.strip())
+        return value
+
+    @field_validator("knobs")
+    @classmethod
+    def _known_knobs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        known = ("all", *KNOB_GROUPS, *TUNED_KNOBS)
+        for name in value:
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(
+                    f"unknown knob group {name!r}{hint} (use classic, all, or some of "
+                    f"{', '.join(known[1:])})"
+                )
+        if not value:
+            raise ValueError("name at least one knob group, e.g. classic")
+        return value
+
+    @property
+    def searched_knobs(self) -> frozenset[str]:
+        """The knobs `knobs` names, groups expanded."""
+        names: set[str] = set()
+        for name in self.knobs:
+            if name == "all":
+                names.update(TUNED_KNOBS)
+            else:
+                names.update(KNOB_GROUPS.get(name, (name,)))
+        return frozenset(names)
 
     @field_validator("storage")
     @classmethod

@@ -59,7 +59,13 @@ def _layout_key(layout: str) -> tuple[int, int]:
     return 2, int(layout.rpartition("-")[2])
 
 
-_AMP_ORDER = {"off": 0, "bf16": 1, "fp16": 2}
+# Values that are no numbers, from the baseline's outwards.
+_ORDERS = {
+    "amp": ("off", "bf16", "fp16"),
+    "compile": ("off", "default", "max-autotune-no-cudagraphs"),
+    "matmul_precision": ("highest", "high"),
+    "optimizer_impl": ("default", "foreach", "fused"),
+}
 INPUT_BOUND_WAIT = 0.3  # the loop waited for data this fraction of the window or more
 OVERHEAD_GAIN = 1.3  # a larger batch alone raised throughput at least this much
 MIN_TRIALS_FOR_IMPORTANCE = 4
@@ -177,7 +183,36 @@ def _effect(
         pair_ratios=tuple(ratios),
         data_wait_before=_median([b.result.data_wait_fraction for b, _ in ordered]),
         data_wait_after=_median([a.result.data_wait_fraction for _, a in ordered]),
+        note=_compile_payoff(ordered) if knob == "compile" and old == "off" else "",
     )
+
+
+def _compile_payoff(pairs: list[tuple[TrialRecord, TrialRecord]]) -> str:
+    """Compilation's one-off cost (the compiled first step less the eager one) against the time
+    it saves per step, over the same pairs."""
+    extra = _median([_first_step_extra(eager, compiled) for eager, compiled in pairs])
+    saved = _median([_step_saving(eager, compiled) for eager, compiled in pairs])
+    if extra is None or saved is None:
+        return ""
+    cost = f"compiling made the first step {extra:.1f} s longer"
+    if saved <= 0:
+        return f"{cost}, and compiled steps were no faster: it never pays off"
+    return (
+        f"{cost} and saves {saved * 1000:.2f} ms per step: it pays off after "
+        f"{extra / saved:,.0f} steps"
+    )
+
+
+def _first_step_extra(eager: TrialRecord, compiled: TrialRecord) -> float | None:
+    if eager.result.first_step_s is None or compiled.result.first_step_s is None:
+        return None
+    return compiled.result.first_step_s - eager.result.first_step_s
+
+
+def _step_saving(eager: TrialRecord, compiled: TrialRecord) -> float | None:
+    if eager.result.step_time_median_s is None or compiled.result.step_time_median_s is None:
+        return None
+    return eager.result.step_time_median_s - compiled.result.step_time_median_s
 
 
 def _only_difference(first: TrialRecord, second: TrialRecord) -> str | None:
@@ -191,8 +226,8 @@ def _value(knob: str, record: TrialRecord) -> str:
 
 def _value_key(knob: str, record: TrialRecord) -> tuple[int, int]:
     value = getattr(record.result.config, knob)
-    if knob == "amp":
-        return _AMP_ORDER[value], 0
+    if knob in _ORDERS:
+        return _ORDERS[knob].index(value), 0
     if knob == "parallel":
         return _layout_key(value)
     return int(value), 0

@@ -85,6 +85,7 @@ class TaskSummary(_Frozen):
     custom_optimizer: bool
     custom_collate: bool
     user_batch_size: int
+    conv2d: bool = Field(default=False, description="the model has a Conv2d layer")
     flops_per_sample: float | None = Field(
         default=None, description="forward + backward FLOPs per sample (FlopCounterMode)"
     )
@@ -121,6 +122,14 @@ class TrialResult(_Frozen):
     steps_measured: int = 0
     samples_measured: int = 0
     losses: tuple[float, ...] = ()
+    early_losses: tuple[float, ...] = Field(
+        default=(),
+        description="losses of the first optimizer steps from the seeded initial weights, "
+        "compared with the same configuration's without the knobs that change the maths",
+    )
+    first_step_s: float | None = Field(
+        default=None, description="the first training step (with torch.compile: compilation)"
+    )
     stopped_early: bool = Field(
         default=False, description="the search ended its window early: clearly slower than the best"
     )
@@ -186,6 +195,7 @@ class KnobEffect(_Frozen):
     pair_ratios: tuple[float, ...] = Field(description="samples/s after ÷ before, per pair")
     data_wait_before: float | None = Field(default=None, description="median data-wait fraction")
     data_wait_after: float | None = None
+    note: str = Field(default="", description="e.g. after how many steps compilation pays off")
 
 
 class RejectedValue(_Frozen):

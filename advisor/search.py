@@ -16,9 +16,10 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from advisor.config import TrialConfig, TuneSettings
+from advisor.config import KNOB_GROUPS, TUNED_KNOBS, TrialConfig, TuneSettings
 from advisor.errors import SettingsError, StorageError
 from advisor.feasibility import known_out_of_memory, memory_problem
+from advisor.numerics import NumericsCheck
 from advisor.progress import Progress
 from advisor.results import HardwareProfile, PrunedProposal, TrialRecord, TrialResult
 from advisor.space import SearchSpace
@@ -49,6 +50,7 @@ class SearchContext:
     launch: TrialLaunch
     logs_dir: Path
     progress: Progress
+    numerics: NumericsCheck | None = None  # None: no check of knobs that change the maths
 
 
 def make_sampler(settings: TuneSettings, space: SearchSpace) -> optuna.samplers.BaseSampler:
@@ -182,6 +184,10 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
             )
             return records
         objective.measured, objective.done = measured, len(mine)
+        if context.numerics is not None:  # measured twins, also those of an earlier run
+            for record in measured.values():
+                context.numerics.remember(record.result)
+        _enqueue_neighbours(study, context, list(measured.values()), settings.trials - len(mine))
         # One trial per optimize() call: GridSampler stops the study when exhausted, which Optuna
         # allows only inside optimize(); an interrupt marks the running trial FAIL.
         study.optimize(objective, n_trials=1)
@@ -245,6 +251,42 @@ class _Objective:
         return known_out_of_memory(config, self.measured.values())
 
 
+def _enqueue_neighbours(
+    study: optuna.Study, context: SearchContext, measured: list[TrialRecord], left: int
+) -> None:
+    """Spend the last trials on the best configuration with one newer knob changed.
+
+    The sampler rarely proposes two configurations that differ in compile (or channels_last,
+    prefetching, the optimizer implementation) alone; these pairs measure each such knob's
+    effect on the configuration that matters, and the report states it.
+    """
+    if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        return
+    best = max(
+        (r for r in measured if r.eligible), key=lambda r: r.result.samples_per_s or 0, default=None
+    )
+    if best is None:
+        return
+    space = context.space
+    params = space.params_of(best.result.config)
+    known = {r.result.config for r in measured}
+    neighbours = [
+        {**params, knob: value}
+        for knob in TUNED_KNOBS[len(KNOB_GROUPS["classic"]) :]
+        if knob in space.domains
+        for value in space.domains[knob]
+        if value != params[knob]
+    ]
+    fresh = [
+        p
+        for p in neighbours
+        if space.problem(p) is None and space.config_from_params(p) not in known
+    ]
+    if fresh and len(fresh) >= left:
+        for neighbour in fresh[:left]:
+            study.enqueue_trial(neighbour, user_attrs={"role": "search"})
+
+
 def _enqueue_baseline(study: optuna.Study, space: SearchSpace) -> None:
     params = space.params_of(space.baseline)
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.WAITING)):
@@ -266,13 +308,14 @@ def _measure(
         # The baseline is the reference for every speed-up: always its whole window.
         on_progress=_pruning(trial) if role != "baseline" else None,
     )
+    problem = memory_problem(result, context.hardware, context.settings.memory_headroom)
+    if problem is None and context.numerics is not None:
+        problem = context.numerics.problem(result, context.progress.trial_phase)
     return TrialRecord(
         number=trial.number,
         role=role,  # type: ignore[arg-type]
         result=result,
-        infeasible_reason=memory_problem(
-            result, context.hardware, context.settings.memory_headroom
-        ),
+        infeasible_reason=problem,
     )
 
 

@@ -6,12 +6,15 @@ the reason. Everything else is left to measurement.
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import shutil
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import product
 from typing import TYPE_CHECKING, Any
 
-from advisor.config import Device, TrialConfig, TuneSettings, parse_parallel
+from advisor.config import KNOB_GROUPS, Device, TrialConfig, TuneSettings, parse_parallel
 from advisor.errors import SettingsError
 from advisor.results import FixedKnob, HardwareProfile, TaskSummary
 
@@ -92,6 +95,8 @@ class SearchSpace:
     def _values(self, params: dict[str, Any]) -> dict[str, Any]:
         """TrialConfig fields from searched params: `parallel` is mode and world size together."""
         values = {**self.fixed_values, **params}
+        if not values.get("num_workers"):  # without workers these cannot matter: one config
+            values["prefetch_factor"], values["persistent_workers"] = 2, True
         if "parallel" in values:
             values["parallel_mode"], values["world_size"] = parse_parallel(values.pop("parallel"))
         if self.global_batch_size is not None:
@@ -145,6 +150,7 @@ def build_space(
         space.search("cudnn_benchmark", (False, True))
     else:
         space.fix("cudnn_benchmark", False, "no cuDNN on this device: the flag has no effect")
+    _add_beyond_classic(settings, device, hardware, task, space)
     baseline = _baseline(settings, task, device, space.domains["batch_size"])
     return SearchSpace(
         device=device,
@@ -267,6 +273,64 @@ def _add_loader_domains(
         space.fix(
             "pin_memory", False, "no CUDA device: pinned memory only speeds host-to-GPU copies"
         )
+
+
+def _add_beyond_classic(
+    settings: TuneSettings,
+    device: Device,
+    hardware: HardwareProfile,
+    task: TaskSummary,
+    space: _Builder,
+) -> None:
+    """compile, channels_last, matmul precision, loader prefetching and the optimizer's
+    implementation: searched when `--knobs` names them and they can matter here."""
+    wanted = settings.searched_knobs
+    workers = any(space.domains.get("num_workers", (0,)))
+    offers: list[tuple[str, tuple[Any, ...], str | None]] = [
+        ("compile", ("off", "default", "max-autotune-no-cudagraphs"), _compile_problem(device)),
+        ("channels_last", (False, True), None if task.conv2d else NO_CONV2D),
+        ("matmul_precision", ("highest", "high"), _tf32_problem(device, hardware)),
+        ("prefetch_factor", (2, 4), None if workers else NO_WORKERS),
+        ("persistent_workers", (True, False), None if workers else NO_WORKERS),
+        ("optimizer_impl", ("default", "foreach", "fused"), _optimizer_problem(task)),
+    ]
+    for name, values, problem in offers:
+        default = TrialConfig.model_fields[name].default
+        if name not in wanted:
+            group = next(g for g, knobs in KNOB_GROUPS.items() if name in knobs)
+            space.fix(name, default, f"not searched: add it with --knobs classic,{group}")
+        elif problem is not None:
+            space.fix(name, default, problem)
+        else:
+            space.search(name, values)
+
+
+NO_CONV2D = "only 4-D convolution inputs have a channels-last layout; the model has no Conv2d"
+NO_WORKERS = "only DataLoader workers prefetch, and num_workers is fixed at 0"
+
+
+def _compile_problem(device: Device) -> str | None:
+    if device == "cuda":
+        if importlib.util.find_spec("triton") is None:
+            return "torch.compile on CUDA needs triton, which is not installed"
+        return None
+    if not any(shutil.which(cxx) for cxx in (os.environ.get("CXX", "g++"), "g++", "clang++")):
+        return "torch.compile's inductor backend needs a C++ compiler on CPU (g++ or clang++)"
+    return None
+
+
+def _tf32_problem(device: Device, hardware: HardwareProfile) -> str | None:
+    if device == "cpu":
+        return "TF32 matmuls exist on CUDA GPUs only"
+    if any(float(gpu.capability) < 8.0 for gpu in hardware.gpus):
+        return "TF32 needs an Ampere or newer GPU (compute capability 8.0)"
+    return None
+
+
+def _optimizer_problem(task: TaskSummary) -> str | None:
+    if task.custom_optimizer:
+        return "your factory builds its own optimizer; advisor does not change its arguments"
+    return None
 
 
 def _worker_counts(cores: int) -> tuple[int, ...]:

@@ -60,6 +60,9 @@ def _write_and_run(rec: Recommendation, folder: Path, *args: str) -> subprocess.
         (f"{TINY}:triple_task", {"accumulation_steps": 4}),
         (f"{TINY}:iterable_task", {}),
         ("tests.workloads.tiny:factory", {"amp": "bf16"}),
+        (f"{TINY}:conv", {"channels_last": True, "optimizer_impl": "fused", "num_workers": 1}),
+        (f"{TINY}:factory", {"num_workers": 1, "prefetch_factor": 4, "persistent_workers": False}),
+        pytest.param(f"{TINY}:conv", {"compile": "default"}, marks=pytest.mark.slow),
     ],
 )
 def test_generated_script_trains_with_the_recommended_knobs(spec, knobs, tmp_path):
@@ -122,8 +125,18 @@ def test_ddp_script_trains_under_torchrun_and_alone(tmp_path):
         TrialConfig(batch_size=64, amp="bf16"),
         DDP_CONFIG,
         TrialConfig(device="cuda", batch_size=64, amp="fp16", parallel_mode="dp", pin_memory=True),
+        TrialConfig(
+            device="cuda",
+            batch_size=64,
+            compile="max-autotune-no-cudagraphs",
+            channels_last=True,
+            matmul_precision="high",
+            optimizer_impl="foreach",
+            num_workers=2,
+            prefetch_factor=4,
+        ),
     ],
-    ids=["single", "ddp", "dp"],
+    ids=["single", "ddp", "dp", "beyond-classic"],
 )
 def test_generated_script_is_lint_and_format_clean(config, tmp_path):
     rec = _recommendation(f"{TINY}:dict_task", config)

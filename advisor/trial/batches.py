@@ -35,6 +35,19 @@ def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> A
     return batch
 
 
+def to_channels_last(batch: Any) -> Any:
+    """Every 4-D floating-point tensor in a (nested) batch in the channels-last memory format."""
+    if isinstance(batch, torch.Tensor):
+        if batch.dim() == 4 and batch.is_floating_point():
+            return batch.contiguous(memory_format=torch.channels_last)
+        return batch
+    if isinstance(batch, Mapping):
+        return {key: to_channels_last(value) for key, value in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_channels_last(value) for value in batch)
+    return batch
+
+
 def compute_loss(model: Callable[..., Any], batch: Any, loss_fn: Callable[..., Any] | None) -> Any:
     """Forward one batch and return the scalar loss tensor."""
     kind = batch_kind(batch)

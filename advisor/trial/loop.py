@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,6 +24,7 @@ from advisor.trial.batches import (
     batch_kind,
     compute_loss,
     describe_batch,
+    to_channels_last,
     to_device,
 )
 
@@ -38,7 +39,6 @@ __all__ = [
 ]
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-PREFETCH_FACTOR = 2
 BENCHMARK_EXTRA_STEPS = 5  # cudnn.benchmark autotunes every new shape on its first calls
 SCALER_STABLE_STEPS = 3  # fp16: the loss scale must have stopped backing off
 SCALER_MAX_STEPS = 50
@@ -82,11 +82,13 @@ class Trainer:
         self.device = device
         torch.set_num_threads(config.main_process_threads(usable_cores()))
         torch.backends.cudnn.benchmark = config.cudnn_benchmark
+        torch.set_float32_matmul_precision(config.matmul_precision)
         model = task.model.to(device)
+        if config.channels_last:
+            model = model.to(memory_format=torch.channels_last)
         model.train()
-        self.model = wrap_model(model, config.parallel_mode, device)
-        make_optimizer = task.optimizer or (lambda params: torch.optim.AdamW(params, lr=1e-3))
-        self.optimizer = make_optimizer(self.model.parameters())
+        self.model = compiled(wrap_model(model, config.parallel_mode, device), config.compile)
+        self.optimizer = (task.optimizer or default_optimizer(config))(model.parameters())
         self.loss_fn = task.loss_fn
         self.sampler = _sampler(task, config, rank, seed)
         self.loader = _build_loader(task, config, self.sampler)
@@ -154,12 +156,32 @@ class Trainer:
                     self.first_batch = describe_batch(batch)
                     self.first_batch_kind = batch_kind(batch)
                 yielded = True
-                yield to_device(batch, self.device, non_blocking)
+                batch = to_device(batch, self.device, non_blocking)
+                yield to_channels_last(batch) if self.config.channels_last else batch
             if not yielded:
                 raise ValueError(
                     f"the loader yields no full batch of {self.config.batch_size}: "
                     "the dataset is smaller than the batch size"
                 )
+
+
+def default_optimizer(config: TrialConfig) -> Callable[[Any], torch.optim.Optimizer]:
+    """AdamW(lr=1e-3) in the implementation the configuration names: torch's choice (a
+    for-loop on CPU, foreach on CUDA), foreach, or fused."""
+    foreach = True if config.optimizer_impl == "foreach" else None
+    fused = True if config.optimizer_impl == "fused" else None
+    return lambda params: torch.optim.AdamW(params, lr=1e-3, foreach=foreach, fused=fused)
+
+
+def compiled(model: torch.nn.Module, mode: str) -> torch.nn.Module:
+    """`torch.compile` in `mode` ("default" is torch's default mode); the model as is if off.
+
+    A DDP model is compiled as a whole, so that Dynamo splits its graph at the gradient
+    buckets and the all-reduces still overlap the backward pass.
+    """
+    if mode == "off":
+        return model
+    return torch.compile(model, mode=None if mode == "default" else mode)  # type: ignore[return-value]
 
 
 def wrap_model(model: torch.nn.Module, mode: ParallelMode, device: torch.device) -> torch.nn.Module:
@@ -211,11 +233,13 @@ def _build_loader(
         shuffle=not iterable and sampler is None,
         sampler=sampler,
         num_workers=workers,
+        prefetch_factor=config.prefetch_factor if workers else None,
+        # Kept between epochs unless the config says otherwise: a new set of workers per epoch
+        # costs a fork and a warm-up each time.
+        persistent_workers=config.persistent_workers and workers > 0,
         pin_memory=config.pin_memory,
         drop_last=True,  # a partial last batch would change shapes mid-window
         collate_fn=task.collate_fn,
-        persistent_workers=workers > 0,
-        prefetch_factor=PREFETCH_FACTOR if workers > 0 else None,
     )
 
 
@@ -257,7 +281,8 @@ def run_window(
     they stop together, once every rank is done (one waiting for the others would hang).
     A `monitor` may end the window before `min_seconds`, never before the other minimums.
     """
-    min_micro = 2 * trainer.config.num_workers * PREFETCH_FACTOR if cover_worker_cycles else 0
+    config = trainer.config
+    min_micro = 2 * config.num_workers * config.prefetch_factor if cover_worker_cycles else 0
     window = Window()
     loss_tensors = []
     trainer.synchronize()

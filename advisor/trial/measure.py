@@ -27,7 +27,10 @@ from advisor.trial.loop import DivergedError, Trainer, Window, run_window, warm_
 from advisor.trial.memory import PeakMemory
 from advisor.trial.protocol import TrialRequest
 
-__all__ = ["measure_request"]
+__all__ = ["EARLY_STEPS", "measure_request"]
+
+# Optimizer steps whose losses the numerics check compares (advisor.numerics).
+EARLY_STEPS = 3
 
 
 class _Phase:
@@ -93,7 +96,7 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: dict[str, A
     trainer = Trainer(task, config, device, rank=rank, seed=request.seed)
     phase.enter("first_step")
     try:
-        run_window(trainer, min_steps=1, cover_worker_cycles=False)
+        first = run_window(trainer, min_steps=1, cover_worker_cycles=False)
     finally:  # also when the step fails: the batch it saw explains the failure
         state["summary"] = _summarise(task, kind, trainer)
     startup_s = time.time() - request.launched_at
@@ -102,12 +105,19 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: dict[str, A
         return _validated(request, trainer, memory, state["summary"], startup_s)
     phase.enter("warmup")
     warmup_started = time.perf_counter()
-    warmup = warm_up(trainer, request.warmup_steps)
+    warmup = warm_up(trainer, max(request.warmup_steps, EARLY_STEPS - 1))
     warmup_s = time.perf_counter() - warmup_started
+    early_losses = tuple((first.losses + warmup.losses)[:EARLY_STEPS])
+    if request.mode == "reference":
+        trainer.close()
+        return TrialResult(
+            config=config, status="ok", early_losses=early_losses, task=state["summary"]
+        )
     phase.enter("measure")
     window = _timed_window(trainer, request, warmup, rank)
     trainer.close()
-    return _measured(request, window, memory.stop(), state["summary"], startup_s, warmup_s)
+    result = _measured(request, window, memory.stop(), state["summary"], startup_s, warmup_s)
+    return result.model_copy(update={"early_losses": early_losses, "first_step_s": first.elapsed_s})
 
 
 def _timed_window(trainer: Trainer, request: TrialRequest, warmup: Window, rank: int) -> Window:
@@ -274,6 +284,7 @@ def _summarise(task: TrainingTask, kind: str, trainer: Trainer) -> TaskSummary:
         custom_optimizer=task.optimizer is not None,
         custom_collate=task.collate_fn is not None,
         user_batch_size=user_batch_size(task),
+        conv2d=any(isinstance(module, torch.nn.Conv2d) for module in task.model.modules()),
     )
 
 

@@ -19,7 +19,8 @@ class TrialRequest(BaseModel):
     spec: str
     cwd: str
     config: TrialConfig
-    mode: Literal["trial", "validate"] = "trial"
+    # validate: the user's batch size, one step; reference: the first steps' losses only.
+    mode: Literal["trial", "validate", "reference"] = "trial"
     warmup_steps: int = Field(default=3, ge=1)
     trial_seconds: float = Field(default=3.0, gt=0)
     max_measure_steps: int | None = Field(default=None, ge=1)

@@ -245,3 +245,35 @@ def _four_beats_under_autocast(model: Faulty, features: torch.Tensor) -> None:
 
 # bf16 runs at a quarter of fp32's speed, whatever the machine.
 slow_with_bf16 = _fault_factory(_four_beats_under_autocast)
+
+
+# --- convolutions: the knobs for 4-D inputs -----------------------------------------------------
+class _TinyConv(nn.Module):
+    """Conv2d over 3x8x8 images; with `perturb_channels_last`, it computes something else when
+    its input is channels-last, as a kernel bug in one memory format would."""
+
+    def __init__(self, perturb_channels_last: bool = False) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.head = nn.Linear(8, 2)
+        self.perturb = perturb_channels_last
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        features = torch.relu(self.conv(images))
+        if self.perturb and images.is_contiguous(memory_format=torch.channels_last):
+            features = features * 10.0
+        return self.head(features.mean(dim=(2, 3)))
+
+
+def _images() -> TensorDataset:
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(SAMPLES, 3, 8, 8, generator=generator)
+    return TensorDataset(images, (images.mean(dim=(1, 2, 3)) > 0).long())
+
+
+def conv():
+    return _TinyConv(), _images(), nn.CrossEntropyLoss()
+
+
+def conv_wrong_in_channels_last():
+    return _TinyConv(perturb_channels_last=True), _images(), nn.CrossEntropyLoss()

@@ -1,0 +1,160 @@
+"""Knobs beyond the classic checklist: selection, applicability, trials, numerics, code."""
+
+import shutil
+
+import optuna
+import pytest
+
+import advisor
+from advisor.api import validate
+from advisor.config import TrialConfig, TuneSettings
+from advisor.errors import SettingsError
+from advisor.numerics import maths_problem
+from advisor.results import TrialResult
+from advisor.space import build_space
+from advisor.trial.runner import TrialLaunch, run_trial
+from tests.conftest import CPU_PROFILE, ROOT, TINY
+
+BEYOND = ("compile", "channels_last", "matmul_precision", "prefetch_factor",
+          "persistent_workers", "optimizer_impl")  # fmt: skip
+HAS_CXX = shutil.which("g++") is not None or shutil.which("clang++") is not None
+
+
+def _space(spec: str, **settings):
+    tune = TuneSettings(spec=spec, **settings)
+    return build_space(tune, CPU_PROFILE, validate(spec).task)
+
+
+def test_knob_groups_expand_and_a_misspelt_one_gets_a_suggestion():
+    assert TuneSettings(spec="x:y").searched_knobs >= {"amp", "parallel", "num_workers"}
+    assert not TuneSettings(spec="x:y").searched_knobs & set(BEYOND)
+    chosen = TuneSettings(spec="x:y", knobs="classic,loader,compile").searched_knobs
+    assert {"prefetch_factor", "persistent_workers", "compile"} <= chosen
+    assert set(BEYOND) <= TuneSettings(spec="x:y", knobs="all").searched_knobs
+    with pytest.raises(SettingsError, match="unknown knob group 'compil'; did you mean 'compile'"):
+        advisor.api.make_settings("x:y", knobs="classic,compil")
+
+
+def test_classic_search_fixes_every_newer_knob_with_how_to_search_it():
+    space = _space(f"{TINY}:conv")
+    fixed = {knob.name: knob.reason for knob in space.fixed}
+    assert not set(BEYOND) & set(space.domains)
+    assert fixed["compile"] == "not searched: add it with --knobs classic,compile"
+    assert fixed["prefetch_factor"] == "not searched: add it with --knobs classic,loader"
+
+
+def test_all_knobs_on_cpu_search_what_can_matter_and_say_why_not_the_rest():
+    conv = _space(f"{TINY}:conv", knobs="all")
+    mlp = _space(f"{TINY}:factory", knobs="all")
+    fixed = {knob.name: knob.reason for knob in mlp.fixed}
+    assert conv.domains["channels_last"] == (False, True)
+    assert "the model has no Conv2d" in fixed["channels_last"]
+    assert fixed["matmul_precision"] == "TF32 matmuls exist on CUDA GPUs only"
+    assert mlp.domains["prefetch_factor"] == (2, 4)
+    assert mlp.domains["optimizer_impl"] == ("default", "foreach", "fused")
+    if HAS_CXX:
+        assert mlp.domains["compile"] == ("off", "default", "max-autotune-no-cudagraphs")
+    # Without workers, prefetching cannot matter: those combinations are one configuration.
+    params = {name: values[-1] for name, values in mlp.domains.items()}
+    params["num_workers"] = 0
+    assert mlp.config_from_params(params).prefetch_factor == 2
+
+
+def _trial(spec: str, config: TrialConfig, tmp_path, mode: str = "trial") -> TrialResult:
+    launch = TrialLaunch(spec=spec, cwd=ROOT, warmup_steps=2, trial_seconds=0.3, timeout_s=600)
+    return run_trial(launch, config, tmp_path / f"{config.label()}.log", mode=mode)
+
+
+@pytest.mark.parametrize(
+    ("spec", "knobs"),
+    [
+        (f"{TINY}:conv", {"channels_last": True}),
+        (f"{TINY}:factory", {"optimizer_impl": "fused"}),
+        (f"{TINY}:factory", {"optimizer_impl": "foreach", "amp": "bf16"}),
+        (f"{TINY}:factory", {"num_workers": 1, "prefetch_factor": 4, "persistent_workers": False}),
+    ],
+)
+def test_each_knob_trains_and_keeps_the_maths_of_its_twin(spec, knobs, tmp_path):
+    config = TrialConfig(batch_size=16, **knobs)
+    result = _trial(spec, config, tmp_path)
+    twin = _trial(spec, config.maths_twin, tmp_path, mode="reference")
+    assert result.status == "ok", result.reason
+    assert twin.status == "ok" and twin.samples_per_s is None  # first steps only, no window
+    assert len(result.early_losses) == len(twin.early_losses) == 3
+    assert maths_problem(result, twin) is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_CXX, reason="torch.compile's inductor needs a C++ compiler on CPU")
+def test_a_compiled_trial_times_its_compilation_apart_from_its_steps(tmp_path):
+    eager = _trial(f"{TINY}:factory", TrialConfig(batch_size=16), tmp_path)
+    compiled = _trial(f"{TINY}:factory", TrialConfig(batch_size=16, compile="default"), tmp_path)
+    assert compiled.status == "ok", compiled.reason
+    assert compiled.first_step_s > 10 * eager.first_step_s  # the compilation
+    assert compiled.window_s >= 0.3 and compiled.steps_measured >= 3
+    assert maths_problem(compiled, eager) is None
+
+
+def test_a_knob_that_changes_the_losses_is_named_with_the_step():
+    twin = TrialResult(config=TrialConfig(batch_size=8), status="ok", early_losses=(0.7, 0.69))
+    config = TrialConfig(batch_size=8, channels_last=True)
+    close = TrialResult(config=config, status="ok", early_losses=(0.7001, 0.6901))
+    wrong = TrialResult(config=config, status="ok", early_losses=(0.7, 0.9))
+    assert maths_problem(close, twin) is None
+    assert maths_problem(wrong, twin) == (
+        "channels_last=True changed the maths: the loss of step 2 was 0.9 against 0.69 "
+        "without (tolerance 1%)"
+    )
+
+
+@pytest.mark.slow
+def test_a_tune_rejects_a_knob_that_changes_the_maths_and_reports_why(tmp_path):
+    result = advisor.tune(
+        f"{TINY}:conv_wrong_in_channels_last",
+        knobs="classic,channels_last",
+        sampler="grid",
+        trials=12,
+        batch_sizes="16",
+        accumulation_steps="1",
+        max_world_size=1,
+        trial_seconds=0.3,
+        warmup_steps=1,
+        confirm_top=1,
+        out=tmp_path,
+    )
+    nhwc = [t for t in result.trials if t.result.config.channels_last and t.role == "search"]
+    assert nhwc and all("channels_last=True changed the maths" in t.note for t in nhwc)
+    assert not result.recommendation.config.channels_last
+    report = (tmp_path / "report.md").read_text()
+    assert "channels_last=True rejected" in report
+    study = optuna.load_study(
+        study_name="tiny-conv_wrong_in_channels_last", storage=f"sqlite:///{tmp_path}/study.db"
+    )
+    assert {t.params["channels_last"] for t in study.trials if t.params} == {False, True}
+
+
+@pytest.mark.slow
+def test_the_last_trials_change_one_newer_knob_of_the_best_configuration(tmp_path):
+    result = advisor.tune(
+        f"{TINY}:factory",
+        knobs="classic,optimizer",
+        trials=6,
+        batch_sizes="16,64",
+        accumulation_steps="1",
+        max_world_size=1,
+        trial_seconds=0.3,
+        warmup_steps=1,
+        confirm_top=1,
+        out=tmp_path,
+    )
+    search = [t for t in result.trials if t.role in ("baseline", "search")]
+    *earlier, before_last, last = search
+    best = max((t for t in earlier if t.eligible), key=lambda t: t.result.samples_per_s)
+    implementations = {best.result.config.optimizer_impl}
+    for neighbour in (before_last, last):
+        implementations.add(neighbour.result.config.optimizer_impl)
+        same = neighbour.result.config.model_copy(update={"optimizer_impl": "default"})
+        assert same == best.result.config.model_copy(update={"optimizer_impl": "default"})
+    assert implementations == {"default", "foreach", "fused"}
+    effects = [e for e in result.recommendation.knob_effects if e.knob == "optimizer_impl"]
+    assert any(best.number in pair for e in effects for pair in e.pairs)
