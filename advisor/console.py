@@ -9,8 +9,15 @@ from rich.markup import escape
 from rich.status import Status
 from rich.table import Table
 
-from advisor.config import TUNED_KNOBS, TrialConfig
-from advisor.results import HardwareProfile, Recommendation, TaskSummary, TrialRecord, TrialResult
+from advisor.config import TrialConfig
+from advisor.results import (
+    HardwareProfile,
+    Recommendation,
+    TaskSummary,
+    TrialRecord,
+    TrialResult,
+    shown_knobs,
+)
 
 __all__ = ["ConsoleProgress", "hardware_table", "recommendation_table", "validation_table"]
 
@@ -87,7 +94,7 @@ def recommendation_table(rec: Recommendation) -> Table:
     table.add_column("knob")
     table.add_column("recommended", style="bold green")
     table.add_column("baseline")
-    for name in TUNED_KNOBS:
+    for name in shown_knobs(rec):
         table.add_row(name, str(getattr(rec.config, name)), str(getattr(rec.baseline_config, name)))
     table.add_row(
         "global batch",

@@ -11,7 +11,14 @@ from advisor.codegen import launch_command
 from advisor.config import TUNED_KNOBS, TuneSettings
 from advisor.effects import param_importances
 from advisor.plots import batch_amp_svg, history_svg, importance_svg, memory_svg
-from advisor.results import LayoutBest, PrunedProposal, TrialRecord, TuneResult
+from advisor.results import (
+    LayoutBest,
+    PrunedProposal,
+    Recommendation,
+    TrialRecord,
+    TuneResult,
+    shown_knobs,
+)
 from advisor.selection import relative_spread
 from advisor.storage import mask_url
 from advisor.templating import template_environment
@@ -37,6 +44,10 @@ CSV_RESULT_FIELDS = (
     "reason",
     "log_path",
 )
+
+
+def _table_knobs(rec: Recommendation) -> tuple[str, ...]:
+    return ("device", "parallel_mode", "world_size", *shown_knobs(rec)[1:])
 
 
 def _md(value: object) -> str:
@@ -82,7 +93,7 @@ def render_markdown(result: TuneResult) -> str:
         .get_template("report.md.j2")
         .render(
             rec=rec,
-            knobs=KNOBS,
+            knobs=_table_knobs(rec),
             baseline_memory=baseline.result.peak_memory_bytes if baseline else None,
             launch=launch_command(rec.config, (result.out_dir / "train.py").as_posix()),
             parallel=_parallel_rows(rec.parallel_best),
@@ -115,7 +126,7 @@ def render_html(result: TuneResult) -> str:
     environment = template_environment(autoescape=True, duration=_duration, **filters)
     return environment.get_template("report.html.j2").render(
         rec=rec,
-        knobs=KNOBS,
+        knobs=_table_knobs(rec),
         parallel=_parallel_rows(rec.parallel_best),
         plots=[(title, svg) for title, svg in figures if svg],
         trials=trials,

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.config import TrialConfig, TuneSettings
+from advisor.config import KNOB_GROUPS, TUNED_KNOBS, TrialConfig, TuneSettings
 
 __all__ = [
     "Bottleneck",
@@ -27,6 +27,7 @@ __all__ = [
     "TrialResult",
     "TrialStatus",
     "TuneResult",
+    "shown_knobs",
 ]
 
 TrialStatus = Literal["ok", "oom", "timeout", "crashed", "error", "diverged"]
@@ -263,6 +264,20 @@ class StudyContext(_Frozen):
     fixed_knobs: tuple[FixedKnob, ...] = ()
     hardware: HardwareProfile
     task: TaskSummary
+
+
+def shown_knobs(rec: Recommendation) -> tuple[str, ...]:
+    """The knobs a recommendation table lists: the classic ones, and each newer one that was
+    searched or differs from the baseline (a classic tune need not list six unchanged rows)."""
+    fixed = {knob.name for knob in rec.fixed_knobs}
+    classic = KNOB_GROUPS["classic"]
+    return tuple(
+        name
+        for name in TUNED_KNOBS
+        if name in classic
+        or name not in fixed
+        or getattr(rec.config, name) != getattr(rec.baseline_config, name)
+    )
 
 
 class Recommendation(_Frozen):
