@@ -254,7 +254,8 @@ class _Objective:
 def _enqueue_neighbours(
     study: optuna.Study, context: SearchContext, measured: list[TrialRecord], left: int
 ) -> None:
-    """Spend the last trials on the best configuration with one newer knob changed.
+    """Spend the last trials (at most half of `--trials`) on the best configuration with one
+    newer knob changed.
 
     The sampler rarely proposes two configurations that differ in compile (or channels_last,
     prefetching, the optimizer implementation) alone; these pairs measure each such knob's
@@ -282,7 +283,8 @@ def _enqueue_neighbours(
         for p in neighbours
         if space.problem(p) is None and space.config_from_params(p) not in known
     ]
-    if fresh and len(fresh) >= left:
+    room = min(len(fresh), context.settings.trials // 2)  # the sampler keeps the other half
+    if 0 < left <= room:
         for neighbour in fresh[:left]:
             study.enqueue_trial(neighbour, user_attrs={"role": "search"})
 

@@ -76,7 +76,11 @@ def select_winner(records: list[TrialRecord], context: SearchContext) -> Selecti
         raise NoFeasibleConfigError(
             "no finalist was feasible when re-measured: " + failure_summary(failed)
         )
-    winner, close_call = _decide(confirmed, reruns, baseline, context)
+    # Only finalists re-run in every round compete: one dropped after its first re-run stays
+    # out, even if the others' later re-runs came in lower.
+    rounds = max(len(reruns[r.number]) for r in confirmed)
+    contenders = [r for r in confirmed if len(reruns[r.number]) == rounds]
+    winner, close_call = _decide(contenders, reruns, baseline, context)
     baseline_runs: tuple[float, ...] = ()
     if baseline is not None and baseline in confirmed:
         baseline_runs = _rates(reruns[baseline.number])
@@ -94,7 +98,8 @@ def _confirm_adaptively(
     repeats = context.settings.confirm_repeats
     reruns = _confirm(finalists, context, 1, label=f"re-run round 1/{repeats},")
     for round_index in range(1, repeats):
-        leader = max(_median(reruns[r.number]) for r in finalists)
+        usable = [r for r in finalists if all(c.eligible for c in reruns[r.number])]
+        leader = max((_median(reruns[r.number]) for r in usable), default=0.0)
         contenders = [r for r in finalists if r is baseline or _can_win(reruns[r.number], leader)]
         label = f"re-run round {round_index + 1}/{repeats},"
         for number, runs in _confirm(contenders, context, 1, round_index, label).items():

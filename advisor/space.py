@@ -39,8 +39,9 @@ class SearchSpace:
 
     @cached_property
     def size(self) -> int:
-        """How many configurations the space holds (combinations with a problem excluded)."""
-        return sum(1 for params in self._all_params() if self.problem(params) is None)
+        """How many distinct configurations the space holds (combinations with a problem
+        excluded; without loader workers, the prefetch settings make no difference)."""
+        return len(set(self.all_configs()))
 
     def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
         return {

@@ -60,6 +60,18 @@ def test_all_knobs_on_cpu_search_what_can_matter_and_say_why_not_the_rest():
     assert mlp.config_from_params(params).prefetch_factor == 2
 
 
+def test_without_workers_the_loader_knobs_make_no_second_configuration():
+    space = _space(
+        f"{TINY}:factory",
+        knobs="classic,loader",
+        batch_sizes="16",
+        accumulation_steps="1",
+        max_world_size=1,
+    )
+    # amp 2 x (no workers, or 2 worker counts x prefetch 2 x persistent 2): 2 x (1 + 8)
+    assert space.size == 18
+
+
 def _trial(spec: str, config: TrialConfig, tmp_path, mode: str = "trial") -> TrialResult:
     launch = TrialLaunch(spec=spec, cwd=ROOT, warmup_steps=2, trial_seconds=0.3, timeout_s=600)
     return run_trial(launch, config, tmp_path / f"{config.label()}.log", mode=mode)

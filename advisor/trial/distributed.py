@@ -41,6 +41,7 @@ LOCALHOST = "127.0.0.1"
 RANK_GRACE_S = 1.0  # after one rank fails, how long the others get before SIGTERM
 RENDEZVOUS_TIMEOUT = timedelta(minutes=5)
 PORT_FILE = "store-port"
+NO_STORE = 0  # written instead of a port when the store could not be opened
 
 
 class RankReport(BaseModel):
@@ -70,6 +71,7 @@ def run_distributed(request: TrialRequest) -> TrialResult:
         try:
             store = dist.TCPStore(LOCALHOST, 0, is_master=True, wait_for_workers=False)
         except (RuntimeError, OSError) as exc:
+            _write_atomically(reports / PORT_FILE, str(NO_STORE))  # the ranks give up at once
             _stop(context)
             return _supervisor_failed(config, f"could not open the rendezvous store: {exc}")
         _write_atomically(reports / PORT_FILE, str(store.port))
@@ -103,7 +105,10 @@ def _store_port(reports: Path) -> int:
         if time.monotonic() > deadline:
             raise TimeoutError("the supervisor did not open the rendezvous store")
         time.sleep(0.005)
-    return int(path.read_text())
+    port = int(path.read_text())
+    if port == NO_STORE:
+        raise RuntimeError("the supervisor could not open the rendezvous store")
+    return port
 
 
 def _wait_for_ranks(context: ProcessContext) -> dict[int, int] | None:

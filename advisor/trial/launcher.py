@@ -33,7 +33,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["LaunchOrder", "Launcher", "LauncherGoneError", "shared_launcher"]
 
@@ -47,6 +47,7 @@ class LaunchOrder(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    number: int = Field(description="echoed in the launcher's answers, to pair them with orders")
     request_path: str
     log_path: str
     cwd: str
@@ -71,13 +72,13 @@ def main() -> int:
             pid = os.fork()
         if pid == 0:
             _run_child(order)  # never returns
-        _send({"pid": pid})
+        _send({"order": order.number, "pid": pid})
         returncode = _reap(pid, parent)
         if returncode is None:  # the parent is gone: so is its trial
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
             return 1
-        _send({"pid": pid, "returncode": returncode})
+        _send({"order": order.number, "pid": pid, "returncode": returncode})
     return 0
 
 
@@ -172,6 +173,7 @@ class Launcher:
         )
         self._buffer = b""
         self._ready = False
+        self._orders = 0
 
     @property
     def pid(self) -> int:
@@ -181,8 +183,24 @@ class Launcher:
     def alive(self) -> bool:
         return self._process.poll() is None
 
-    def fork(self, order: LaunchOrder) -> ForkedTrial:
-        """Start a trial child; raises `LauncherGoneError` if the launcher is not there."""
+    def fork(self, request_path: str, log_path: str, cwd: str) -> ForkedTrial:
+        """Start a trial child; raises `LauncherGoneError` if the launcher is not there.
+
+        Anything that stops this call half-way (Ctrl-C, a timeout) kills the launcher: a child
+        it started unwatched then dies with it (`advisor.trial.worker.exit_with_parent`), and
+        the next trial gets a new launcher, never an answer meant for another order.
+        """
+        self._orders += 1
+        order = LaunchOrder(
+            number=self._orders, request_path=request_path, log_path=log_path, cwd=cwd, env=self.env
+        )
+        try:
+            return self._fork(order)
+        except BaseException:
+            self.kill()
+            raise
+
+    def _fork(self, order: LaunchOrder) -> ForkedTrial:
         if not self._ready:
             if self.read(timeout_s=READY_TIMEOUT_S) is None:  # the imports, once
                 raise LauncherGoneError("advisor's trial launcher did not start")
@@ -198,8 +216,13 @@ class Launcher:
             message = self.read(timeout_s=READY_TIMEOUT_S)
             if message is None:
                 raise LauncherGoneError("advisor's trial launcher did not start the trial")
-            if "returncode" not in message and "pid" in message:
+            if message.get("order") == order.number and "returncode" not in message:
                 return ForkedTrial(self, message["pid"])
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self._process.kill()
+        self._process.wait()
 
     def read(self, timeout_s: float) -> dict[str, int] | None:
         """The launcher's next message, or None if none came within `timeout_s`."""

@@ -127,9 +127,10 @@ class Trainer:
 
     def _gradient_sync(self, *, final: bool) -> contextlib.AbstractContextManager[Any]:
         """DDP all-reduces gradients on the last micro-step of an optimizer step only."""
-        if final or not isinstance(self.model, DistributedDataParallel):
+        ddp = getattr(self.model, "_orig_mod", self.model)  # under torch.compile too
+        if final or not isinstance(ddp, DistributedDataParallel):
             return contextlib.nullcontext()
-        return self.model.no_sync()
+        return ddp.no_sync()
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.config.amp == "off":

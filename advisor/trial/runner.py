@@ -8,6 +8,7 @@ exception here: it comes back as a `TrialResult` with a status.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -23,7 +24,7 @@ import psutil
 from advisor.config import TrialConfig
 from advisor.hardware import child_env
 from advisor.results import FailurePhase, TrialResult
-from advisor.trial.launcher import LauncherGoneError, LaunchOrder, shared_launcher
+from advisor.trial.launcher import LauncherGoneError, shared_launcher
 from advisor.trial.protocol import TrialRequest, died_without_result
 
 __all__ = ["ProgressCallback", "TrialLaunch", "run_trial"]
@@ -144,11 +145,9 @@ def _supervise(
 def _start_child(request_path: Path, launch: TrialLaunch, log_path: Path) -> _Child:
     """A trial child leading a session of its own, its output going to `log_path`."""
     env = child_env()
-    if launch.preloaded:
-        order = LaunchOrder(
-            request_path=str(request_path), log_path=str(log_path), cwd=str(launch.cwd), env=env
-        )
-        return shared_launcher(env, launch.cwd).fork(order)
+    if launch.preloaded and _json_safe(env):
+        launcher = shared_launcher(env, launch.cwd)
+        return launcher.fork(str(request_path), str(log_path), str(launch.cwd))
     with log_path.open("w") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "advisor.trial.worker", str(request_path)],
@@ -159,6 +158,16 @@ def _start_child(request_path: Path, launch: TrialLaunch, log_path: Path) -> _Ch
             start_new_session=True,
             env=env,
         )
+
+
+def _json_safe(env: dict[str, str]) -> bool:
+    """Whether the environment survives the launcher's JSON orders (a value that is no valid
+    UTF-8 does not; such an environment gets a fresh interpreter per trial instead)."""
+    try:
+        json.dumps(env, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _launcher_failed(request: TrialRequest, exc: LauncherGoneError) -> TrialResult:

@@ -109,3 +109,9 @@ def _tagged(mark: str) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+
+def test_an_environment_that_is_no_utf8_gets_a_fresh_interpreter(tmp_path, monkeypatch):
+    monkeypatch.setenv("ADVISOR_TEST_LATIN1", "caf\udce9")  # b"caf\xe9" from a latin-1 shell
+    result = _trial(_launch(), "says_what_was_imported", tmp_path)
+    assert result.reason.endswith("torch._dynamo preloaded: False")
