@@ -144,6 +144,11 @@ def _completed_trials(out) -> int:
     return sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
 
 
+def _running_trials(out) -> int:
+    study = optuna.load_study(study_name="tiny-factory", storage=f"sqlite:///{out}/study.db")
+    return sum(t.state == optuna.trial.TrialState.RUNNING for t in study.trials)
+
+
 def test_ctrl_c_keeps_finished_trials_and_the_same_command_resumes(tmp_path):
     import signal
 
@@ -178,7 +183,14 @@ def test_ctrl_c_keeps_finished_trials_and_the_same_command_resumes(tmp_path):
     assert "Traceback" not in stderr
     kept = _completed_trials(tmp_path)
     assert kept >= 2
-    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+    def alive() -> list[psutil.Process]:
+        return [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+    gone_by = time.monotonic() + 10  # the trial launcher exits once it reads the end of input
+    while alive() and time.monotonic() < gone_by:
+        time.sleep(0.1)
+    assert not alive()
     _check_provisional_reports(tmp_path, stderr)
     resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
@@ -230,10 +242,10 @@ def test_a_killed_parent_leaves_no_trial_running_after_resume(tmp_path):
     command = [sys.executable, "-m", "advisor", "tune", f"{TINY}:factory", "--out", str(tmp_path)]
     process = subprocess.Popen([*command, *flags], cwd=ROOT, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
-    while _completed_trials(tmp_path) < 1 and time.monotonic() < deadline:
-        time.sleep(0.5)
-    time.sleep(2)  # the next trial is running now
-    process.send_signal(signal.SIGKILL)
+    while not (_completed_trials(tmp_path) >= 1 and _running_trials(tmp_path)):
+        assert time.monotonic() < deadline, "no second trial started"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGKILL)  # while the second trial runs
     process.wait()
     time.sleep(STALE_AFTER_S + 2)
     resumed = subprocess.run([*command, *flags], cwd=ROOT, capture_output=True, text=True)
