@@ -169,14 +169,7 @@ def test_reports_render_failed_trials_with_their_reasons(tmp_path):
 
 @pytest.mark.slow
 def test_a_tie_within_noise_is_re_run_then_goes_to_the_config_with_fewer_changes(tmp_path):
-    settings = TuneSettings(
-        spec=f"{TINY}:paced", trials=2, confirm_top=2, confirm_repeats=2, max_world_size=1
-    )
-    space = build_space(settings, CPU_PROFILE, validate(f"{TINY}:factory").task)
-    launch = TrialLaunch(
-        spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=0.5, timeout_s=120
-    )
-    context = SearchContext(settings, space, CPU_PROFILE, launch, tmp_path, NullProgress())
+    context = _selection_context("paced", 2, tmp_path)
     baseline, bf16 = TrialConfig(batch_size=32), TrialConfig(batch_size=32, amp="bf16")
     records = [  # as the search left them: bf16 looked faster in its single window
         TrialRecord(number=0, role="baseline", result=_measured(baseline, 3000.0)),
@@ -192,14 +185,7 @@ def test_a_tie_within_noise_is_re_run_then_goes_to_the_config_with_fewer_changes
 
 @pytest.mark.slow
 def test_a_finalist_clearly_behind_after_its_first_re_run_is_not_re_run_again(tmp_path):
-    settings = TuneSettings(
-        spec=f"{TINY}:slow_with_bf16", trials=2, confirm_top=2, confirm_repeats=3, max_world_size=1
-    )
-    space = build_space(settings, CPU_PROFILE, validate(f"{TINY}:factory").task)
-    launch = TrialLaunch(
-        spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=0.5, timeout_s=120
-    )
-    context = SearchContext(settings, space, CPU_PROFILE, launch, tmp_path, NullProgress())
+    context = _selection_context("slow_with_bf16", 3, tmp_path)
     baseline, bf16 = TrialConfig(batch_size=32), TrialConfig(batch_size=32, amp="bf16")
     records = [  # a lucky search window made bf16 a finalist; it runs at a quarter of the speed
         TrialRecord(number=0, role="baseline", result=_measured(baseline, 1600.0)),
@@ -209,6 +195,19 @@ def test_a_finalist_clearly_behind_after_its_first_re_run_is_not_re_run_again(tm
     runs = {n: [c for c in selection.confirmations if c.number == n] for n in (0, 1)}
     assert (len(runs[0]), len(runs[1])) == (3, 1)
     assert selection.winner.number == 0 and selection.close_call is None
+
+
+def _selection_context(workload: str, repeats: int, tmp_path) -> SearchContext:
+    """What selection needs to re-run two finalists of a tiny workload for real."""
+    settings = TuneSettings(
+        spec=f"{TINY}:{workload}", trials=2, confirm_top=2, confirm_repeats=repeats,
+        max_world_size=1,
+    )  # fmt: skip
+    space = build_space(settings, CPU_PROFILE, validate(f"{TINY}:factory").task)
+    launch = TrialLaunch(
+        spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=0.5, timeout_s=120
+    )
+    return SearchContext(settings, space, CPU_PROFILE, launch, tmp_path, NullProgress())
 
 
 def _measured(config: TrialConfig, rate: float) -> TrialResult:
