@@ -12,6 +12,7 @@ import shutil
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import product
+from math import prod
 from typing import TYPE_CHECKING, Any
 
 from advisor.config import KNOB_GROUPS, Device, TrialConfig, TuneSettings, parse_parallel
@@ -39,9 +40,24 @@ class SearchSpace:
 
     @cached_property
     def size(self) -> int:
-        """How many distinct configurations the space holds (combinations with a problem
-        excluded; without loader workers, the prefetch settings make no difference)."""
-        return len(set(self.all_configs()))
+        """How many distinct configurations the space holds, counted by factors: only batch,
+        accumulation and layout can make a combination impossible, and without loader workers
+        the loader knobs make no difference (so no product of every domain is built)."""
+        coupled = [n for n in ("batch_size", "accumulation_steps", "parallel") if n in self.domains]
+        possible = sum(
+            1
+            for combo in product(*(self.domains[n] for n in coupled))
+            if self.problem(dict(zip(coupled, combo, strict=True))) is None
+        )
+        loader = ("prefetch_factor", "persistent_workers")
+        per_worker_count = prod(len(self.domains[n]) for n in loader if n in self.domains)
+        workers = self.domains.get("num_workers", (self.fixed_values.get("num_workers", 0),))
+        free = prod(
+            len(values)
+            for name, values in self.domains.items()
+            if name not in (*coupled, "num_workers", *loader)
+        )
+        return possible * free * sum(per_worker_count if w else 1 for w in workers)
 
     def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
         return {
