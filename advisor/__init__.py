@@ -3,7 +3,6 @@
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-from advisor.config import TrialConfig, TuneSettings
 from advisor.errors import (
     AdvisorError,
     BadInputError,
@@ -14,6 +13,7 @@ from advisor.errors import (
     SpecError,
     StorageError,
 )
+from advisor.knobs import TrialConfig
 from advisor.results import (
     FixedKnob,
     GpuInfo,
@@ -23,6 +23,7 @@ from advisor.results import (
     TrialResult,
     TuneResult,
 )
+from advisor.settings import TuneSettings
 from advisor.task import TrainingTask
 
 if TYPE_CHECKING:

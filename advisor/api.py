@@ -9,29 +9,21 @@ from typing import Any
 from pydantic import ValidationError
 
 import advisor
-from advisor.codegen import render_launch_script, render_training_script
-from advisor.config import TuneSettings, settings_error
-from advisor.hardware import probe_isolated
-from advisor.numerics import NumericsCheck
-from advisor.outcome import confirmed_recommendation, record_start, stored_result
-from advisor.preflight import preflight
 from advisor.progress import NullProgress, Progress
-from advisor.pruning import make_pruner
-from advisor.report import render_html, render_markdown, render_trials_csv
+from advisor.report.codegen import render_launch_script, render_training_script
+from advisor.report.outcome import confirmed_recommendation, record_start, stored_result
+from advisor.report.render import render_html, render_markdown, render_trials_csv
 from advisor.results import StudyContext, TaskSummary, TrialResult, TuneResult
-from advisor.search import (
-    SearchContext,
-    bind_study,
-    make_sampler,
-    pruned_of,
-    records_of,
-    run_search,
-)
-from advisor.selection import select_winner
-from advisor.space import build_space, resolve_device
-from advisor.storage import CONFIRMATIONS_ATTR, RECOMMENDATION_ATTR, mask_url, open_study
+from advisor.search.checks import NumericsCheck, preflight
+from advisor.search.context import SearchContext
+from advisor.search.pruning import make_pruner
+from advisor.search.selection import select_winner
+from advisor.search.space import build_space, resolve_device
+from advisor.search.storage import CONFIRMATIONS_ATTR, RECOMMENDATION_ATTR, mask_url, open_study
+from advisor.search.study import bind_study, make_sampler, pruned_of, records_of, run_search
+from advisor.settings import TuneSettings, settings_error
 from advisor.task import callable_to_spec, check_spec
-from advisor.trial.runner import TrialLaunch
+from advisor.trial.runner import TrialLaunch, probe_isolated
 
 __all__ = [
     "make_settings",

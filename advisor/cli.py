@@ -23,14 +23,12 @@ from advisor.api import (
     write_outputs,
     write_reports,
 )
-from advisor.codegen import launch_command, render_launch_script, render_training_script
-from advisor.config import TuneSettings
 from advisor.errors import AdvisorError, BadInputError, SettingsError
-from advisor.hardware import probe
-from advisor.report import render_html, render_markdown, reproduce_command
+from advisor.report.codegen import launch_command, render_launch_script, render_training_script
+from advisor.report.render import render_html, render_markdown, reproduce_command
 from advisor.results import Recommendation
-from advisor.settings_file import read_settings_file
-from advisor.storage import mask_url
+from advisor.search.storage import mask_url
+from advisor.settings import TuneSettings, read_settings_file
 
 __all__ = ["cli", "main"]
 
@@ -123,6 +121,8 @@ def tune(spec: str | None, config: Path | None, as_json: bool, quiet: bool, **fl
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 def probe_command(as_json: bool) -> None:
     """Show the hardware advisor tunes for."""
+    from advisor.trial.probe import probe  # imports torch: only this command needs it
+
     hardware = probe()
     if as_json:
         click.echo(hardware.model_dump_json(indent=2))

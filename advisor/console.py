@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.status import Status
 from rich.table import Table
 
-from advisor.config import TrialConfig
+from advisor.knobs import TrialConfig
 from advisor.results import (
     HardwareProfile,
     Recommendation,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from advisor.config import TrialConfig
+from advisor.knobs import TrialConfig
 from advisor.results import TrialRecord
 
 __all__ = ["NullProgress", "Progress"]

@@ -7,7 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.config import KNOB_GROUPS, TUNED_KNOBS, TrialConfig, TuneSettings
+from advisor.knobs import KNOB_GROUPS, TUNED_KNOBS, TrialConfig
+from advisor.settings import TuneSettings
 
 __all__ = [
     "Bottleneck",

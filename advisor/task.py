@@ -17,7 +17,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
-from advisor.config import DEFAULT_BATCH_SIZE
 from advisor.errors import FactoryError, SpecError
 
 __all__ = [
@@ -30,6 +29,7 @@ __all__ = [
 ]
 
 ReturnKind = Literal["task", "tuple"]
+DEFAULT_BATCH_SIZE = 32  # the baseline's batch size when the factory names none
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from advisor.config import TrialConfig
-from advisor.hardware import usable_cores
+from advisor.knobs import TrialConfig
 from advisor.task import build_task
 from advisor.trial.loop import Trainer, run_window
+from advisor.trial.probe import usable_cores
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -17,8 +17,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from advisor.config import TrialConfig
-from advisor.hardware import probe
+from advisor.knobs import TrialConfig
+from advisor.trial.probe import probe
 from advisor.trial.runner import TrialLaunch, run_trial
 
 RESULTS = Path(__file__).parent / "results"

@@ -14,7 +14,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from advisor.config import TrialConfig
+from advisor.knobs import TrialConfig
 from advisor.results import Recommendation
 from advisor.trial.runner import TrialLaunch, run_trial
 

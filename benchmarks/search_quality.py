@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import advisor
-from advisor.config import TrialConfig
-from advisor.hardware import probe
+from advisor.knobs import TrialConfig
+from advisor.trial.probe import probe
 from advisor.trial.runner import TrialLaunch, run_trial
 
 RESULTS = Path(__file__).parent / "results"

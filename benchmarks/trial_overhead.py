@@ -17,7 +17,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from advisor.config import TrialConfig
+from advisor.knobs import TrialConfig
 from advisor.trial.runner import TrialLaunch, run_trial
 
 RESULTS = Path(__file__).parent / "results"

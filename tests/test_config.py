@@ -1,8 +1,9 @@
 import pytest
 from pydantic import ValidationError
 
-from advisor.config import TrialConfig, TuneSettings, settings_error
 from advisor.errors import SettingsError
+from advisor.knobs import TrialConfig
+from advisor.settings import TuneSettings, settings_error
 
 
 def test_trial_config_rejects_cpu_only_conflicts_naming_each():

@@ -4,8 +4,8 @@ import io
 
 from rich.console import Console
 
-from advisor.config import TrialConfig
 from advisor.console import ConsoleProgress
+from advisor.knobs import TrialConfig
 from advisor.results import TrialRecord, TrialResult
 
 CONFIG = TrialConfig(batch_size=32, amp="bf16")

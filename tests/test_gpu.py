@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from advisor.config import TrialConfig
-from advisor.hardware import probe
+from advisor.knobs import TrialConfig
+from advisor.trial.probe import probe
 from advisor.trial.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY
 

@@ -7,11 +7,12 @@ import pytest
 
 import advisor
 from advisor.api import validate
-from advisor.config import TrialConfig, TuneSettings
 from advisor.errors import SettingsError
-from advisor.numerics import maths_problem
+from advisor.knobs import TrialConfig
 from advisor.results import TrialResult
-from advisor.space import build_space
+from advisor.search.checks import maths_problem
+from advisor.search.space import build_space
+from advisor.settings import TuneSettings
 from advisor.trial.runner import TrialLaunch, run_trial
 from tests.conftest import CPU_PROFILE, ROOT, TINY
 

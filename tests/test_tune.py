@@ -12,7 +12,7 @@ import pytest
 import advisor
 from advisor import TuneResult
 from advisor.api import stored_result
-from advisor.report import render_html
+from advisor.report.render import render_html
 from advisor.results import Recommendation
 from tests.browser import needs_chromium, rendered_dom, screenshot
 from tests.conftest import ROOT, TINY, run_advisor
@@ -236,7 +236,7 @@ def _check_provisional_reports(out, stderr: str) -> None:
 def test_a_killed_parent_leaves_no_trial_running_after_resume(tmp_path):
     import signal
 
-    from advisor.storage import STALE_AFTER_S
+    from advisor.search.storage import STALE_AFTER_S
 
     flags = ("--trials", "3", "--trial-seconds", "1", "--confirm-top", "1", "--max-world-size", "1")
     command = [sys.executable, "-m", "advisor", "tune", f"{TINY}:factory", "--out", str(tmp_path)]

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict
 from torch.multiprocessing import start_processes
 from torch.multiprocessing.spawn import ProcessContext, ProcessException
 
-from advisor.config import TrialConfig
+from advisor.knobs import TrialConfig
 from advisor.results import RankResult, TrialResult
 from advisor.trial.measure import measure_request
 from advisor.trial.protocol import TrialRequest, died_without_result

@@ -16,8 +16,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
-from advisor.config import ParallelMode, TrialConfig
-from advisor.hardware import usable_cores
+from advisor.knobs import ParallelMode, TrialConfig
 from advisor.task import TrainingTask
 from advisor.trial.batches import (
     BatchKind,
@@ -27,6 +26,7 @@ from advisor.trial.batches import (
     to_channels_last,
     to_device,
 )
+from advisor.trial.probe import usable_cores
 
 __all__ = [
     "Agreement",

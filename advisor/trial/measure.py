@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.flop_counter import FlopCounterMode
 
-from advisor.config import TrialConfig
 from advisor.errors import AdvisorError
+from advisor.knobs import TrialConfig
 from advisor.results import FailurePhase, TaskSummary, TrialResult
 from advisor.task import TrainingTask, build_task, user_batch_size
 from advisor.trial.loop import DivergedError, Trainer, Window, run_window, warm_up
@@ -29,7 +29,7 @@ from advisor.trial.protocol import TrialRequest
 
 __all__ = ["EARLY_STEPS", "measure_request"]
 
-# Optimizer steps whose losses the numerics check compares (advisor.numerics).
+# Optimizer steps whose losses the numerics check compares (advisor.search.checks).
 EARLY_STEPS = 3
 
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.config import TrialConfig
+from advisor.knobs import TrialConfig
 from advisor.results import TrialResult
 
 __all__ = ["TrialRequest", "died_without_result"]

@@ -1,5 +1,6 @@
 """Parent side of a trial: start an isolated child, enforce the timeout, read its result.
 
+The hardware probe runs in a child too (`probe_isolated`), so that the parent holds no CUDA context.
 The child runs in a new session (its own process group), so killing the group also kills its
 DataLoader workers. Nothing the child does (raise, hang, segfault, get OOM-killed) escapes as an
 exception here: it comes back as a `TrialResult` with a status.
@@ -21,13 +22,13 @@ from typing import Protocol, cast, get_args
 
 import psutil
 
-from advisor.config import TrialConfig
-from advisor.hardware import child_env
-from advisor.results import FailurePhase, TrialResult
+from advisor.errors import AdvisorError
+from advisor.knobs import TrialConfig
+from advisor.results import FailurePhase, HardwareProfile, TrialResult
 from advisor.trial.launcher import LauncherGoneError, shared_launcher
 from advisor.trial.protocol import TrialRequest, died_without_result
 
-__all__ = ["ProgressCallback", "TrialLaunch", "run_trial"]
+__all__ = ["ProgressCallback", "TrialLaunch", "child_env", "probe_isolated", "run_trial"]
 
 GRACE_S = 3.0
 POLL_S = 0.2
@@ -306,3 +307,27 @@ def _read_result(request: TrialRequest, returncode: int, log_path: Path) -> Tria
 
 def _died(request: TrialRequest, code: int, log_path: Path) -> TrialResult:
     return died_without_result(request.config, "the trial process", code, f"; see {log_path}")
+
+
+def probe_isolated() -> HardwareProfile:
+    """`advisor.trial.probe.probe()` in a fresh interpreter; its JSON comes back on stdout."""
+    code = "from advisor.trial.probe import probe; print(probe().model_dump_json())"
+    completed = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, env=child_env()
+    )
+    lines = completed.stdout.strip().splitlines()
+    if completed.returncode != 0 or not lines:
+        last = (completed.stderr.strip().splitlines() or ["no output"])[-1]
+        raise AdvisorError(
+            f"probing the hardware failed ({last}): check that torch imports "
+            f"with {sys.executable} -c 'import torch'"
+        )
+    return HardwareProfile.model_validate_json(lines[-1])
+
+
+def child_env() -> dict[str, str]:
+    """The environment for advisor's child processes: unbuffered, importing this advisor."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    package_root = str(Path(__file__).resolve().parent.parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    return env

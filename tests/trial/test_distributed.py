@@ -4,7 +4,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from advisor.config import TrialConfig
+from advisor.knobs import TrialConfig
 from advisor.task import TrainingTask
 from advisor.trial.loop import Trainer, wrap_model
 from advisor.trial.runner import TrialLaunch, run_trial

@@ -8,10 +8,9 @@ import time
 
 import psutil
 
-from advisor.config import TrialConfig
-from advisor.hardware import child_env
+from advisor.knobs import TrialConfig
 from advisor.trial.launcher import shared_launcher
-from advisor.trial.runner import TrialLaunch, run_trial
+from advisor.trial.runner import TrialLaunch, child_env, run_trial
 from tests.conftest import ROOT, TINY, survivors
 
 
@@ -79,7 +78,7 @@ def test_a_killed_launcher_fails_its_trial_and_the_next_trial_gets_a_new_one(tmp
 def test_the_launcher_and_its_trial_exit_with_their_parent(tmp_path, marked):
     parent_code = (
         "from pathlib import Path\n"
-        "from advisor.config import TrialConfig\n"
+        "from advisor.knobs import TrialConfig\n"
         "from advisor.trial.runner import TrialLaunch, run_trial\n"
         f"launch = TrialLaunch(spec='{TINY}:hang', cwd=Path('{ROOT}'), warmup_steps=1,"
         " trial_seconds=0.2, timeout_s=600)\n"

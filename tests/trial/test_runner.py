@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from advisor.config import TrialConfig
+from advisor.knobs import TrialConfig
 from advisor.trial.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY, survivors
 
@@ -141,7 +141,7 @@ def test_result_counts_even_if_user_threads_keep_the_child_alive(tmp_path, marke
 def test_trial_dies_with_its_parent(tmp_path, marked):
     parent_code = (
         "from pathlib import Path\n"
-        "from advisor.config import TrialConfig\n"
+        "from advisor.knobs import TrialConfig\n"
         "from advisor.trial.runner import TrialLaunch, run_trial\n"
         f"launch = TrialLaunch(spec='{TINY}:hang', cwd=Path('{ROOT}'), warmup_steps=1,"
         " trial_seconds=0.2, timeout_s=600)\n"

@@ -3,8 +3,8 @@
 import pytest
 
 from advisor.api import validate
-from advisor.config import TrialConfig
-from advisor.efficiency import efficiency
+from advisor.knobs import TrialConfig
+from advisor.report.outcome import efficiency
 from advisor.results import GpuInfo
 from tests.conftest import CPU_PROFILE, TINY
 

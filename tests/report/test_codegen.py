@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from advisor.api import validate
-from advisor.codegen import render_launch_script, render_training_script
-from advisor.config import TrialConfig
-from advisor.hardware import probe
+from advisor.knobs import TrialConfig
+from advisor.report.codegen import render_launch_script, render_training_script
 from advisor.results import Recommendation
+from advisor.trial.probe import probe
 from tests.conftest import ROOT, TINY
 
 

@@ -12,11 +12,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from advisor.config import TUNED_KNOBS, TrialConfig
 from advisor.errors import NoFeasibleConfigError
-from advisor.feasibility import memory_problem
+from advisor.knobs import TUNED_KNOBS, TrialConfig
 from advisor.results import TrialRecord
-from advisor.search import SearchContext
+from advisor.search.checks import memory_problem
+from advisor.search.context import SearchContext
 from advisor.trial.runner import run_trial
 
 __all__ = ["Selection", "failure_summary", "relative_spread", "select_winner"]

@@ -9,25 +9,22 @@ a re-run resumes and never measures a finished configuration again.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
-from advisor.config import KNOB_GROUPS, TUNED_KNOBS, TrialConfig, TuneSettings
 from advisor.errors import SettingsError, StorageError
-from advisor.feasibility import known_out_of_memory, memory_problem
-from advisor.numerics import NumericsCheck
-from advisor.progress import Progress
-from advisor.results import HardwareProfile, PrunedProposal, TrialRecord, TrialResult
-from advisor.space import SearchSpace
-from advisor.storage import claim
-from advisor.trial.runner import ProgressCallback, TrialLaunch, run_trial
+from advisor.knobs import KNOB_GROUPS, TUNED_KNOBS, TrialConfig
+from advisor.results import PrunedProposal, TrialRecord, TrialResult
+from advisor.search.checks import known_out_of_memory, memory_problem
+from advisor.search.context import SearchContext
+from advisor.search.space import SearchSpace
+from advisor.search.storage import claim
+from advisor.settings import TuneSettings
+from advisor.trial.runner import ProgressCallback, run_trial
 
 __all__ = [
-    "SearchContext",
     "bind_study",
     "make_sampler",
     "pruned_of",
@@ -38,19 +35,6 @@ __all__ = [
 MAX_UNMEASURED_IN_A_ROW = 200
 TERMS_ATTR = "advisor_measurement_terms"
 PENALTY = 0.0
-
-
-@dataclass(frozen=True)
-class SearchContext:
-    """What the search and the confirmation runs share."""
-
-    settings: TuneSettings
-    space: SearchSpace
-    hardware: HardwareProfile
-    launch: TrialLaunch
-    logs_dir: Path
-    progress: Progress
-    numerics: NumericsCheck | None = None  # None: no check of knobs that change the maths
 
 
 def make_sampler(settings: TuneSettings, space: SearchSpace) -> optuna.samplers.BaseSampler:

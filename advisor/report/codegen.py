@@ -7,10 +7,10 @@ import os
 import shlex
 from pathlib import Path
 
-from advisor.config import TrialConfig
+from advisor.knobs import TrialConfig
+from advisor.report.templating import template_environment
 from advisor.results import Recommendation
 from advisor.task import is_file_spec
-from advisor.templating import template_environment
 
 __all__ = ["launch_command", "render_launch_script", "render_training_script"]
 

@@ -1,5 +1,6 @@
 """Turn a study's measurements into a `Recommendation`: the confirmed one a finished tune makes,
-or a provisional one from the search trials of a tune that was interrupted."""
+or a provisional one from the search trials of a tune that was interrupted; with how far it is
+from the hardware limit (its FLOP rate against the measured matmul peak)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,20 @@ from pathlib import Path
 import optuna
 from pydantic import ValidationError
 
-from advisor.config import TuneSettings
-from advisor.effects import best_by_layout, diagnose, knob_effects, rejected_values
-from advisor.efficiency import efficiency
 from advisor.errors import NoFeasibleConfigError, StorageError
-from advisor.results import Recommendation, StudyContext, TrialRecord, TuneResult
-from advisor.search import pruned_of, records_of
-from advisor.selection import Selection, failure_summary
-from advisor.storage import (
+from advisor.knobs import TrialConfig
+from advisor.report.analysis import best_by_layout, diagnose, knob_effects, rejected_values
+from advisor.results import (
+    Efficiency,
+    HardwareProfile,
+    Recommendation,
+    StudyContext,
+    TaskSummary,
+    TrialRecord,
+    TuneResult,
+)
+from advisor.search.selection import Selection, failure_summary
+from advisor.search.storage import (
     CONFIRMATIONS_ATTR,
     CONTEXT_ATTR,
     RECOMMENDATION_ATTR,
@@ -24,9 +31,12 @@ from advisor.storage import (
     load_study,
     mask_url,
 )
+from advisor.search.study import pruned_of, records_of
+from advisor.settings import TuneSettings
 
 __all__ = [
     "confirmed_recommendation",
+    "efficiency",
     "provisional_recommendation",
     "record_start",
     "stored_result",
@@ -201,4 +211,32 @@ def stored_result(url: str, study_name: str | None, out_dir: Path | None) -> Tun
         confirmations=confirmations,
         pruned=pruned_of(study),
         out_dir=out_dir or Path("reports") / study.study_name,
+    )
+
+
+def efficiency(
+    config: TrialConfig, samples_per_s: float, task: TaskSummary, hardware: HardwareProfile
+) -> Efficiency | None:
+    """None when the model's FLOPs were not counted or no peak was measured for its dtype."""
+    if task.flops_per_sample is None:
+        return None
+    dtype = "fp32" if config.amp == "off" else config.amp
+    if config.device == "cuda" and hardware.gpus:
+        devices = len(hardware.gpus) if config.parallel_mode == "dp" else config.world_size
+        per_device = hardware.gpus[0].peak_flops.get(dtype)
+        peak = per_device * devices if per_device else None
+        where = f"{devices} x {hardware.gpus[0].name}"
+    else:  # every rank shares the same cores, so the machine's peak is the limit
+        peak = hardware.cpu_peak_flops.get(dtype)
+        where = f"{hardware.cores} CPU cores"
+    if not peak:
+        return None
+    achieved = task.flops_per_sample * samples_per_s
+    return Efficiency(
+        flops_per_sample=task.flops_per_sample,
+        achieved_flops=achieved,
+        peak_flops=peak,
+        dtype=dtype,
+        devices=where,
+        fraction_of_peak=achieved / peak,
     )

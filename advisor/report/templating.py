@@ -17,7 +17,7 @@ def template_environment(*, autoescape: bool = False, **filters: Callable[..., A
     strings through a filter made for its language (given here).
     """
     environment = Environment(
-        loader=PackageLoader("advisor", "templates"),
+        loader=PackageLoader("advisor.report", "templates"),
         undefined=StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,

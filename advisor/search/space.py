@@ -15,9 +15,10 @@ from itertools import product
 from math import prod
 from typing import TYPE_CHECKING, Any
 
-from advisor.config import KNOB_GROUPS, Device, TrialConfig, TuneSettings, parse_parallel
 from advisor.errors import SettingsError
+from advisor.knobs import KNOB_GROUPS, Device, TrialConfig, parse_parallel
 from advisor.results import FixedKnob, HardwareProfile, TaskSummary
+from advisor.settings import TuneSettings
 
 if TYPE_CHECKING:
     import optuna

@@ -5,13 +5,15 @@ import pytest
 
 import advisor
 from advisor.api import validate
-from advisor.config import TrialConfig, TuneSettings
-from advisor.feasibility import memory_problem
+from advisor.knobs import TrialConfig
 from advisor.progress import NullProgress
 from advisor.results import TrialRecord, TrialResult
-from advisor.search import SearchContext, run_search
-from advisor.selection import failure_summary, select_winner
-from advisor.space import build_space
+from advisor.search.checks import memory_problem
+from advisor.search.context import SearchContext
+from advisor.search.selection import failure_summary, select_winner
+from advisor.search.space import build_space
+from advisor.search.study import run_search
+from advisor.settings import TuneSettings
 from advisor.trial.runner import TrialLaunch
 from tests.conftest import CPU_PROFILE, ROOT, TINY, run_advisor, survivors
 

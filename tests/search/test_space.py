@@ -1,10 +1,10 @@
 import optuna
 import pytest
 
-from advisor.config import TuneSettings
 from advisor.errors import SettingsError
 from advisor.results import GpuInfo, TaskSummary
-from advisor.space import build_space
+from advisor.search.space import build_space
+from advisor.settings import TuneSettings
 from tests.conftest import CPU_PROFILE
 
 CPU = CPU_PROFILE

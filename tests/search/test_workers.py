@@ -10,12 +10,13 @@ import pytest
 from optuna.trial import TrialState
 
 from advisor.api import validate
-from advisor.config import TuneSettings
 from advisor.errors import SettingsError
 from advisor.progress import NullProgress
-from advisor.search import SearchContext, bind_study
-from advisor.space import build_space
-from advisor.storage import PROCESS_ATTR, claim, load_study, open_study
+from advisor.search.context import SearchContext
+from advisor.search.space import build_space
+from advisor.search.storage import PROCESS_ATTR, claim, load_study, open_study
+from advisor.search.study import bind_study
+from advisor.settings import TuneSettings
 from advisor.trial.runner import TrialLaunch
 from tests.conftest import CPU_PROFILE, ROOT, TINY, run_advisor
 from tests.postgres import PASSWORD, postgres_url  # noqa: F401 (a fixture)

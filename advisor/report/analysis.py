@@ -6,7 +6,7 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Literal
 
-from advisor.config import TUNED_KNOBS
+from advisor.knobs import TUNED_KNOBS
 from advisor.results import Bottleneck, KnobEffect, LayoutBest, RejectedValue, TrialRecord
 
 __all__ = ["best_by_layout", "diagnose", "knob_effects", "param_importances", "rejected_values"]

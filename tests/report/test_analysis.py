@@ -2,8 +2,8 @@
 
 import pytest
 
-from advisor.config import TrialConfig
-from advisor.effects import best_by_layout, diagnose, knob_effects, rejected_values
+from advisor.knobs import TrialConfig
+from advisor.report.analysis import best_by_layout, diagnose, knob_effects, rejected_values
 from advisor.results import TrialRecord, TrialResult
 
 

@@ -7,10 +7,11 @@ import io
 import shlex
 from collections import Counter, defaultdict
 
-from advisor.codegen import launch_command
-from advisor.config import TUNED_KNOBS, TuneSettings
-from advisor.effects import param_importances
-from advisor.plots import batch_amp_svg, history_svg, importance_svg, memory_svg
+from advisor.knobs import TUNED_KNOBS
+from advisor.report.analysis import param_importances
+from advisor.report.codegen import launch_command
+from advisor.report.plots import batch_amp_svg, history_svg, importance_svg, memory_svg
+from advisor.report.templating import template_environment
 from advisor.results import (
     LayoutBest,
     PrunedProposal,
@@ -19,9 +20,9 @@ from advisor.results import (
     TuneResult,
     shown_knobs,
 )
-from advisor.selection import relative_spread
-from advisor.storage import mask_url
-from advisor.templating import template_environment
+from advisor.search.selection import relative_spread
+from advisor.search.storage import mask_url
+from advisor.settings import TuneSettings
 
 __all__ = ["render_html", "render_markdown", "render_trials_csv", "reproduce_command"]
 

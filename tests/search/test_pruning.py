@@ -4,8 +4,8 @@ import optuna
 import pytest
 
 import advisor
-from advisor.config import TrialConfig
-from advisor.pruning import SlowerThanBestPruner
+from advisor.knobs import TrialConfig
+from advisor.search.pruning import SlowerThanBestPruner
 from advisor.trial.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY, survivors
 

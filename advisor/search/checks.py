@@ -1,0 +1,180 @@
+"""Checks that decide whether a task or a configuration can be used, beyond "it trained".
+
+- **preflight**: before any search, the task builds and takes two real training steps in a child
+  process; a bad factory fails here with one clear message instead of as N failed trials.
+- **memory**: a finished trial must leave the memory headroom the settings ask for, and a batch
+  that ran out of memory rules out larger ones with the same other knobs, without running them.
+- **numerics**: a knob that changes the arithmetic must not change what the model learns.
+  `torch.compile`, channels-last convolutions, TF32 matmuls and fused or foreach optimizers
+  compute the same training step in another order or precision. Each trial records the losses
+  of its first optimizer steps from the seeded initial weights (`TrialResult.early_losses`); a
+  configuration with such a knob is compared with its twin, the same configuration without them
+  (same batch, same AMP, same seed: the same batches from the same weights), and rejected when a
+  loss differs by more than the tolerance. The twin's losses come from a measured trial of that
+  configuration, or else from a short reference run of it (`mode="reference"`: its first steps
+  only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from advisor.errors import BadInputError, FactoryError, FirstStepError, SpecError
+from advisor.knobs import MATHS_KNOBS, Device, TrialConfig
+from advisor.results import HardwareProfile, TrialRecord, TrialResult
+from advisor.trial.runner import TrialLaunch, run_trial
+
+__all__ = ["NumericsCheck", "known_out_of_memory", "maths_problem", "memory_problem", "preflight"]
+
+
+# --- preflight ---------------------------------------------------------------------------------
+_BY_TYPE: dict[str, type[BadInputError]] = {"SpecError": SpecError, "FactoryError": FactoryError}
+
+
+def preflight(
+    spec: str, cwd: Path, device: Device, timeout_s: float, log_path: Path
+) -> TrialResult:
+    """Validate the task with the user's own batch size; raise a `BadInputError` if it fails."""
+    launch = TrialLaunch(spec=spec, cwd=cwd, warmup_steps=1, trial_seconds=1.0, timeout_s=timeout_s)
+    # batch_size is a placeholder: the child uses the task's own batch size in validate mode.
+    config = TrialConfig(device=device, batch_size=1)
+    result = run_trial(launch, config, log_path, mode="validate")
+    if result.status != "ok":
+        raise _explain(result, log_path)
+    return result
+
+
+def _explain(result: TrialResult, log_path: Path) -> BadInputError:
+    reason = result.reason or result.status
+    phase = result.failure_phase or "build"
+    if result.error_type in _BY_TYPE:
+        return _BY_TYPE[result.error_type](reason)
+    if result.status == "timeout":
+        return FactoryError(f"validating the task timed out: {reason}; raise --trial-timeout")
+    if phase == "build":
+        return FactoryError(f"building the training task failed: {reason} (log: {log_path})")
+    batch = f" at batch size {result.config.batch_size}"
+    if result.status == "oom":
+        return FirstStepError(f"the first training step ran out of memory{batch}: lower it")
+    if result.status == "diverged":
+        return FirstStepError(f"the first training steps{batch} gave a non-finite loss: {reason}")
+    if result.status == "crashed":
+        return FirstStepError(f"the trial process crashed during {phase}: {reason}")
+    shapes = f" (a batch is {result.task.batch_description})" if result.task else ""
+    return FirstStepError(
+        f"{reason}{shapes}: make the model accept the dataset's batches (log: {log_path})"
+    )
+
+
+# --- memory ------------------------------------------------------------------------------------
+# Knobs that do not change the memory one micro-batch needs: accumulation only repeats it.
+_MEMORY_NEUTRAL = {"batch_size", "accumulation_steps"}
+
+
+def memory_problem(result: TrialResult, hardware: HardwareProfile, headroom: float) -> str | None:
+    """Why a finished trial leaves too little memory free, or None when it fits."""
+    if not result.feasible or result.peak_memory_bytes is None:
+        return None
+    if result.config.device == "cuda" and hardware.gpus:
+        capacity, where = hardware.gpus[0].memory_bytes, "GPU"
+    else:
+        capacity, where = hardware.memory_bytes, "host"
+    if result.peak_memory_bytes <= (1 - headroom) * capacity:
+        return None
+    return (
+        f"peak {where} memory {result.peak_memory_bytes / 2**30:.1f} GiB leaves less than "
+        f"{headroom:.0%} of {capacity / 2**30:.1f} GiB free"
+    )
+
+
+def known_out_of_memory(config: TrialConfig, records: Iterable[TrialRecord]) -> str | None:
+    """Why `config` cannot fit, known without running it: a trial with every other knob the
+    same (accumulation aside) and a batch no larger ran out of memory or left too little free.
+
+    Peak memory grows with the micro-batch, so the larger batch needs at least as much.
+    """
+    for record in records:
+        tried = record.result.config
+        if tried.batch_size > config.batch_size or not _same_but_batch(tried, config):
+            continue
+        if record.result.status == "oom":
+            return (
+                f"batch {config.batch_size} needs at least the memory of batch "
+                f"{tried.batch_size}, which ran out of memory in trial {record.number} "
+                "with the same other knobs"
+            )
+        if record.infeasible_reason is not None:
+            return (
+                f"batch {config.batch_size} needs at least the memory of batch "
+                f"{tried.batch_size}, whose {record.infeasible_reason} in trial {record.number}"
+            )
+    return None
+
+
+def _same_but_batch(first: TrialConfig, second: TrialConfig) -> bool:
+    return first.model_dump(exclude=_MEMORY_NEUTRAL) == second.model_dump(exclude=_MEMORY_NEUTRAL)
+
+
+# --- numerics ----------------------------------------------------------------------------------
+# Relative tolerance per AMP setting: fp32 reorderings move a loss by about 1e-6 and TF32 by
+# about 1e-3; under autocast the twin rounds differently too.
+TOLERANCE = {"off": 0.01, "bf16": 0.05, "fp16": 0.05}
+ABSOLUTE = 1e-6
+
+
+class NumericsCheck:
+    """Twin losses per configuration, remembered from trials or measured on demand."""
+
+    def __init__(self, launch: TrialLaunch, logs_dir: Path) -> None:
+        self._launch = launch
+        self._logs_dir = logs_dir
+        self._twins: dict[TrialConfig, TrialResult] = {}
+
+    def remember(self, result: TrialResult) -> None:
+        """Keep a measured trial's early losses, if it is some configuration's twin."""
+        if result.feasible and result.early_losses and result.config == result.config.maths_twin:
+            self._twins.setdefault(result.config, result)
+
+    def problem(
+        self, result: TrialResult, on_phase: Callable[[str], None] | None = None
+    ) -> str | None:
+        """Why a feasible trial's configuration cannot be recommended on numerical grounds."""
+        twin = result.config.maths_twin
+        if not result.feasible or twin == result.config:
+            return None
+        if twin not in self._twins:
+            log = self._logs_dir / f"reference-{len(self._twins) + 1}.log"
+            self._twins[twin] = run_trial(
+                self._launch, twin, log, mode="reference", on_phase=on_phase
+            )
+        return maths_problem(result, self._twins[twin])
+
+
+def maths_problem(result: TrialResult, reference: TrialResult) -> str | None:
+    """How `result`'s early losses depart from its twin's beyond the tolerance, or None."""
+    knobs = _changed_knobs(result.config)
+    if not reference.feasible:
+        return (
+            f"its numerics could not be checked: the same configuration without {knobs} "
+            f"failed ({reference.status}: {reference.reason})"
+        )
+    tolerance = TOLERANCE[result.config.amp]
+    pairs = zip(result.early_losses, reference.early_losses, strict=False)
+    for step, (got, want) in enumerate(pairs, start=1):
+        if not abs(got - want) <= tolerance * abs(want) + ABSOLUTE:  # also catches NaN
+            return (
+                f"{knobs} changed the maths: the loss of step {step} was {got:.6g} against "
+                f"{want:.6g} without (tolerance {tolerance:.0%})"
+            )
+    return None
+
+
+def _changed_knobs(config: TrialConfig) -> str:
+    twin = config.maths_twin
+    changed = [
+        f"{name}={getattr(config, name)}"
+        for name in MATHS_KNOBS
+        if getattr(config, name) != getattr(twin, name)
+    ]
+    return " and ".join(changed)
