@@ -24,6 +24,7 @@ from advisor.api import (
     write_reports,
 )
 from advisor.errors import AdvisorError, BadInputError, SettingsError
+from advisor.knobs import BASE_GROUP, KNOB_GROUPS
 from advisor.report.codegen import launch_command, render_launch_script, render_training_script
 from advisor.report.render import render_html, render_markdown, reproduce_command
 from advisor.results import Recommendation
@@ -72,8 +73,8 @@ def cli(debug: bool) -> None:
 @click.option("--sampler", type=click.Choice(["tpe", "random", "grid"]), help="[tpe]")
 @click.option(
     "--knobs",
-    help="Knobs to search: classic, all, or a comma list of groups (compile, channels_last, "
-    "matmul_precision, loader, optimizer) and knob names [classic].",
+    help=f"Knobs to search: {BASE_GROUP}, all, or a comma list of groups "
+    f"({', '.join(g for g in KNOB_GROUPS if g != BASE_GROUP)}) and knob names [{BASE_GROUP}].",
 )
 @click.option(
     "--early-stop",

@@ -94,8 +94,12 @@ def recommendation_table(rec: Recommendation) -> Table:
     table.add_column("knob")
     table.add_column("recommended", style="bold green")
     table.add_column("baseline")
-    for name in shown_knobs(rec):
-        table.add_row(name, str(getattr(rec.config, name)), str(getattr(rec.baseline_config, name)))
+    for row in shown_knobs(rec):
+        recommended, baseline = (
+            getattr(rec.config, row.name),
+            getattr(rec.baseline_config, row.name),
+        )
+        table.add_row(row.name, str(recommended), str(baseline))
     table.add_row(
         "global batch",
         str(rec.config.global_batch_size),

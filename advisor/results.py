@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.knobs import KNOB_GROUPS, TUNED_KNOBS, TrialConfig
+from advisor.knobs import BASE_GROUP, KNOBS, Knob, TrialConfig
 from advisor.settings import TuneSettings
 
 __all__ = [
@@ -267,17 +267,16 @@ class StudyContext(_Frozen):
     task: TaskSummary
 
 
-def shown_knobs(rec: Recommendation) -> tuple[str, ...]:
-    """The knobs a recommendation table lists: the classic ones, and each newer one that was
-    searched or differs from the baseline (a classic tune need not list six unchanged rows)."""
+def shown_knobs(rec: Recommendation) -> tuple[Knob, ...]:
+    """The knobs a recommendation table lists: those of the base group, and each other one that
+    was searched or differs from the baseline (a classic tune need not list unchanged rows)."""
     fixed = {knob.name for knob in rec.fixed_knobs}
-    classic = KNOB_GROUPS["classic"]
     return tuple(
-        name
-        for name in TUNED_KNOBS
-        if name in classic
-        or name not in fixed
-        or getattr(rec.config, name) != getattr(rec.baseline_config, name)
+        row
+        for row in KNOBS
+        if row.group == BASE_GROUP
+        or row.fields[0] not in fixed
+        or getattr(rec.config, row.name) != getattr(rec.baseline_config, row.name)
     )
 
 

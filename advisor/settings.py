@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from advisor.errors import SettingsError
-from advisor.knobs import KNOB_GROUPS, TUNED_KNOBS
+from advisor.knobs import BASE_GROUP, KNOB, KNOB_GROUPS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -71,7 +71,7 @@ class TuneSettings(BaseModel):
         "this fraction of the best so far; 0 never ends one early",
     )
     knobs: tuple[str, ...] = Field(
-        default=("classic",),
+        default=(BASE_GROUP,),
         description="knob groups (or knobs) to search: classic, all, or a comma-separated list "
         f"of {', '.join(KNOB_GROUPS)} and single knob names",
     )
@@ -110,7 +110,7 @@ class TuneSettings(BaseModel):
     @field_validator("knobs")
     @classmethod
     def _known_knobs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        known = ("all", *KNOB_GROUPS, *TUNED_KNOBS)
+        known = ("all", *KNOB_GROUPS, *KNOB)
         for name in value:
             if name not in known:
                 close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
@@ -125,11 +125,11 @@ class TuneSettings(BaseModel):
 
     @property
     def searched_knobs(self) -> frozenset[str]:
-        """The knobs `knobs` names, groups expanded."""
-        names: set[str] = set()
+        """The knobs `knobs` names, groups expanded; the base group's are always searched."""
+        names = set(KNOB_GROUPS[BASE_GROUP])
         for name in self.knobs:
             if name == "all":
-                names.update(TUNED_KNOBS)
+                names.update(KNOB)
             else:
                 names.update(KNOB_GROUPS.get(name, (name,)))
         return frozenset(names)

@@ -1,20 +1,67 @@
-"""Knobs beyond the classic checklist: selection, applicability, trials, numerics, code."""
+"""The knob table and `TrialConfig`; knobs beyond the classic checklist: selection,
+applicability, trials, numerics."""
 
 import shutil
 
 import optuna
 import pytest
+from pydantic import ValidationError
 
 import advisor
 from advisor.api import validate
 from advisor.errors import SettingsError
-from advisor.knobs import TrialConfig
+from advisor.knobs import KNOB, KNOB_GROUPS, KNOBS, TrialConfig
 from advisor.results import TrialResult
 from advisor.search.checks import maths_problem
 from advisor.search.space import build_space
 from advisor.settings import TuneSettings
 from advisor.trial.runner import TrialLaunch, run_trial
 from tests.conftest import CPU_PROFILE, ROOT, TINY
+
+
+def test_trial_config_rejects_cpu_only_conflicts_naming_each():
+    with pytest.raises(ValidationError) as caught:
+        TrialConfig(device="cpu", batch_size=8, amp="fp16", pin_memory=True)
+    message = str(caught.value)
+    assert "amp='fp16' needs a CUDA device" in message
+    assert "pin_memory=True has no effect without CUDA" in message
+
+
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        ({"world_size": 2}, "needs parallel_mode='ddp'"),
+        ({"parallel_mode": "ddp"}, "needs world_size >= 2"),
+        ({"parallel_mode": "dp"}, "needs CUDA GPUs"),
+        ({"cudnn_benchmark": True}, "no effect on CPU"),
+        ({"batch_size": 0}, "greater than or equal to 1"),
+        ({"surprise": 1}, "Extra inputs are not permitted"),
+    ],
+)
+def test_trial_config_invalid_combinations(fields, fragment):
+    with pytest.raises(ValidationError, match=fragment):
+        TrialConfig(**{"batch_size": 8, **fields})
+
+
+def test_trial_config_valid_on_cuda_and_global_batch():
+    config = TrialConfig(
+        device="cuda",
+        parallel_mode="ddp",
+        world_size=4,
+        batch_size=8,
+        accumulation_steps=2,
+        amp="fp16",
+        pin_memory=True,
+        cudnn_benchmark=True,
+    )
+    assert config.global_batch_size == 64
+
+
+def test_main_process_threads_leave_cores_to_workers():
+    assert TrialConfig(batch_size=8, num_workers=0).main_process_threads(2) == 2
+    assert TrialConfig(batch_size=8, num_workers=2).main_process_threads(8) == 6
+    assert TrialConfig(batch_size=8, num_workers=4).main_process_threads(2) == 1
+
 
 BEYOND = ("compile", "channels_last", "matmul_precision", "prefetch_factor",
           "persistent_workers", "optimizer_impl")  # fmt: skip
@@ -171,3 +218,28 @@ def test_the_last_trials_change_one_newer_knob_of_the_best_configuration(tmp_pat
     assert implementations == {"default", "foreach", "fused"}
     effects = [e for e in result.recommendation.knob_effects if e.knob == "optimizer_impl"]
     assert any(best.number in pair for e in effects for pair in e.pairs)
+
+
+def test_every_row_lists_its_default_first_and_only_values_a_config_accepts():
+    for row in KNOBS:
+        if isinstance(row.values, tuple):
+            assert row.values[0] == row.default, row.name
+            for value in row.values:  # each value makes a valid configuration somewhere
+                device = "cuda" if value in row.invalid_on_cpu else "cpu"
+                TrialConfig(device=device, batch_size=8, num_workers=1, **{row.name: value})
+        assert row.group in KNOB_GROUPS and row.name in KNOB_GROUPS[row.group]
+        assert row.fields[0] in TrialConfig.model_fields
+
+
+def test_labels_tell_every_configuration_of_a_space_apart():
+    space = _space(f"{TINY}:conv", knobs="all", batch_sizes="16,32", accumulation_steps="1,2")
+    configs = space.all_configs()
+    assert len(configs) == space.size > 100
+    assert len({config.label() for config in configs}) == len(configs)
+
+
+def test_the_maths_twin_resets_exactly_the_knobs_that_change_the_maths():
+    changed = {row.name: row.values[-1] for row in KNOBS if row.changes_maths}
+    config = TrialConfig(device="cuda", batch_size=8, amp="bf16", **changed)
+    assert config.maths_twin == TrialConfig(device="cuda", batch_size=8, amp="bf16")
+    assert KNOB["compile"].changes_maths and not KNOB["amp"].changes_maths

@@ -6,12 +6,13 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Literal
 
-from advisor.knobs import TUNED_KNOBS
+from advisor.knobs import KNOB, KNOBS
 from advisor.results import Bottleneck, KnobEffect, LayoutBest, RejectedValue, TrialRecord
 
 __all__ = ["best_by_layout", "diagnose", "knob_effects", "param_importances", "rejected_values"]
 
-LAYOUT_ORDER = {"none": 0, "dp": 1}
+# The knobs in table order: reports list effects and rejected values in this order.
+KNOB_NAMES = tuple(row.name for row in KNOBS)
 
 
 def best_by_layout(
@@ -27,7 +28,9 @@ def best_by_layout(
         if record.role in ("baseline", "search"):
             by_layout[record.result.config.parallel].append(record)
     summaries = []
-    for layout, tried in sorted(by_layout.items(), key=lambda item: _layout_key(item[0])):
+    for layout, tried in sorted(
+        by_layout.items(), key=lambda item: KNOB["parallel"].order_key(item[0])
+    ):
         eligible = [r for r in tried if r.eligible and r.result.samples_per_s]
         best = max(eligible, key=lambda r: r.result.samples_per_s or 0.0, default=None)
         summaries.append(
@@ -53,19 +56,6 @@ def _rerun_median(best: TrialRecord, confirmations: tuple[TrialRecord, ...]) -> 
     return statistics.median(rates) if rates else None
 
 
-def _layout_key(layout: str) -> tuple[int, int]:
-    if layout in LAYOUT_ORDER:
-        return LAYOUT_ORDER[layout], 0
-    return 2, int(layout.rpartition("-")[2])
-
-
-# Values that are no numbers, from the baseline's outwards.
-_ORDERS = {
-    "amp": ("off", "bf16", "fp16"),
-    "compile": ("off", "default", "max-autotune-no-cudagraphs"),
-    "matmul_precision": ("highest", "high"),
-    "optimizer_impl": ("default", "foreach", "fused"),
-}
 INPUT_BOUND_WAIT = 0.3  # the loop waited for data this fraction of the window or more
 OVERHEAD_GAIN = 1.3  # a larger batch alone raised throughput at least this much
 MIN_TRIALS_FOR_IMPORTANCE = 4
@@ -91,7 +81,7 @@ def knob_effects(records: list[TrialRecord]) -> tuple[KnobEffect, ...]:
     ordered = sorted(
         groups.items(),
         key=lambda item: (
-            TUNED_KNOBS.index(item[0][0]),
+            KNOB_NAMES.index(item[0][0]),
             _value_key(item[0][0], item[1][0][0]),
             _value_key(item[0][0], item[1][0][1]),
         ),
@@ -105,7 +95,7 @@ def rejected_values(records: list[TrialRecord]) -> tuple[RejectedValue, ...]:
     from a failed one in that knob alone, or at least two failures of the same kind."""
     measured = [r for r in records if r.role in ("baseline", "search")]
     rejected = []
-    for knob in TUNED_KNOBS:
+    for knob in KNOB_NAMES:
         by_value: dict[str, list[TrialRecord]] = defaultdict(list)
         for record in measured:
             by_value[_value(knob, record)].append(record)
@@ -216,7 +206,7 @@ def _step_saving(eager: TrialRecord, compiled: TrialRecord) -> float | None:
 
 
 def _only_difference(first: TrialRecord, second: TrialRecord) -> str | None:
-    differing = [knob for knob in TUNED_KNOBS if _value(knob, first) != _value(knob, second)]
+    differing = [knob for knob in KNOB_NAMES if _value(knob, first) != _value(knob, second)]
     return differing[0] if len(differing) == 1 else None
 
 
@@ -224,13 +214,9 @@ def _value(knob: str, record: TrialRecord) -> str:
     return str(getattr(record.result.config, knob))
 
 
-def _value_key(knob: str, record: TrialRecord) -> tuple[int, int]:
-    value = getattr(record.result.config, knob)
-    if knob in _ORDERS:
-        return _ORDERS[knob].index(value), 0
-    if knob == "parallel":
-        return _layout_key(value)
-    return int(value), 0
+def _value_key(knob: str, record: TrialRecord) -> tuple[int, ...]:
+    """Where the record's value of `knob` stands from the default outwards (the table's order)."""
+    return KNOB[knob].order_key(getattr(record.result.config, knob))
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -310,7 +296,7 @@ def param_importances(records: list[TrialRecord]) -> dict[str, float]:
         for r in records
         if r.role in ("baseline", "search") and r.eligible and r.result.samples_per_s
     ]
-    varying = [k for k in TUNED_KNOBS if len({_value(k, r) for r in measured}) > 1]
+    varying = [k for k in KNOB_NAMES if len({_value(k, r) for r in measured}) > 1]
     if len(measured) < MIN_TRIALS_FOR_IMPORTANCE or not varying:
         return {}
     distributions: dict[str, optuna.distributions.BaseDistribution] = {

@@ -7,7 +7,7 @@ import io
 import shlex
 from collections import Counter, defaultdict
 
-from advisor.knobs import TUNED_KNOBS
+from advisor.knobs import KNOBS, Knob
 from advisor.report.analysis import param_importances
 from advisor.report.codegen import launch_command
 from advisor.report.plots import batch_amp_svg, history_svg, importance_svg, memory_svg
@@ -15,7 +15,6 @@ from advisor.report.templating import template_environment
 from advisor.results import (
     LayoutBest,
     PrunedProposal,
-    Recommendation,
     TrialRecord,
     TuneResult,
     shown_knobs,
@@ -26,8 +25,8 @@ from advisor.settings import TuneSettings
 
 __all__ = ["render_html", "render_markdown", "render_trials_csv", "reproduce_command"]
 
-# `parallel` spelled out as its two fields, so trials.csv can be filtered on either.
-KNOBS = ("device", "parallel_mode", "world_size", *TUNED_KNOBS[1:])
+# Every knob's fields (`parallel` is mode and world size), so trials.csv can be filtered on either.
+CSV_CONFIG_FIELDS = ("device", *(name for row in KNOBS for name in row.fields))
 CSV_RESULT_FIELDS = (
     "status",
     "samples_per_s",
@@ -47,8 +46,8 @@ CSV_RESULT_FIELDS = (
 )
 
 
-def _table_knobs(rec: Recommendation) -> tuple[str, ...]:
-    return ("device", "parallel_mode", "world_size", *shown_knobs(rec)[1:])
+def _table_fields(rows: tuple[Knob, ...]) -> tuple[str, ...]:
+    return ("device", *(name for row in rows for name in row.fields))
 
 
 def _md(value: object) -> str:
@@ -94,7 +93,7 @@ def render_markdown(result: TuneResult) -> str:
         .get_template("report.md.j2")
         .render(
             rec=rec,
-            knobs=_table_knobs(rec),
+            knobs=_table_fields(shown_knobs(rec)),
             baseline_memory=baseline.result.peak_memory_bytes if baseline else None,
             launch=launch_command(rec.config, (result.out_dir / "train.py").as_posix()),
             parallel=_parallel_rows(rec.parallel_best),
@@ -127,7 +126,7 @@ def render_html(result: TuneResult) -> str:
     environment = template_environment(autoescape=True, duration=_duration, **filters)
     return environment.get_template("report.html.j2").render(
         rec=rec,
-        knobs=_table_knobs(rec),
+        knobs=_table_fields(shown_knobs(rec)),
         parallel=_parallel_rows(rec.parallel_best),
         plots=[(title, svg) for title, svg in figures if svg],
         trials=trials,
@@ -205,14 +204,14 @@ def _counts(trials: tuple[TrialRecord, ...]) -> str:
 def render_trials_csv(result: TuneResult) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow(["number", "role", *KNOBS, *CSV_RESULT_FIELDS, "infeasible_reason"])
+    writer.writerow(["number", "role", *CSV_CONFIG_FIELDS, *CSV_RESULT_FIELDS, "infeasible_reason"])
     for record in (*result.trials, *result.confirmations):
         config = record.result.config
         writer.writerow(
             [
                 record.number,
                 record.role,
-                *(getattr(config, name) for name in KNOBS),
+                *(getattr(config, name) for name in CSV_CONFIG_FIELDS),
                 *(getattr(record.result, name) for name in CSV_RESULT_FIELDS),
                 record.infeasible_reason or "",
             ]

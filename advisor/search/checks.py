@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from advisor.errors import BadInputError, FactoryError, FirstStepError, SpecError
-from advisor.knobs import MATHS_KNOBS, Device, TrialConfig
+from advisor.knobs import KNOBS, Device, TrialConfig
 from advisor.results import HardwareProfile, TrialRecord, TrialResult
 from advisor.trial.runner import TrialLaunch, run_trial
 
@@ -173,8 +173,8 @@ def maths_problem(result: TrialResult, reference: TrialResult) -> str | None:
 def _changed_knobs(config: TrialConfig) -> str:
     twin = config.maths_twin
     changed = [
-        f"{name}={getattr(config, name)}"
-        for name in MATHS_KNOBS
-        if getattr(config, name) != getattr(twin, name)
+        f"{row.name}={getattr(config, row.name)}"
+        for row in KNOBS
+        if row.changes_maths and getattr(config, row.name) != getattr(twin, row.name)
     ]
     return " and ".join(changed)

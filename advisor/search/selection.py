@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from advisor.errors import NoFeasibleConfigError
-from advisor.knobs import TUNED_KNOBS, TrialConfig
+from advisor.knobs import KNOBS, TrialConfig
 from advisor.results import TrialRecord
 from advisor.search.checks import memory_problem
 from advisor.search.context import SearchContext
@@ -182,7 +182,7 @@ def relative_spread(rates: Sequence[float]) -> float:
 def _changes(config: TrialConfig, baseline: TrialConfig | None) -> int:
     if baseline is None:
         return 0
-    return sum(getattr(config, knob) != getattr(baseline, knob) for knob in TUNED_KNOBS)
+    return sum(getattr(config, row.name) != getattr(baseline, row.name) for row in KNOBS)
 
 
 def _best_per_layout(eligible: list[TrialRecord]) -> list[TrialRecord]:

@@ -1,7 +1,9 @@
 """The search space for one machine and one task: searched domains, fixed knobs and the baseline.
 
-Knobs that cannot have an effect on the probed hardware are fixed, not searched, and each carries
-the reason. Everything else is left to measurement.
+Every knob is built from its row of the knob table (`advisor.knobs`): fixed, with the reason,
+where a rule says it cannot matter here; otherwise searched over the values that can run. The
+shape of the global batch (batch sizes, accumulation steps) comes from the settings. Everything
+else is left to measurement.
 """
 
 from __future__ import annotations
@@ -16,20 +18,26 @@ from math import prod
 from typing import TYPE_CHECKING, Any
 
 from advisor.errors import SettingsError
-from advisor.knobs import KNOB_GROUPS, Device, TrialConfig, parse_parallel
+from advisor.knobs import KNOBS, Device, Facts, Knob, TrialConfig, parse_parallel
 from advisor.results import FixedKnob, HardwareProfile, TaskSummary
 from advisor.settings import TuneSettings
 
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["SearchSpace", "build_space", "resolve_device"]
+__all__ = ["SearchSpace", "build_space", "machine_facts", "resolve_device"]
 
 BATCH_SCALES = (-2, -1, 0, 1, 2, 3, 4, 5)  # powers of two around the user's batch size
+# The knobs whose values together make the global batch; only they can make a combination
+# impossible (see `SearchSpace.problem`).
+SHAPE = ("batch_size", "accumulation_steps", "parallel")
 
 
 @dataclass(frozen=True)
 class SearchSpace:
+    """The searched domains (knob -> values, in table order), the knobs fixed with their reasons,
+    and the user's baseline; the Optuna search draws its proposals from it."""
+
     device: Device
     domains: dict[str, tuple[Any, ...]]
     fixed_values: dict[str, Any]
@@ -41,26 +49,31 @@ class SearchSpace:
 
     @cached_property
     def size(self) -> int:
-        """How many distinct configurations the space holds, counted by factors: only batch,
-        accumulation and layout can make a combination impossible, and without loader workers
-        the loader knobs make no difference (so no product of every domain is built)."""
-        coupled = [n for n in ("batch_size", "accumulation_steps", "parallel") if n in self.domains]
+        """How many distinct configurations the space holds, counted by factors: only the shape
+        knobs can make a combination impossible, and a knob that `needs` another makes no
+        difference while that one is 0 (so no product of every domain is built)."""
+        shape = [name for name in SHAPE if name in self.domains]
         possible = sum(
             1
-            for combo in product(*(self.domains[n] for n in coupled))
-            if self.problem(dict(zip(coupled, combo, strict=True))) is None
+            for combo in product(*(self.domains[name] for name in shape))
+            if self.problem(dict(zip(shape, combo, strict=True))) is None
         )
-        loader = ("prefetch_factor", "persistent_workers")
-        per_worker_count = prod(len(self.domains[n]) for n in loader if n in self.domains)
-        workers = self.domains.get("num_workers", (self.fixed_values.get("num_workers", 0),))
-        free = prod(
-            len(values)
-            for name, values in self.domains.items()
-            if name not in (*coupled, "num_workers", *loader)
-        )
-        return possible * free * sum(per_worker_count if w else 1 for w in workers)
+        dependents = {
+            row.name: row.needs for row in KNOBS if row.needs and row.name in self.domains
+        }
+        total = possible
+        for name, values in self.domains.items():
+            if name in shape or name in dependents:
+                continue
+            inner = prod(len(self.domains[d]) for d, needed in dependents.items() if needed == name)
+            total *= sum(inner if value else 1 for value in values)
+        for needed in set(dependents.values()) - set(self.domains):  # needed but fixed
+            if self.fixed_values.get(needed):
+                total *= prod(len(self.domains[d]) for d, n in dependents.items() if n == needed)
+        return total
 
     def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
+        """The sampler's proposal: a value for every searched knob."""
         return {
             name: trial.suggest_categorical(name, values) for name, values in self.domains.items()
         }
@@ -91,30 +104,30 @@ class SearchSpace:
         return None
 
     def config_from_params(self, params: dict[str, Any]) -> TrialConfig:
+        """The configuration a proposal (searched knob -> value) stands for."""
         return TrialConfig(device=self.device, **self._values(params))
 
     def params_of(self, config: TrialConfig) -> dict[str, Any]:
+        """The proposal that stands for `config`: its value of every searched knob."""
         return {name: getattr(config, name) for name in self.domains}
 
     def contains(self, config: TrialConfig) -> bool:
+        """Whether every searched knob of `config` has a value of its domain."""
         return all(getattr(config, name) in values for name, values in self.domains.items())
 
     def all_configs(self) -> list[TrialConfig]:
-        return [
-            self.config_from_params(params)
-            for params in self._all_params()
-            if self.problem(params) is None
-        ]
-
-    def _all_params(self) -> list[dict[str, Any]]:
+        """Every distinct configuration of the space, `size` of them (a grid, for tests)."""
         names = list(self.domains)
-        return [dict(zip(names, combo, strict=True)) for combo in product(*self.domains.values())]
+        every = (dict(zip(names, combo, strict=True)) for combo in product(*self.domains.values()))
+        configs = (self.config_from_params(p) for p in every if self.problem(p) is None)
+        return list(dict.fromkeys(configs))
 
     def _values(self, params: dict[str, Any]) -> dict[str, Any]:
         """TrialConfig fields from searched params: `parallel` is mode and world size together."""
         values = {**self.fixed_values, **params}
-        if not values.get("num_workers"):  # without workers these cannot matter: one config
-            values["prefetch_factor"], values["persistent_workers"] = 2, True
+        for row in KNOBS:  # a knob that needs another at 0 cannot matter: one config
+            if row.needs is not None and not values.get(row.needs):
+                values.update(dict.fromkeys(row.fields, row.default))
         if "parallel" in values:
             values["parallel_mode"], values["world_size"] = parse_parallel(values.pop("parallel"))
         if self.global_batch_size is not None:
@@ -124,6 +137,7 @@ class SearchSpace:
 
 
 def resolve_device(requested: str, hardware: HardwareProfile) -> Device:
+    """The device to tune for: `auto` is CUDA where torch sees a GPU."""
     if requested == "cuda" and not hardware.has_cuda:
         raise SettingsError(
             f"--device cuda, but torch {hardware.torch_version} sees no CUDA GPU: "
@@ -132,6 +146,33 @@ def resolve_device(requested: str, hardware: HardwareProfile) -> Device:
     if requested == "auto":
         return "cuda" if hardware.has_cuda else "cpu"
     return requested  # type: ignore[return-value]
+
+
+def machine_facts(
+    device: Device, hardware: HardwareProfile, task: TaskSummary, max_world_size: int | None
+) -> Facts:
+    """What the knob table's rules read, from the probed machine and the validated task."""
+    capabilities = [float(gpu.capability) for gpu in hardware.gpus]
+    return Facts(
+        device=device,
+        cores=hardware.cores,
+        gpus=len(hardware.gpus),
+        gpu_bf16=bool(hardware.gpus) and all(gpu.bf16 for gpu in hardware.gpus),
+        gpu_capability=min(capabilities, default=None),
+        cudnn=hardware.cudnn_version is not None,
+        compiler=_can_compile(device),
+        max_world_size=max_world_size,
+        iterable=task.iterable,
+        conv2d=task.conv2d,
+        custom_optimizer=task.custom_optimizer,
+    )
+
+
+def _can_compile(device: Device) -> bool:
+    """Whether torch.compile's backend can build here: triton on CUDA, a C++ compiler on CPU."""
+    if device == "cuda":
+        return importlib.util.find_spec("triton") is not None
+    return any(shutil.which(cxx) for cxx in (os.environ.get("CXX", "g++"), "g++", "clang++"))
 
 
 class _Builder:
@@ -156,19 +197,18 @@ class _Builder:
 def build_space(
     settings: TuneSettings, hardware: HardwareProfile, task: TaskSummary
 ) -> SearchSpace:
+    """The space for this machine, task and settings: each knob of the table searched over what
+    can run here, or fixed with the reason; the baseline is the user's own configuration."""
     device = resolve_device(settings.device, hardware)
+    facts = machine_facts(device, hardware, task, settings.max_world_size)
     space = _Builder()
-    worlds = _add_parallel_domain(settings, device, hardware, task, space)
-    _add_batch_domains(settings, task, worlds, space)
-    space.search("amp", _amp_values(device, hardware))
-    if device == "cpu":
-        space.note("amp", "off|bf16", "fp16 autocast needs CUDA; CPU autocast uses bf16")
-    _add_loader_domains(device, hardware, task, space)
-    if device == "cuda" and hardware.cudnn_version is not None:
-        space.search("cudnn_benchmark", (False, True))
-    else:
-        space.fix("cudnn_benchmark", False, "no cuDNN on this device: the flag has no effect")
-    _add_beyond_classic(settings, device, hardware, task, space)
+    for row in KNOBS:
+        if row.name == "batch_size":
+            _add_batch_sizes(settings, task, space)
+        elif row.name == "accumulation_steps":
+            _add_accumulation(settings, space)
+        else:
+            _add_knob(row, facts, settings.searched_knobs, space)
     baseline = _baseline(settings, task, device, space.domains["batch_size"])
     return SearchSpace(
         device=device,
@@ -182,61 +222,51 @@ def build_space(
     )
 
 
-def _add_parallel_domain(
-    settings: TuneSettings,
-    device: Device,
-    hardware: HardwareProfile,
-    task: TaskSummary,
-    space: _Builder,
-) -> tuple[int, ...]:
-    """Search single process, DataParallel and DDP world sizes where they can run; return the
-    process counts in the space."""
-    available = len(hardware.gpus) if device == "cuda" else hardware.cores
-    limit = min(available, settings.max_world_size or available)
-    worlds = () if task.iterable else _world_sizes(device, limit)
-    choices = ["none"]
-    if device == "cuda" and len(hardware.gpus) >= 2:
-        choices.append("dp")
-    choices.extend(f"ddp-{world}" for world in worlds)
-    if len(choices) == 1:
-        space.fix("parallel_mode", "none", _single_process_reason(settings, device, task, limit))
-        return (1,)
-    space.search("parallel", tuple(choices))
-    if device == "cpu":
-        space.note("parallel_mode", "none|ddp", "DataParallel needs >= 2 CUDA GPUs")
-    return (1, *worlds)
+def _add_knob(row: Knob, facts: Facts, wanted: frozenset[str], space: _Builder) -> None:
+    """Fix the knob where its row's rules say it cannot matter; else search the values that can
+    run here, noting the ones that cannot and why."""
+    reason = _why_fixed(row, facts, wanted, space)
+    if reason is not None:
+        space.fix(row.fields[0], row.default, reason)
+        return
+    candidates = row.candidates(facts)
+    dropped = {
+        value: why
+        for value in candidates
+        if value in row.dropped_when and (why := row.dropped_when[value](facts)) is not None
+    }
+    kept = tuple(value for value in candidates if value not in dropped)
+    reasons = "; ".join(dict.fromkeys(dropped.values()))
+    if len(kept) == 1:
+        space.fix(row.fields[0], kept[0], reasons)
+        return
+    space.search(row.name, kept)
+    if dropped:
+        space.note(row.fields[0], "|".join(map(str, kept)), reasons)
 
 
-def _world_sizes(device: Device, limit: int) -> tuple[int, ...]:
-    """DDP process counts: every count up to the GPUs; on CPU powers of two and all cores."""
-    if device == "cuda":
-        return tuple(range(2, limit + 1))
-    counts = {2**k for k in range(1, limit.bit_length())} | {limit}
-    return tuple(sorted(n for n in counts if 2 <= n <= limit))
+def _why_fixed(row: Knob, facts: Facts, wanted: frozenset[str], space: _Builder) -> str | None:
+    if row.name not in wanted:
+        return f"not searched: add it with --knobs classic,{row.group}"
+    if row.needs is not None and not any(
+        space.domains.get(row.needs, (space.fixed_values.get(row.needs),))
+    ):
+        value = space.fixed_values.get(row.needs)
+        return f"it matters only with {row.needs} > 0, and {row.needs} is fixed at {value}"
+    return next((reason for rule in row.fixed_when if (reason := rule(facts))), None)
 
 
-def _single_process_reason(
-    settings: TuneSettings, device: Device, task: TaskSummary, limit: int
-) -> str:
-    if task.iterable:
-        return (
-            "an IterableDataset cannot be sharded between DDP ranks (DistributedSampler needs "
-            "an index); every rank would read the same stream"
-        )
-    if settings.max_world_size == 1:
-        return "--max-world-size 1"
-    if device == "cuda":
-        return "one GPU: DataParallel and DDP need >= 2"
-    return f"{limit} core: DDP ranks would only share it"
+def _worlds(space: _Builder) -> tuple[int, ...]:
+    """The process counts in the space so far (the parallel knob comes first in the table)."""
+    layouts = space.domains.get("parallel", ("none",))
+    return tuple(sorted({parse_parallel(layout)[1] for layout in layouts}))
 
 
-def _add_batch_domains(
-    settings: TuneSettings, task: TaskSummary, worlds: tuple[int, ...], space: _Builder
-) -> None:
+def _add_batch_sizes(settings: TuneSettings, task: TaskSummary, space: _Builder) -> None:
     limit = task.dataset_size or 2**31
     if settings.global_batch_size is not None:
         total = settings.global_batch_size
-        splits = {a * w for a in settings.accumulation_steps for w in worlds}
+        splits = {a * w for a in settings.accumulation_steps for w in _worlds(space)}
         micro = sorted({total // n for n in splits if total % n == 0 and total // n <= limit})
         if not micro:
             raise SettingsError(
@@ -245,11 +275,6 @@ def _add_batch_domains(
                 "--global-batch-size"
             )
         space.search("batch_size", tuple(micro))
-        space.note(
-            "accumulation_steps",
-            "derived",
-            f"global batch {total} = batch x accumulation x processes",
-        )
         return
     user = task.user_batch_size
     wanted = settings.batch_sizes or tuple(
@@ -262,108 +287,23 @@ def _add_batch_domains(
             "pass smaller --batch-sizes"
         )
     space.search("batch_size", sizes)
-    space.search("accumulation_steps", settings.accumulation_steps)
 
 
-def _amp_values(device: Device, hardware: HardwareProfile) -> tuple[str, ...]:
-    if device == "cpu":
-        return ("off", "bf16")
-    if all(gpu.bf16 for gpu in hardware.gpus):
-        return ("off", "fp16", "bf16")
-    return ("off", "fp16")
-
-
-def _add_loader_domains(
-    device: Device, hardware: HardwareProfile, task: TaskSummary, space: _Builder
-) -> None:
-    if task.iterable:
-        space.fix(
-            "num_workers",
-            0,
-            "an IterableDataset is replicated in every worker unless it shards itself with "
-            "get_worker_info(); advisor does not change what your data means",
-        )
-    else:
-        space.search("num_workers", _worker_counts(hardware.cores))
-    if device == "cuda":
-        space.search("pin_memory", (False, True))
-    else:
-        space.fix(
-            "pin_memory", False, "no CUDA device: pinned memory only speeds host-to-GPU copies"
-        )
-
-
-def _add_beyond_classic(
-    settings: TuneSettings,
-    device: Device,
-    hardware: HardwareProfile,
-    task: TaskSummary,
-    space: _Builder,
-) -> None:
-    """compile, channels_last, matmul precision, loader prefetching and the optimizer's
-    implementation: searched when `--knobs` names them and they can matter here."""
-    wanted = settings.searched_knobs
-    workers = any(space.domains.get("num_workers", (0,)))
-    offers: list[tuple[str, tuple[Any, ...], str | None]] = [
-        ("compile", ("off", "default", "max-autotune-no-cudagraphs"), _compile_problem(device)),
-        ("channels_last", (False, True), None if task.conv2d else NO_CONV2D),
-        ("matmul_precision", ("highest", "high"), _tf32_problem(device, hardware)),
-        ("prefetch_factor", (2, 4), None if workers else NO_WORKERS),
-        ("persistent_workers", (True, False), None if workers else NO_WORKERS),
-        ("optimizer_impl", ("default", "foreach", "fused"), _optimizer_problem(task)),
-    ]
-    for name, values, problem in offers:
-        default = TrialConfig.model_fields[name].default
-        if name not in wanted:
-            group = next(g for g, knobs in KNOB_GROUPS.items() if name in knobs)
-            space.fix(name, default, f"not searched: add it with --knobs classic,{group}")
-        elif problem is not None:
-            space.fix(name, default, problem)
-        else:
-            space.search(name, values)
-
-
-NO_CONV2D = "only 4-D convolution inputs have a channels-last layout; the model has no Conv2d"
-NO_WORKERS = "only DataLoader workers prefetch, and num_workers is fixed at 0"
-
-
-def _compile_problem(device: Device) -> str | None:
-    if device == "cuda":
-        if importlib.util.find_spec("triton") is None:
-            return "torch.compile on CUDA needs triton, which is not installed"
-        return None
-    if not any(shutil.which(cxx) for cxx in (os.environ.get("CXX", "g++"), "g++", "clang++")):
-        return "torch.compile's inductor backend needs a C++ compiler on CPU (g++ or clang++)"
-    return None
-
-
-def _tf32_problem(device: Device, hardware: HardwareProfile) -> str | None:
-    if device == "cpu":
-        return "TF32 matmuls exist on CUDA GPUs only"
-    if any(float(gpu.capability) < 8.0 for gpu in hardware.gpus):
-        return "TF32 needs an Ampere or newer GPU (compute capability 8.0)"
-    return None
-
-
-def _optimizer_problem(task: TaskSummary) -> str | None:
-    if task.custom_optimizer:
-        return "your factory builds its own optimizer; advisor does not change its arguments"
-    return None
-
-
-def _worker_counts(cores: int) -> tuple[int, ...]:
-    if cores <= 4:
-        return tuple(range(cores + 1))
-    counts = {0, 1, cores}
-    counts.update(2**k for k in range(1, cores.bit_length()) if 2**k <= cores)
-    return tuple(sorted(counts))
+def _add_accumulation(settings: TuneSettings, space: _Builder) -> None:
+    total = settings.global_batch_size
+    if total is None:
+        space.search("accumulation_steps", settings.accumulation_steps)
+        return
+    space.note(
+        "accumulation_steps", "derived", f"global batch {total} = batch x accumulation x processes"
+    )
 
 
 def _baseline(
     settings: TuneSettings, task: TaskSummary, device: Device, sizes: tuple[int, ...]
 ) -> TrialConfig:
-    """The user's configuration: their batch size (or the nearest searched one), fp32, no loader
-    workers, no pinning, benchmark off."""
+    """The user's configuration: their batch size (or the nearest searched one), every other
+    knob at its default (fp32, one process, no loader workers)."""
     total = settings.global_batch_size
     if total is not None:  # one process: the accumulation must be one the settings allow
         sizes = tuple(b for b in sizes if total // b in settings.accumulation_steps)

@@ -15,7 +15,7 @@ import optuna
 from optuna.trial import TrialState
 
 from advisor.errors import SettingsError, StorageError
-from advisor.knobs import KNOB_GROUPS, TUNED_KNOBS, TrialConfig
+from advisor.knobs import BASE_GROUP, KNOBS, TrialConfig
 from advisor.results import PrunedProposal, TrialRecord, TrialResult
 from advisor.search.checks import known_out_of_memory, memory_problem
 from advisor.search.context import SearchContext
@@ -256,11 +256,11 @@ def _enqueue_neighbours(
     params = space.params_of(best.result.config)
     known = {r.result.config for r in measured}
     neighbours = [
-        {**params, knob: value}
-        for knob in TUNED_KNOBS[len(KNOB_GROUPS["classic"]) :]
-        if knob in space.domains
-        for value in space.domains[knob]
-        if value != params[knob]
+        {**params, row.name: value}
+        for row in KNOBS
+        if row.group != BASE_GROUP and row.name in space.domains
+        for value in space.domains[row.name]
+        if value != params[row.name]
     ]
     fresh = [
         p

@@ -2,52 +2,7 @@ import pytest
 from pydantic import ValidationError
 
 from advisor.errors import SettingsError
-from advisor.knobs import TrialConfig
 from advisor.settings import TuneSettings, settings_error
-
-
-def test_trial_config_rejects_cpu_only_conflicts_naming_each():
-    with pytest.raises(ValidationError) as caught:
-        TrialConfig(device="cpu", batch_size=8, amp="fp16", pin_memory=True)
-    message = str(caught.value)
-    assert "amp='fp16' needs a CUDA device" in message
-    assert "pin_memory=True has no effect without CUDA" in message
-
-
-@pytest.mark.parametrize(
-    ("fields", "fragment"),
-    [
-        ({"world_size": 2}, "needs parallel_mode='ddp'"),
-        ({"parallel_mode": "ddp"}, "needs world_size >= 2"),
-        ({"parallel_mode": "dp"}, "needs CUDA GPUs"),
-        ({"cudnn_benchmark": True}, "no effect on CPU"),
-        ({"batch_size": 0}, "greater than or equal to 1"),
-        ({"surprise": 1}, "Extra inputs are not permitted"),
-    ],
-)
-def test_trial_config_invalid_combinations(fields, fragment):
-    with pytest.raises(ValidationError, match=fragment):
-        TrialConfig(**{"batch_size": 8, **fields})
-
-
-def test_trial_config_valid_on_cuda_and_global_batch():
-    config = TrialConfig(
-        device="cuda",
-        parallel_mode="ddp",
-        world_size=4,
-        batch_size=8,
-        accumulation_steps=2,
-        amp="fp16",
-        pin_memory=True,
-        cudnn_benchmark=True,
-    )
-    assert config.global_batch_size == 64
-
-
-def test_main_process_threads_leave_cores_to_workers():
-    assert TrialConfig(batch_size=8, num_workers=0).main_process_threads(2) == 2
-    assert TrialConfig(batch_size=8, num_workers=2).main_process_threads(8) == 6
-    assert TrialConfig(batch_size=8, num_workers=4).main_process_threads(2) == 1
 
 
 def test_settings_parse_comma_lists():
