@@ -3,29 +3,37 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-import advisor
 from advisor.progress import NullProgress, Progress
 from advisor.report.codegen import render_launch_script, render_training_script
-from advisor.report.outcome import confirmed_recommendation, record_start, stored_result
+from advisor.report.outcome import confirmed_recommendation, stored_result
 from advisor.report.render import render_html, render_markdown, render_trials_csv
 from advisor.results import StudyContext, TaskSummary, TrialResult, TuneResult
 from advisor.search.checks import NumericsCheck, preflight
 from advisor.search.context import SearchContext
 from advisor.search.pruning import make_pruner
+from advisor.search.records import (
+    fail_abandoned,
+    pruned_of,
+    records_of,
+    write_outcome,
+    write_start,
+)
 from advisor.search.selection import select_winner
 from advisor.search.space import build_space, resolve_device
-from advisor.search.storage import CONFIRMATIONS_ATTR, RECOMMENDATION_ATTR, mask_url, open_study
-from advisor.search.study import bind_study, make_sampler, pruned_of, records_of, run_search
+from advisor.search.storage import mask_url, open_study
+from advisor.search.study import bind_study, make_sampler, run_search
 from advisor.settings import TuneSettings, settings_error
 from advisor.task import callable_to_spec, check_spec
 from advisor.trial.runner import TrialLaunch, probe_isolated
 
 __all__ = [
+    "VERSION",
     "make_settings",
     "stored_result",
     "tune",
@@ -34,6 +42,11 @@ __all__ = [
     "write_outputs",
     "write_reports",
 ]
+
+try:
+    VERSION = version("advisor")
+except PackageNotFoundError:  # running from a source tree that was not installed
+    VERSION = "0.0.0+unknown"
 
 
 def make_settings(factory_or_spec: str | Callable[[], Any], **settings: Any) -> TuneSettings:
@@ -69,10 +82,48 @@ def validate(spec: str, *, device: str = "auto", timeout_s: float = 300.0) -> Tr
 
 
 def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
+    """`tune()` with validated settings: probe, validate the task, search, re-measure the
+    finalists, and write the reports, train.py and launch.sh into `settings.out_dir`."""
     check_spec(settings.spec)
-    out_dir = settings.out_dir
-    logs_dir = out_dir / "logs"
+    logs_dir = settings.out_dir / "logs"
     logs_dir.mkdir(parents=True, exist_ok=True)
+    search, context = _prepare(settings, progress, logs_dir)
+    progress.stage(
+        f"searching {search.space.size} configurations with {settings.sampler}; storage "
+        f"{mask_url(settings.storage_url)}, study {settings.resolved_study_name}"
+    )
+    study = open_study(
+        settings.storage_url,
+        settings.resolved_study_name,
+        make_sampler(settings, search.space),
+        make_pruner(settings.early_stop, settings.trial_seconds),
+    )
+    fail_abandoned(study)  # trials a dead worker left RUNNING on this host
+    bind_study(study, search)
+    write_start(study, settings, context)  # first: `advisor report` renders even an interrupt
+    records = run_search(study, search)
+    progress.stage("re-measuring the finalists and the baseline")
+    selection = select_winner(records, search)
+    trials = records_of(study)
+    recommendation = confirmed_recommendation(settings, context, selection, trials)
+    write_outcome(study, selection.confirmations, recommendation)
+    result = TuneResult(
+        settings=settings,
+        recommendation=recommendation,
+        trials=tuple(trials),
+        confirmations=selection.confirmations,
+        pruned=pruned_of(study),
+        out_dir=settings.out_dir,
+    )
+    write_outputs(result)
+    return result
+
+
+def _prepare(
+    settings: TuneSettings, progress: Progress, logs_dir: Path
+) -> tuple[SearchContext, StudyContext]:
+    """Probe the machine, validate the task and build the space: what the search runs with,
+    and what the study stores about it."""
     progress.stage("probing hardware")
     hardware = probe_isolated()
     device = resolve_device(settings.device, hardware)
@@ -82,24 +133,6 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
     )
     task = _summary(checked)
     space = build_space(settings, hardware, task)
-    progress.stage(
-        f"searching {space.size} configurations with {settings.sampler}; storage "
-        f"{mask_url(settings.storage_url)}, study {settings.resolved_study_name}"
-    )
-    study = open_study(
-        settings.storage_url,
-        settings.resolved_study_name,
-        make_sampler(settings, space),
-        make_pruner(settings.early_stop, settings.trial_seconds),
-    )
-    context = StudyContext(
-        advisor_version=advisor.__version__,
-        workdir=str(Path.cwd()),
-        baseline_config=space.baseline,
-        fixed_knobs=space.fixed,
-        hardware=hardware,
-        task=task,
-    )
     launch = TrialLaunch(
         spec=settings.spec,
         cwd=Path.cwd(),
@@ -110,28 +143,15 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
     )
     numerics = NumericsCheck(launch, logs_dir)
     search = SearchContext(settings, space, hardware, launch, logs_dir, progress, numerics)
-    bind_study(study, search)
-    # Stored first, so that `advisor report` can render even an interrupted study.
-    record_start(study, settings, context)
-    records = run_search(study, search)
-    progress.stage("re-measuring the finalists and the baseline")
-    selection = select_winner(records, search)
-    study.set_user_attr(
-        CONFIRMATIONS_ATTR, [r.model_dump(mode="json") for r in selection.confirmations]
+    context = StudyContext(
+        advisor_version=VERSION,
+        workdir=str(Path.cwd()),
+        baseline_config=space.baseline,
+        fixed_knobs=space.fixed,
+        hardware=hardware,
+        task=task,
     )
-    trials = records_of(study)
-    recommendation = confirmed_recommendation(settings, context, selection, trials)
-    study.set_user_attr(RECOMMENDATION_ATTR, recommendation.model_dump(mode="json"))
-    result = TuneResult(
-        settings=settings,
-        recommendation=recommendation,
-        trials=tuple(trials),
-        confirmations=selection.confirmations,
-        pruned=pruned_of(study),
-        out_dir=out_dir,
-    )
-    write_outputs(result)
-    return result
+    return search, context
 
 
 def write_reports(result: TuneResult) -> None:

@@ -13,15 +13,20 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-import advisor
-import advisor.console
 from advisor.api import (
+    VERSION,
     make_settings,
     stored_result,
     tune_with,
     validate,
     write_outputs,
     write_reports,
+)
+from advisor.console import (
+    ConsoleProgress,
+    hardware_table,
+    recommendation_table,
+    validation_table,
 )
 from advisor.errors import AdvisorError, BadInputError, SettingsError
 from advisor.knobs import BASE_GROUP, KNOB_GROUPS
@@ -38,7 +43,7 @@ err = Console(stderr=True)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(advisor.__version__, prog_name="advisor")
+@click.version_option(VERSION, prog_name="advisor")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 def cli(debug: bool) -> None:
     """Find, by measurement, the fastest way to train your PyTorch model on this machine."""
@@ -92,7 +97,7 @@ def tune(spec: str | None, config: Path | None, as_json: bool, quiet: bool, **fl
     # A closed terminal or a scheduler's SIGTERM stops the search like Ctrl-C: trials are kept.
     for stop in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(stop, _raise_interrupt)
-    progress = advisor.console.ConsoleProgress(err, quiet=quiet or as_json)
+    progress = ConsoleProgress(err, quiet=quiet or as_json)
     try:
         result = tune_with(settings, progress)
     except KeyboardInterrupt:
@@ -107,7 +112,7 @@ def tune(spec: str | None, config: Path | None, as_json: bool, quiet: bool, **fl
         click.echo(result.recommendation.model_dump_json(indent=2))
         return
     rec = result.recommendation
-    out.print(advisor.console.recommendation_table(rec))
+    out.print(recommendation_table(rec))
     if rec.config == rec.baseline_config:
         out.print("your configuration was the fastest one measured: no knob searched beat it")
     for warning in rec.warnings:
@@ -128,7 +133,7 @@ def probe_command(as_json: bool) -> None:
     if as_json:
         click.echo(hardware.model_dump_json(indent=2))
     else:
-        out.print(advisor.console.hardware_table(hardware))
+        out.print(hardware_table(hardware))
 
 
 @cli.command(name="validate")
@@ -136,7 +141,7 @@ def probe_command(as_json: bool) -> None:
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto")
 def validate_command(spec: str, device: str) -> None:
     """Build SPEC's task and run two real training steps."""
-    out.print(advisor.console.validation_table(validate(spec, device=device)))
+    out.print(validation_table(validate(spec, device=device)))
 
 
 @cli.command()

@@ -89,6 +89,7 @@ class ConsoleProgress:
 
 
 def recommendation_table(rec: Recommendation) -> Table:
+    """The recommendation against the baseline, knob by knob, with both throughputs."""
     speedup = f"{rec.speedup:.2f}x" if rec.speedup else "–"
     table = Table(title=f"Recommended configuration ({speedup} your baseline)")
     table.add_column("knob")
@@ -111,6 +112,7 @@ def recommendation_table(rec: Recommendation) -> Table:
 
 
 def hardware_table(hardware: HardwareProfile) -> Table:
+    """What `advisor probe` shows: CPU, memory, torch and CUDA, GPUs and matmul peaks."""
     table = Table(title="Hardware", show_header=False)
     table.add_column("what")
     table.add_column("value")
@@ -141,6 +143,7 @@ def _peaks(peaks: dict[str, float]) -> str:
 
 
 def validation_table(result: TrialResult) -> Table:
+    """What `advisor validate` shows: the task as built, its batch, a step's time."""
     task: TaskSummary | None = result.task
     table = Table(title="The task builds and trains", show_header=False)
     table.add_column("what")

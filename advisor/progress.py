@@ -11,6 +11,8 @@ __all__ = ["NullProgress", "Progress"]
 
 
 class Progress(Protocol):
+    """How a tuning run reports what it is doing; the CLI shows it live."""
+
     def stage(self, message: str) -> None:
         """A step of the run outside trials (probing, pre-flight, writing outputs)."""
 
@@ -25,6 +27,8 @@ class Progress(Protocol):
 
 
 class NullProgress:
+    """Progress that shows nothing: the Python API's default."""
+
     def stage(self, message: str) -> None:
         pass
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -13,6 +15,7 @@ from advisor.settings import TuneSettings
 __all__ = [
     "Bottleneck",
     "Efficiency",
+    "FailurePhase",
     "FixedKnob",
     "GpuInfo",
     "HardwareProfile",
@@ -28,6 +31,7 @@ __all__ = [
     "TrialResult",
     "TrialStatus",
     "TuneResult",
+    "relative_spread",
     "shown_knobs",
 ]
 
@@ -41,6 +45,8 @@ class _Frozen(BaseModel):
 
 
 class GpuInfo(_Frozen):
+    """One CUDA GPU as the probe saw it."""
+
     name: str
     memory_bytes: int
     capability: str = Field(description="compute capability, e.g. '8.0'")
@@ -112,6 +118,11 @@ class TrialResult(_Frozen):
     reason: str | None = None
     failure_phase: FailurePhase | None = None
     error_type: str | None = Field(default=None, description="exception class of an 'error'")
+    input_error: str | None = Field(
+        default=None,
+        description="the kind of BadInputError advisor's own checks raised (spec, factory, "
+        "contract): the parent raises that error again",
+    )
     samples_per_s: float | None = None
     step_time_median_s: float | None = None
     step_time_p10_s: float | None = None
@@ -336,3 +347,10 @@ class TuneResult(_Frozen):
         default=(), description="proposals not run: impossible or known not to fit"
     )
     out_dir: Path
+
+
+def relative_spread(rates: Sequence[float]) -> float:
+    """Half the range of repeated measurements over their median; 0 for fewer than two."""
+    if len(rates) < 2:
+        return 0.0
+    return (max(rates) - min(rates)) / 2 / statistics.median(rates)

@@ -26,6 +26,7 @@ __all__ = [
     "check_spec",
     "is_file_spec",
     "resolve_spec",
+    "user_batch_size",
 ]
 
 ReturnKind = Literal["task", "tuple"]
@@ -65,6 +66,7 @@ def check_spec(spec: str, cwd: Path | None = None) -> None:
 
 
 def is_file_spec(spec: str) -> bool:
+    """Whether a spec names a file (`path/file.py:attr`) rather than a module."""
     module_part = spec.rpartition(":")[0]
     return module_part.endswith(".py") or "/" in module_part
 
@@ -244,6 +246,7 @@ def _check_dataset(dataset: Any) -> None:
 
 
 def user_batch_size(task: TrainingTask) -> int:
+    """The user's batch size: the task's own, else the default of 32."""
     return task.batch_size or DEFAULT_BATCH_SIZE
 
 

@@ -2,7 +2,15 @@ import pytest
 import torch
 
 from advisor import TrainingTask
-from advisor.errors import FactoryError, SpecError
+from advisor.api import validate
+from advisor.errors import (
+    BadInputError,
+    ContractError,
+    FactoryError,
+    FirstStepError,
+    SpecError,
+    bad_input,
+)
 from advisor.task import build_task, callable_to_spec, resolve_spec
 from tests.conftest import TINY
 
@@ -76,3 +84,24 @@ def test_module_level_callable_becomes_a_module_spec():
     from tests.workloads import tiny
 
     assert callable_to_spec(tiny.factory) == "tests.workloads.tiny:factory"
+
+
+@pytest.mark.parametrize(
+    ("spec", "error", "fragment"),
+    [
+        (f"{TINY}:nope", SpecError, "has no attribute 'nope'"),  # found only by importing it
+        (f"{TINY}:raises", FactoryError, "cannot find the data folder"),
+        (f"{TINY}:bad_shapes", FirstStepError, "the first training step failed with RuntimeError"),
+    ],
+)
+def test_validation_in_a_child_raises_the_error_the_child_found(spec, error, fragment):
+    with pytest.raises(error, match=fragment) as caught:
+        validate(spec)
+    assert type(caught.value) is error
+
+
+def test_each_kind_of_bad_input_names_one_error_class():
+    kinds = [cls.kind for cls in (SpecError, FactoryError, ContractError, FirstStepError)]
+    assert len(set(kinds)) == len(kinds)
+    assert type(bad_input("contract", "m")) is ContractError
+    assert type(bad_input("no such kind", "m")) is BadInputError

@@ -7,9 +7,6 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
-import optuna
-from pydantic import ValidationError
-
 from advisor.errors import NoFeasibleConfigError, StorageError
 from advisor.knobs import TrialConfig
 from advisor.report.analysis import best_by_layout, diagnose, knob_effects, rejected_values
@@ -22,37 +19,17 @@ from advisor.results import (
     TrialRecord,
     TuneResult,
 )
+from advisor.search.records import read_study
 from advisor.search.selection import Selection, failure_summary
-from advisor.search.storage import (
-    CONFIRMATIONS_ATTR,
-    CONTEXT_ATTR,
-    RECOMMENDATION_ATTR,
-    SETTINGS_ATTR,
-    load_study,
-    mask_url,
-)
-from advisor.search.study import pruned_of, records_of
+from advisor.search.storage import load_study, mask_url
 from advisor.settings import TuneSettings
 
 __all__ = [
     "confirmed_recommendation",
     "efficiency",
     "provisional_recommendation",
-    "record_start",
     "stored_result",
 ]
-
-
-def record_start(study: optuna.Study, settings: TuneSettings, context: StudyContext) -> None:
-    """Store what the reports need besides the trials, before the first trial runs."""
-    stored = settings.model_copy(
-        update={"storage": mask_url(settings.storage) if settings.storage else None}
-    )
-    study.set_user_attr(SETTINGS_ATTR, stored.model_dump(mode="json"))
-    study.set_user_attr(CONTEXT_ATTR, context.model_dump(mode="json"))
-    # A resumed study's earlier recommendation no longer covers all its trials.
-    study.set_user_attr(RECOMMENDATION_ATTR, None)
-    study.set_user_attr(CONFIRMATIONS_ATTR, [])
 
 
 def confirmed_recommendation(
@@ -179,38 +156,22 @@ def stored_result(url: str, study_name: str | None, out_dir: Path | None) -> Tun
 
     `out_dir` defaults to reports/<study name>.
     """
-    study = load_study(url, study_name)
-    attrs = study.user_attrs
-    trials = records_of(study)
-    if SETTINGS_ATTR not in attrs or not (
-        attrs.get(CONTEXT_ATTR) or attrs.get(RECOMMENDATION_ATTR)
-    ):
-        raise StorageError(
-            f"study {study.study_name!r} was not written by this advisor version "
-            f"({len(trials)} trials stored, no settings): re-run the tune with a new --study-name"
-        )
-    try:
-        settings = TuneSettings.model_validate(attrs[SETTINGS_ATTR])
-        if attrs.get(RECOMMENDATION_ATTR):
-            recommendation = Recommendation.model_validate(attrs[RECOMMENDATION_ATTR])
-        else:
-            context = StudyContext.model_validate(attrs[CONTEXT_ATTR])
-            recommendation = provisional_recommendation(settings, context, trials)
-        confirmations = tuple(
-            TrialRecord.model_validate(c) for c in attrs.get(CONFIRMATIONS_ATTR, [])
-        )
-    except ValidationError as exc:
-        raise StorageError(
-            f"study {study.study_name!r} was not written by this advisor version "
-            f"({str(exc).splitlines()[0]}): re-run the tune with a new --study-name"
-        ) from exc
+    stored = read_study(load_study(url, study_name))
+    recommendation = stored.recommendation
+    if recommendation is None:
+        if stored.context is None:
+            raise StorageError(
+                f"study {stored.name!r} was not written by this advisor version (no context "
+                "stored): re-run the tune with a new --study-name"
+            )
+        recommendation = provisional_recommendation(stored.settings, stored.context, stored.trials)
     return TuneResult(
-        settings=settings,
+        settings=stored.settings,
         recommendation=recommendation,
-        trials=tuple(trials),
-        confirmations=confirmations,
-        pruned=pruned_of(study),
-        out_dir=out_dir or Path("reports") / study.study_name,
+        trials=tuple(stored.trials),
+        confirmations=stored.confirmations,
+        pruned=stored.pruned,
+        out_dir=out_dir or Path("reports") / stored.name,
     )
 
 

@@ -17,9 +17,9 @@ from advisor.results import (
     PrunedProposal,
     TrialRecord,
     TuneResult,
+    relative_spread,
     shown_knobs,
 )
-from advisor.search.selection import relative_spread
 from advisor.search.storage import mask_url
 from advisor.settings import TuneSettings
 
@@ -86,6 +86,7 @@ _MARKDOWN_FILTERS = {
 
 
 def render_markdown(result: TuneResult) -> str:
+    """report.md: the recommendation, the evidence for it and every trial."""
     rec = result.recommendation
     baseline = next((t for t in result.trials if t.role == "baseline"), None)
     return (
@@ -202,6 +203,7 @@ def _counts(trials: tuple[TrialRecord, ...]) -> str:
 
 
 def render_trials_csv(result: TuneResult) -> str:
+    """trials.csv: one row per trial and re-run, every knob and measurement a column."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(["number", "role", *CSV_CONFIG_FIELDS, *CSV_RESULT_FIELDS, "infeasible_reason"])

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from advisor.errors import BadInputError, FactoryError, FirstStepError, SpecError
+from advisor.errors import BadInputError, FactoryError, FirstStepError, SpecError, bad_input
 from advisor.knobs import KNOBS, Device, TrialConfig
 from advisor.results import HardwareProfile, TrialRecord, TrialResult
 from advisor.trial.runner import TrialLaunch, run_trial
@@ -29,9 +29,6 @@ __all__ = ["NumericsCheck", "known_out_of_memory", "maths_problem", "memory_prob
 
 
 # --- preflight ---------------------------------------------------------------------------------
-_BY_TYPE: dict[str, type[BadInputError]] = {"SpecError": SpecError, "FactoryError": FactoryError}
-
-
 def preflight(
     spec: str, cwd: Path, device: Device, timeout_s: float, log_path: Path
 ) -> TrialResult:
@@ -48,8 +45,8 @@ def preflight(
 def _explain(result: TrialResult, log_path: Path) -> BadInputError:
     reason = result.reason or result.status
     phase = result.failure_phase or "build"
-    if result.error_type in _BY_TYPE:
-        return _BY_TYPE[result.error_type](reason)
+    if result.input_error in (SpecError.kind, FactoryError.kind):
+        return bad_input(result.input_error, reason)
     if result.status == "timeout":
         return FactoryError(f"validating the task timed out: {reason}; raise --trial-timeout")
     if phase == "build":

@@ -47,6 +47,7 @@ def _best_value(study: optuna.Study) -> float | None:
 
 
 def make_pruner(fraction: float, trial_seconds: float) -> optuna.pruners.BasePruner:
+    """The pruner for `--early-stop FRACTION` (0: none) over windows of `trial_seconds`."""
     if not fraction:
         return optuna.pruners.NopPruner()
     return SlowerThanBestPruner(fraction, first_step=round(CHECK_AFTER * trial_seconds * 1000))

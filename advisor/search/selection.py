@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from advisor.errors import NoFeasibleConfigError
 from advisor.knobs import KNOBS, TrialConfig
-from advisor.results import TrialRecord
+from advisor.results import TrialRecord, relative_spread
 from advisor.search.checks import memory_problem
 from advisor.search.context import SearchContext
 from advisor.trial.runner import run_trial
 
-__all__ = ["Selection", "failure_summary", "relative_spread", "select_winner"]
+__all__ = ["Selection", "failure_summary", "select_winner"]
 
 # Re-runs closer than this are treated as equal even when their own spread is smaller: two
 # re-runs are too few to estimate the noise, and benchmarks/measurement_noise.py measured a
@@ -33,6 +32,8 @@ CLEARLY_BEHIND = 0.25
 
 @dataclass(frozen=True)
 class Selection:
+    """The winner of the re-runs, its and the baseline's re-run figures, how a tie went."""
+
     winner: TrialRecord
     winner_runs: tuple[float, ...]
     baseline_runs: tuple[float, ...]
@@ -170,13 +171,6 @@ def _median(runs: list[TrialRecord]) -> float:
 
 def _spread(runs: list[TrialRecord]) -> float:
     return relative_spread(_rates(runs))
-
-
-def relative_spread(rates: Sequence[float]) -> float:
-    """Half the range of repeated measurements over their median; 0 for fewer than two."""
-    if len(rates) < 2:
-        return 0.0
-    return (max(rates) - min(rates)) / 2 / statistics.median(rates)
 
 
 def _changes(config: TrialConfig, baseline: TrialConfig | None) -> int:

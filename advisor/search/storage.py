@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import socket
 import time
 import warnings
 from pathlib import Path
 
 import optuna
-import psutil
 from optuna.storages.journal import JournalFileBackend
-from optuna.trial import TrialState
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 
 from advisor.errors import StorageError
 
 __all__ = [
-    "CONFIRMATIONS_ATTR",
-    "CONTEXT_ATTR",
-    "RECOMMENDATION_ATTR",
-    "SETTINGS_ATTR",
-    "claim",
     "load_study",
     "make_storage",
     "mask_url",
@@ -30,12 +22,6 @@ __all__ = [
 
 HEARTBEAT_S = 5
 STALE_AFTER_S = 30
-# Study attributes a finished tune leaves beside its trials.
-RECOMMENDATION_ATTR = "advisor_recommendation"
-SETTINGS_ATTR = "advisor_settings"
-CONTEXT_ATTR = "advisor_context"
-CONFIRMATIONS_ATTR = "confirmations"
-PROCESS_ATTR = "advisor_process"  # host:pid:start time of the worker measuring a trial
 JOURNAL_PREFIX = "journal:///"
 OPEN_ATTEMPTS = 5
 
@@ -86,7 +72,6 @@ def open_study(
             f"cannot open storage {mask_url(url)}: {message.replace(url, mask_url(url))}; "
             "check the URL, the server and your credentials"
         ) from exc
-    _fail_trials_of_dead_workers(study)
     return study
 
 
@@ -113,40 +98,6 @@ def _create_or_load(
                 raise
             time.sleep(0.2 * (attempt + 1))
     raise AssertionError("unreachable")
-
-
-def claim(trial: optuna.Trial) -> None:
-    """Mark a trial as this process's, so that a later worker can tell when it died."""
-    trial.set_user_attr(PROCESS_ATTR, _this_process())
-
-
-def _this_process() -> str:
-    process = psutil.Process()
-    return f"{socket.gethostname()}:{process.pid}:{process.create_time():.0f}"
-
-
-def _fail_trials_of_dead_workers(study: optuna.Study) -> None:
-    """Fail RUNNING trials whose worker process on this host is gone.
-
-    RDB storages do this by heartbeat; a journal file has none. Trials of other hosts are left
-    alone: whether their worker lives cannot be seen from here.
-    """
-    host = socket.gethostname()
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        owner = str(trial.user_attrs.get(PROCESS_ATTR, ""))
-        owner_host, _, rest = owner.partition(":")
-        if owner_host != host or not rest:
-            continue
-        pid, _, started = rest.partition(":")
-        if not _alive(int(pid), started):  # Optuna offers no public call for this
-            study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
-
-
-def _alive(pid: int, started: str) -> bool:
-    try:
-        return f"{psutil.Process(pid).create_time():.0f}" == started
-    except psutil.Error:
-        return False
 
 
 def load_study(url: str, study_name: str | None) -> optuna.Study:

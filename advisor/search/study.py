@@ -14,73 +14,37 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from advisor.errors import SettingsError, StorageError
+from advisor.errors import SettingsError
 from advisor.knobs import BASE_GROUP, KNOBS, TrialConfig
-from advisor.results import PrunedProposal, TrialRecord, TrialResult
+from advisor.results import TrialRecord
 from advisor.search.checks import known_out_of_memory, memory_problem
 from advisor.search.context import SearchContext
+from advisor.search.records import (
+    StudyKey,
+    TrialKey,
+    claim,
+    planned_params,
+    records_of,
+    write_record,
+)
 from advisor.search.space import SearchSpace
-from advisor.search.storage import claim
 from advisor.settings import TuneSettings
 from advisor.trial.runner import ProgressCallback, run_trial
 
-__all__ = [
-    "bind_study",
-    "make_sampler",
-    "pruned_of",
-    "records_of",
-    "run_search",
-]
+__all__ = ["bind_study", "make_sampler", "run_search"]
 
 MAX_UNMEASURED_IN_A_ROW = 200
-TERMS_ATTR = "advisor_measurement_terms"
 PENALTY = 0.0
 
 
 def make_sampler(settings: TuneSettings, space: SearchSpace) -> optuna.samplers.BaseSampler:
+    """The `--sampler`: TPE (its start-up trials a third of the budget, 3 to 10), random or grid."""
     if settings.sampler == "random":
         return optuna.samplers.RandomSampler(seed=settings.seed)
     if settings.sampler == "grid":
         return optuna.samplers.GridSampler(space.domains, seed=settings.seed)
     startup = max(3, min(10, settings.trials // 3))
     return optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=startup)
-
-
-def records_of(study: optuna.Study) -> list[TrialRecord]:
-    """Every finished trial of the study that carries a result, in trial order."""
-    records = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if "result" not in trial.user_attrs:
-            continue
-        try:
-            records.append(
-                TrialRecord(
-                    number=trial.number,
-                    role=trial.user_attrs.get("role", "search"),
-                    result=TrialResult.model_validate(trial.user_attrs["result"]),
-                    infeasible_reason=trial.user_attrs.get("infeasible_reason"),
-                    duplicate_of=trial.user_attrs.get("duplicate_of"),
-                    worker=trial.user_attrs.get("worker"),
-                )
-            )
-        except ValueError as exc:
-            raise StorageError(
-                f"trial {trial.number} of study {study.study_name!r} was not written by this "
-                f"advisor version ({str(exc).splitlines()[0]}): use a new --study-name"
-            ) from exc
-    return records
-
-
-def pruned_of(study: optuna.Study) -> tuple[PrunedProposal, ...]:
-    """Every proposal advisor pruned without running it, with the reason."""
-    return tuple(
-        PrunedProposal(
-            number=trial.number,
-            params=trial.params,
-            reason=trial.user_attrs.get("pruned_reason", "pruned"),
-        )
-        for trial in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
-    )
 
 
 def bind_study(study: optuna.Study, context: SearchContext) -> None:
@@ -90,9 +54,9 @@ def bind_study(study: optuna.Study, context: SearchContext) -> None:
     cannot resume a categorical parameter whose choices changed.
     """
     terms = _measurement_terms(context)
-    recorded = study.user_attrs.get(TERMS_ATTR)
+    recorded = study.user_attrs.get(StudyKey.TERMS)
     if recorded is None:
-        study.set_user_attr(TERMS_ATTR, terms)
+        study.set_user_attr(StudyKey.TERMS, terms)
         return
     changed = sorted(
         key for key in terms.keys() | recorded.keys() if terms.get(key) != recorded.get(key)
@@ -193,7 +157,7 @@ class _Objective:
 
     def __call__(self, trial: optuna.Trial) -> float:
         settings, space = self.context.settings, self.context.space
-        trial.set_user_attr("worker", settings.worker_name)
+        trial.set_user_attr(TrialKey.WORKER, settings.worker_name)
         claim(trial)
         params = space.suggest(trial)
         config = None if space.problem(params) else space.config_from_params(params)
@@ -205,10 +169,10 @@ class _Objective:
         problem = self._why_not_run(trial, params, config)
         if problem is not None or config is None:
             self.unmeasured_in_a_row += 1
-            trial.set_user_attr("pruned_reason", problem)
+            trial.set_user_attr(TrialKey.PRUNED_REASON, problem)
             raise optuna.TrialPruned(problem)
         self.unmeasured_in_a_row = 0
-        role = trial.user_attrs.get("role", "search")
+        role = trial.user_attrs.get(TrialKey.ROLE, "search")
         label = f"trial {self.done + 1}/{settings.trials}"
         if self.deadline is not None:
             label += f" ({max(0.0, self.deadline - time.monotonic()):.0f} s of --timeout left)"
@@ -226,11 +190,10 @@ class _Objective:
             return self.context.space.problem(params)
         for other in trial.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             # An enqueued trial carries its values before it suggests them.
-            planned = other.system_attrs.get("fixed_params") or other.params
-            if other.number != trial.number and planned == params:
-                who = other.user_attrs.get("worker", "another worker")
+            if other.number != trial.number and planned_params(other) == params:
+                who = other.user_attrs.get(TrialKey.WORKER, "another worker")
                 return f"being measured in trial {other.number} by {who}"
-        if trial.user_attrs.get("role") == "baseline":
+        if trial.user_attrs.get(TrialKey.ROLE) == "baseline":
             return None
         return known_out_of_memory(config, self.measured.values())
 
@@ -270,15 +233,15 @@ def _enqueue_neighbours(
     room = min(len(fresh), context.settings.trials // 2)  # the sampler keeps the other half
     if 0 < left <= room:
         for neighbour in fresh[:left]:
-            study.enqueue_trial(neighbour, user_attrs={"role": "search"})
+            study.enqueue_trial(neighbour, user_attrs={TrialKey.ROLE: "search"})
 
 
 def _enqueue_baseline(study: optuna.Study, space: SearchSpace) -> None:
     params = space.params_of(space.baseline)
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.WAITING)):
-        if trial.system_attrs.get("fixed_params", trial.params) == params:
+        if planned_params(trial) == params:
             return
-    study.enqueue_trial(params, user_attrs={"role": "baseline"})
+    study.enqueue_trial(params, user_attrs={TrialKey.ROLE: "baseline"})
 
 
 def _measure(
@@ -316,14 +279,8 @@ def _pruning(trial: optuna.Trial) -> ProgressCallback:
 
 
 def _record(trial: optuna.Trial, record: TrialRecord) -> float:
-    """Store the record on the trial; infeasible trials get a violated constraint and a penalty."""
-    trial.set_user_attr("role", record.role)
-    trial.set_user_attr("result", record.result.model_dump(mode="json"))
-    if record.infeasible_reason:
-        trial.set_user_attr("infeasible_reason", record.infeasible_reason)
-    if record.duplicate_of is not None:
-        trial.set_user_attr("duplicate_of", record.duplicate_of)
-    trial.set_constraint("feasible", 0.0 if record.eligible else 1.0)
+    """Store the record on the trial; the objective is its samples/s, or a penalty if ineligible."""
+    write_record(trial, record)
     return (
         record.result.samples_per_s if record.eligible and record.result.samples_per_s else PENALTY
     )

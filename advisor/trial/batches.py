@@ -7,16 +7,22 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["BatchKind", "batch_kind", "compute_loss", "describe_batch", "to_device"]
+from advisor.errors import ContractError
+
+__all__ = [
+    "BatchKind",
+    "batch_kind",
+    "compute_loss",
+    "describe_batch",
+    "to_channels_last",
+    "to_device",
+]
 
 BatchKind = Literal["pair", "tuple", "dict", "tensor"]
 
 
-class ContractError(TypeError):
-    """A batch or model output does not follow the factory contract."""
-
-
 def batch_kind(batch: Any) -> BatchKind:
+    """The batch's form in the factory contract: a pair, a longer tuple, a dict or one tensor."""
     if isinstance(batch, Mapping):
         return "dict"
     if isinstance(batch, (tuple, list)):

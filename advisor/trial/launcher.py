@@ -60,6 +60,7 @@ class LauncherGoneError(RuntimeError):
 
 # --- the launcher process ----------------------------------------------------------------------
 def main() -> int:
+    """The launcher process: import torch once, then fork one trial child per order on stdin."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it closes our stdin
     for module in PRELOAD:
         __import__(module)

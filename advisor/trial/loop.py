@@ -16,6 +16,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
+from advisor.errors import ContractError
 from advisor.knobs import ParallelMode, TrialConfig
 from advisor.task import TrainingTask
 from advisor.trial.batches import (
@@ -30,6 +31,7 @@ from advisor.trial.probe import usable_cores
 
 __all__ = [
     "Agreement",
+    "DivergedError",
     "Trainer",
     "Window",
     "WindowMonitor",
@@ -160,7 +162,7 @@ class Trainer:
                 batch = to_device(batch, self.device, non_blocking)
                 yield to_channels_last(batch) if self.config.channels_last else batch
             if not yielded:
-                raise ValueError(
+                raise ContractError(
                     f"the loader yields no full batch of {self.config.batch_size}: "
                     "the dataset is smaller than the batch size"
                 )
@@ -202,7 +204,9 @@ def _sampler(
     if config.parallel_mode != "ddp":
         return None
     if isinstance(task.dataset, IterableDataset):
-        raise ValueError("DDP needs a map-style dataset to shard; an IterableDataset has no index")
+        raise ContractError(
+            "DDP needs a map-style dataset to shard; an IterableDataset has no index"
+        )
     return DistributedSampler(
         task.dataset,
         num_replicas=config.world_size,
@@ -223,7 +227,7 @@ def _build_loader(
         if per_process < config.batch_size:
             shard = f"the {per_process} samples each of {config.world_size} ranks reads"
             whole = f"the dataset's {len(dataset)} samples"
-            raise ValueError(
+            raise ContractError(
                 f"batch size {config.batch_size} exceeds "
                 f"{shard if config.world_size > 1 else whole}"
             )

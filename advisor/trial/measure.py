@@ -12,14 +12,14 @@ import random
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.utils.flop_counter import FlopCounterMode
 
-from advisor.errors import AdvisorError
+from advisor.errors import AdvisorError, BadInputError
 from advisor.knobs import TrialConfig
 from advisor.results import FailurePhase, TaskSummary, TrialResult
 from advisor.task import TrainingTask, build_task, user_batch_size
@@ -54,26 +54,41 @@ def measure_request(request: TrialRequest, rank: int = 0) -> TrialResult:
     rank 0 reports the phase to the parent.
     """
     phase = _Phase(request.phase_path if rank == 0 else None)
-    state: dict[str, Any] = {}
+    state = _SoFar(config=request.config)
     try:
         return _measure(request, rank, phase, state)
     except torch.OutOfMemoryError as exc:
-        return _failed(request, "oom", f"out of memory: {_first_line(exc)}", phase, state)
+        return _failed("oom", f"out of memory: {_first_line(exc)}", phase, state)
     except DivergedError as exc:
-        return _failed(request, "diverged", str(exc), phase, state)
-    except AdvisorError as exc:
-        state["error_type"] = type(exc).__name__
-        return _failed(request, "error", str(exc), phase, state)
+        return _failed("diverged", str(exc), phase, state)
+    except AdvisorError as exc:  # advisor's own checks (a BadInputError: the parent re-raises it)
+        state.error_type = type(exc).__name__
+        state.input_error = exc.kind if isinstance(exc, BadInputError) else None
+        reason = (
+            f"the first training step failed: {exc}" if phase.name == "first_step" else str(exc)
+        )
+        return _failed("error", reason, phase, state)
     except Exception as exc:
         traceback.print_exc()
-        state["error_type"] = type(exc).__name__
+        state.error_type = type(exc).__name__
         reason = f"{type(exc).__name__}: {_first_line(exc)}"
         if phase.name == "first_step":
             reason = f"the first training step failed with {reason}"
-        return _failed(request, "error", reason, phase, state)
+        return _failed("error", reason, phase, state)
 
 
-def _measure(request: TrialRequest, rank: int, phase: _Phase, state: dict[str, Any]) -> TrialResult:
+@dataclass
+class _SoFar:
+    """What a trial knew when it failed, for its result."""
+
+    config: TrialConfig
+    summary: TaskSummary | None = None
+    startup_s: float | None = None
+    error_type: str | None = None
+    input_error: str | None = None
+
+
+def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> TrialResult:
     """Build, take the first step, warm up, then time a window."""
     _seed_everything(request.seed)
     # Dead ReLU units decay AdamW moments into denormals; without flushing, CPU steps slow down
@@ -86,7 +101,7 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: dict[str, A
                 "config": request.config.model_copy(update={"batch_size": user_batch_size(task)})
             }
         )
-    state["config"] = request.config
+    state.config = request.config
     config = request.config
     device = torch.device("cuda", rank) if config.device == "cuda" else torch.device("cpu")
     memory = PeakMemory(
@@ -98,11 +113,12 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: dict[str, A
     try:
         first = run_window(trainer, min_steps=1, cover_worker_cycles=False)
     finally:  # also when the step fails: the batch it saw explains the failure
-        state["summary"] = _summarise(task, kind, trainer)
+        state.summary = _summarise(task, kind, trainer)
     startup_s = time.time() - request.launched_at
-    state["startup_s"] = startup_s
+    state.startup_s = startup_s
+    summary = state.summary
     if request.mode == "validate":
-        return _validated(request, trainer, memory, state["summary"], startup_s)
+        return _validated(request, trainer, memory, summary, startup_s)
     phase.enter("warmup")
     warmup_started = time.perf_counter()
     warmup = warm_up(trainer, max(request.warmup_steps, EARLY_STEPS - 1))
@@ -110,13 +126,11 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: dict[str, A
     early_losses = tuple((first.losses + warmup.losses)[:EARLY_STEPS])
     if request.mode == "reference":
         trainer.close()
-        return TrialResult(
-            config=config, status="ok", early_losses=early_losses, task=state["summary"]
-        )
+        return TrialResult(config=config, status="ok", early_losses=early_losses, task=summary)
     phase.enter("measure")
     window = _timed_window(trainer, request, warmup, rank)
     trainer.close()
-    result = _measured(request, window, memory.stop(), state["summary"], startup_s, warmup_s)
+    result = _measured(request, window, memory.stop(), summary, startup_s, warmup_s)
     return result.model_copy(update={"early_losses": early_losses, "first_step_s": first.elapsed_s})
 
 
@@ -288,22 +302,17 @@ def _summarise(task: TrainingTask, kind: str, trainer: Trainer) -> TaskSummary:
     )
 
 
-def _failed(
-    request: TrialRequest,
-    status: str,
-    reason: str,
-    phase: _Phase,
-    state: dict[str, Any],
-) -> TrialResult:
+def _failed(status: str, reason: str, phase: _Phase, state: _SoFar) -> TrialResult:
     print(f"advisor: trial {status} during {phase.name}: {reason}", file=sys.stderr)
     return TrialResult(
-        config=state.get("config", request.config),
+        config=state.config,
         status=status,  # type: ignore[arg-type]
         reason=reason,
         failure_phase=phase.name,
-        error_type=state.get("error_type"),
-        startup_s=state.get("startup_s"),
-        task=state.get("summary"),
+        error_type=state.error_type,
+        input_error=state.input_error,
+        startup_s=state.startup_s,
+        task=state.summary,
     )
 
 

@@ -14,6 +14,8 @@ __all__ = ["TrialRequest", "died_without_result"]
 
 
 class TrialRequest(BaseModel):
+    """One trial as the parent orders it: what to build, the configuration, how to measure."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     spec: str

@@ -38,6 +38,7 @@ def _write_atomically(result: TrialResult, path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the trial a request file describes and write its result; `python -m` entry point."""
     args = sys.argv[1:] if argv is None else argv
     request = TrialRequest.model_validate_json(Path(args[0]).read_text())
     result = run_request(request)

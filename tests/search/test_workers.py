@@ -13,8 +13,9 @@ from advisor.api import validate
 from advisor.errors import SettingsError
 from advisor.progress import NullProgress
 from advisor.search.context import SearchContext
+from advisor.search.records import TrialKey, claim, fail_abandoned
 from advisor.search.space import build_space
-from advisor.search.storage import PROCESS_ATTR, claim, load_study, open_study
+from advisor.search.storage import load_study, open_study
 from advisor.search.study import bind_study
 from advisor.settings import TuneSettings
 from advisor.trial.runner import TrialLaunch
@@ -74,16 +75,17 @@ def test_two_workers_on_postgresql_and_the_password_stays_out_of_everything(
         assert "postgres:***@127.0.0.1" in (tmp_path / name / "report.md").read_text()
 
 
-def test_a_dead_workers_running_trial_is_failed_when_a_journal_study_is_opened(tmp_path):
+def test_a_dead_workers_running_trial_is_failed_when_a_journal_study_is_resumed(tmp_path):
     url = f"journal:///{tmp_path}/study.log"
     study = open_study(url, "s", optuna.samplers.RandomSampler())
     code = "import os; print(os.getpid())"
     dead = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     stale = study.ask()
-    stale.set_user_attr(PROCESS_ATTR, f"{socket.gethostname()}:{dead.stdout.strip()}:0")
+    stale.set_user_attr(TrialKey.PROCESS, f"{socket.gethostname()}:{dead.stdout.strip()}:0")
     alive = study.ask()
     claim(alive)  # this process: alive
     reopened = open_study(url, "s", optuna.samplers.RandomSampler())
+    fail_abandoned(reopened)  # as advisor tune does right after opening
     states = {t.number: t.state for t in reopened.get_trials()}
     assert states == {stale.number: TrialState.FAIL, alive.number: TrialState.RUNNING}
 

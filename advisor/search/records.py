@@ -1,0 +1,230 @@
+"""What advisor stores in an Optuna study, in one place: the attribute keys, and the functions that
+write advisor's records to a study and read them back.
+
+On each trial (user attributes, `TrialKey`): its role, its `TrialResult`, why it is not eligible,
+the trial it repeats, the worker that measured it and that worker's process, why a proposal was
+pruned; and the constraint `feasible` (0 where it is, 1 where not). On the study (`StudyKey`):
+the measurement terms it was bound to, the settings and context stored before the first trial,
+and the re-runs and recommendation a finished tune leaves. `advisor report` rebuilds everything
+from these alone.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+import optuna
+import psutil
+from optuna.trial import FrozenTrial, TrialState
+from pydantic import BaseModel, ValidationError
+
+from advisor.errors import StorageError
+from advisor.results import PrunedProposal, Recommendation, StudyContext, TrialRecord, TrialResult
+from advisor.search.storage import mask_url
+from advisor.settings import TuneSettings
+
+__all__ = [
+    "StoredStudy",
+    "StudyKey",
+    "TrialKey",
+    "claim",
+    "fail_abandoned",
+    "planned_params",
+    "pruned_of",
+    "read_study",
+    "records_of",
+    "write_outcome",
+    "write_record",
+    "write_start",
+]
+
+
+class TrialKey:
+    """User attributes advisor sets on a trial."""
+
+    ROLE: Final = "role"  # baseline, search, confirm or duplicate
+    RESULT: Final = "result"  # the TrialResult as JSON
+    INFEASIBLE_REASON: Final = "infeasible_reason"
+    DUPLICATE_OF: Final = "duplicate_of"
+    WORKER: Final = "worker"  # the worker's name (--worker, else the host)
+    PROCESS: Final = "advisor_process"  # host:pid:start time of the process measuring it
+    PRUNED_REASON: Final = "pruned_reason"
+    FEASIBLE: Final = "feasible"  # the constraint samplers read: <= 0 is feasible
+
+
+class StudyKey:
+    """User attributes advisor sets on the study."""
+
+    TERMS: Final = "advisor_measurement_terms"  # what its measurements depend on
+    SETTINGS: Final = "advisor_settings"
+    CONTEXT: Final = "advisor_context"  # baseline, fixed knobs, machine and task
+    CONFIRMATIONS: Final = "confirmations"  # the re-runs of a finished tune
+    RECOMMENDATION: Final = "advisor_recommendation"  # None until a tune finishes
+
+
+# Optuna's system attribute of an enqueued trial: the parameters it will suggest.
+_ENQUEUED_PARAMS = "fixed_params"
+
+
+def write_record(trial: optuna.Trial, record: TrialRecord) -> None:
+    """Store a measured (or repeated) trial's record; an ineligible one violates the constraint."""
+    trial.set_user_attr(TrialKey.ROLE, record.role)
+    trial.set_user_attr(TrialKey.RESULT, record.result.model_dump(mode="json"))
+    if record.infeasible_reason:
+        trial.set_user_attr(TrialKey.INFEASIBLE_REASON, record.infeasible_reason)
+    if record.duplicate_of is not None:
+        trial.set_user_attr(TrialKey.DUPLICATE_OF, record.duplicate_of)
+    trial.set_constraint(TrialKey.FEASIBLE, 0.0 if record.eligible else 1.0)
+
+
+def records_of(study: optuna.Study) -> list[TrialRecord]:
+    """Every finished trial of the study that carries a result, in trial order."""
+    records = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if TrialKey.RESULT not in trial.user_attrs:
+            continue
+        try:
+            records.append(_record_of(trial))
+        except ValueError as exc:
+            raise StorageError(
+                f"trial {trial.number} of study {study.study_name!r} was not written by this "
+                f"advisor version ({str(exc).splitlines()[0]}): use a new --study-name"
+            ) from exc
+    return records
+
+
+def _record_of(trial: FrozenTrial) -> TrialRecord:
+    attrs = trial.user_attrs
+    return TrialRecord(
+        number=trial.number,
+        role=attrs.get(TrialKey.ROLE, "search"),
+        result=TrialResult.model_validate(attrs[TrialKey.RESULT]),
+        infeasible_reason=attrs.get(TrialKey.INFEASIBLE_REASON),
+        duplicate_of=attrs.get(TrialKey.DUPLICATE_OF),
+        worker=attrs.get(TrialKey.WORKER),
+    )
+
+
+def pruned_of(study: optuna.Study) -> tuple[PrunedProposal, ...]:
+    """Every proposal advisor pruned without running it, with the reason."""
+    return tuple(
+        PrunedProposal(
+            number=trial.number,
+            params=trial.params,
+            reason=trial.user_attrs.get(TrialKey.PRUNED_REASON, "pruned"),
+        )
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
+    )
+
+
+def planned_params(trial: FrozenTrial) -> dict[str, Any]:
+    """The parameters a trial measures: an enqueued trial carries them before it suggests them."""
+    return trial.system_attrs.get(_ENQUEUED_PARAMS) or trial.params
+
+
+def write_start(study: optuna.Study, settings: TuneSettings, context: StudyContext) -> None:
+    """Store what the reports need besides the trials, before the first trial runs."""
+    stored = settings.model_copy(
+        update={"storage": mask_url(settings.storage) if settings.storage else None}
+    )
+    study.set_user_attr(StudyKey.SETTINGS, stored.model_dump(mode="json"))
+    study.set_user_attr(StudyKey.CONTEXT, context.model_dump(mode="json"))
+    # A resumed study's earlier recommendation no longer covers all its trials.
+    study.set_user_attr(StudyKey.RECOMMENDATION, None)
+    study.set_user_attr(StudyKey.CONFIRMATIONS, [])
+
+
+def write_outcome(
+    study: optuna.Study, confirmations: tuple[TrialRecord, ...], recommendation: Recommendation
+) -> None:
+    """Store what a finished tune concluded: the re-runs and the recommendation."""
+    study.set_user_attr(
+        StudyKey.CONFIRMATIONS, [record.model_dump(mode="json") for record in confirmations]
+    )
+    study.set_user_attr(StudyKey.RECOMMENDATION, recommendation.model_dump(mode="json"))
+
+
+@dataclass(frozen=True)
+class StoredStudy:
+    """Everything advisor stored in a study, validated."""
+
+    name: str
+    settings: TuneSettings
+    context: StudyContext | None
+    recommendation: Recommendation | None  # None until a tune finished
+    confirmations: tuple[TrialRecord, ...]
+    trials: list[TrialRecord]
+    pruned: tuple[PrunedProposal, ...]
+
+
+def read_study(study: optuna.Study) -> StoredStudy:
+    """What advisor stored in `study`; a `StorageError` if another version (or tool) wrote it."""
+    attrs = study.user_attrs
+    trials = records_of(study)
+    if StudyKey.SETTINGS not in attrs or not (
+        attrs.get(StudyKey.CONTEXT) or attrs.get(StudyKey.RECOMMENDATION)
+    ):
+        raise StorageError(
+            f"study {study.study_name!r} was not written by this advisor version "
+            f"({len(trials)} trials stored, no settings): re-run the tune with a new --study-name"
+        )
+    try:
+        return StoredStudy(
+            name=study.study_name,
+            settings=TuneSettings.model_validate(attrs[StudyKey.SETTINGS]),
+            context=_optional(StudyContext, attrs.get(StudyKey.CONTEXT)),
+            recommendation=_optional(Recommendation, attrs.get(StudyKey.RECOMMENDATION)),
+            confirmations=tuple(
+                TrialRecord.model_validate(c) for c in attrs.get(StudyKey.CONFIRMATIONS, [])
+            ),
+            trials=trials,
+            pruned=pruned_of(study),
+        )
+    except ValidationError as exc:
+        raise StorageError(
+            f"study {study.study_name!r} was not written by this advisor version "
+            f"({str(exc).splitlines()[0]}): re-run the tune with a new --study-name"
+        ) from exc
+
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def _optional(model: type[Model], stored: Any) -> Model | None:
+    return model.model_validate(stored) if stored else None
+
+
+def claim(trial: optuna.Trial) -> None:
+    """Mark a trial as this process's, so that a later worker can tell when it died."""
+    trial.set_user_attr(TrialKey.PROCESS, _this_process())
+
+
+def _this_process() -> str:
+    process = psutil.Process()
+    return f"{socket.gethostname()}:{process.pid}:{process.create_time():.0f}"
+
+
+def fail_abandoned(study: optuna.Study) -> None:
+    """Fail RUNNING trials whose worker process on this host is gone.
+
+    RDB storages do this by heartbeat; a journal file has none. Trials of other hosts are left
+    alone: whether their worker lives cannot be seen from here.
+    """
+    host = socket.gethostname()
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = str(trial.user_attrs.get(TrialKey.PROCESS, ""))
+        owner_host, _, rest = owner.partition(":")
+        if owner_host != host or not rest:
+            continue
+        pid, _, started = rest.partition(":")
+        if not _alive(int(pid), started):  # Optuna offers no public call for this
+            study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+
+
+def _alive(pid: int, started: str) -> bool:
+    try:
+        return f"{psutil.Process(pid).create_time():.0f}" == started
+    except psutil.Error:
+        return False
