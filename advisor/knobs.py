@@ -184,6 +184,11 @@ def _tf32(facts: Facts) -> str | None:
     return None
 
 
+_needs_cudnn = unless(
+    lambda f: f.device == "cuda" and f.cudnn, "no cuDNN on this device: the flag has no effect"
+)
+
+
 # --- the table -----------------------------------------------------------------------------------
 class TrialConfig(BaseModel):
     """One point of the search space: everything that changes how fast a training step runs.
@@ -296,12 +301,7 @@ class TrialConfig(BaseModel):
             group=BASE_GROUP,
             title="cuDNN autotuning of convolution algorithms",
             values=(False, True),
-            fixed_when=(
-                unless(
-                    lambda f: f.device == "cuda" and f.cudnn,
-                    "no cuDNN on this device: the flag has no effect",
-                ),
-            ),
+            fixed_when=(_needs_cudnn,),
             invalid_on_cpu={True: "has no effect on CPU: set it to False"},
             tag="cudnn.benchmark",
         ),

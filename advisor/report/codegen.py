@@ -20,13 +20,6 @@ _AMP_DTYPES = {"off": "None", "bf16": "torch.bfloat16", "fp16": "torch.float16"}
 def render_training_script(recommendation: Recommendation, script_dir: Path) -> str:
     """The training script, to be written into `script_dir` (its factory path is relative)."""
     config = recommendation.config
-    cores = recommendation.hardware.cores
-    threads = config.main_process_threads(cores)
-    threads_reason = (
-        f"{cores} cores less {config.num_workers} loader workers (at least 1): no oversubscription"
-        if config.num_workers
-        else f"all {cores} cores"
-    )
     script_path = f"{script_dir.as_posix().rstrip('/')}/train.py"
     # Every user string becomes a valid, inert Python literal (JSON strings are Python strings).
     environment = template_environment(py=json.dumps, doc=_docstring_safe)
@@ -42,9 +35,7 @@ def render_training_script(recommendation: Recommendation, script_dir: Path) -> 
         launch=launch_command(config, script_path),
         launch_script=f"{script_dir.as_posix().rstrip('/')}/launch.sh",
         ddp=config.parallel_mode == "ddp",
-        dp=config.parallel_mode == "dp",
-        say="log" if config.parallel_mode == "ddp" else "print",
-        cores=cores,
+        cores=recommendation.hardware.cores,
         file_spec=is_file_spec(recommendation.spec),
         root_from_script=_relative_root(recommendation.workdir, script_dir),
         workdir=recommendation.workdir,
@@ -53,8 +44,6 @@ def render_training_script(recommendation: Recommendation, script_dir: Path) -> 
         global_batch_changed=recommendation.global_batch_changed,
         baseline_global_batch=recommendation.baseline_config.global_batch_size,
         amp_dtype=_AMP_DTYPES[config.amp],
-        torch_threads=threads,
-        threads_reason=threads_reason,
         task=recommendation.task,
     )
 

@@ -1,6 +1,8 @@
 """The generated train.py is product code: it must lint clean and train every contract form."""
 
+import functools
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,9 +12,15 @@ import pytest
 from advisor.api import validate
 from advisor.knobs import TrialConfig
 from advisor.report.codegen import render_launch_script, render_training_script
-from advisor.results import Recommendation
+from advisor.results import HardwareProfile, Recommendation
 from advisor.trial.probe import probe
+from advisor.trial.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY
+
+
+@functools.cache
+def _hardware() -> HardwareProfile:
+    return probe()  # measures the matmul peak: once per test session is enough
 
 
 def _recommendation(spec: str, config: TrialConfig) -> Recommendation:
@@ -31,7 +39,7 @@ def _recommendation(spec: str, config: TrialConfig) -> Recommendation:
         confirm_runs=(990.0, 1010.0),
         baseline_runs=(500.0,),
         global_batch_changed=config.global_batch_size != checked.task.user_batch_size,
-        hardware=probe(),
+        hardware=_hardware(),
         task=checked.task,
         storage="sqlite:///x.db",
         study_name="s",
@@ -52,32 +60,56 @@ def _write_and_run(rec: Recommendation, folder: Path, *args: str) -> subprocess.
     )
 
 
+def _trial_losses(spec: str, config: TrialConfig, tmp_path: Path) -> tuple[float, ...]:
+    """The losses of a trial's first optimizer steps, from the same seed (0)."""
+    launch = TrialLaunch(spec=spec, cwd=ROOT, warmup_steps=2, trial_seconds=0.1, timeout_s=300)
+    reference = run_trial(launch, config, tmp_path / "reference.log", mode="reference")
+    assert reference.status == "ok", reference.reason
+    return reference.early_losses
+
+
+def _logged_losses(stdout: str) -> list[float]:
+    return [float(loss) for loss in re.findall(r"epoch \d+ step \d+: loss (\S+),", stdout)]
+
+
+# Every branch of the template: file and module specs, each return form of the factory, each
+# batch form, loss from the model or a loss_fn, the optimizer's own or AdamW's implementations,
+# loader workers and prefetching, accumulation, autocast, channels-last, an IterableDataset.
 @pytest.mark.parametrize(
     ("spec", "knobs"),
     [
         (f"{TINY}:factory", {"amp": "bf16", "num_workers": 1, "accumulation_steps": 2}),
+        ("tests.workloads.tiny:factory", {"optimizer_impl": "foreach"}),
+        (f"{TINY}:with_optimizer", {"accumulation_steps": 2}),
         (f"{TINY}:dict_task", {"num_workers": 2}),
+        (f"{TINY}:dict_with_loss_fn", {"optimizer_impl": "fused"}),
         (f"{TINY}:triple_task", {"accumulation_steps": 4}),
+        (f"{TINY}:pair_loss", {}),
+        (f"{TINY}:reconstruction", {"amp": "bf16"}),
         (f"{TINY}:iterable_task", {}),
-        ("tests.workloads.tiny:factory", {"amp": "bf16"}),
         (f"{TINY}:conv", {"channels_last": True, "optimizer_impl": "fused", "num_workers": 1}),
         (f"{TINY}:factory", {"num_workers": 1, "prefetch_factor": 4, "persistent_workers": False}),
         pytest.param(f"{TINY}:conv", {"compile": "default"}, marks=pytest.mark.slow),
     ],
 )
-def test_generated_script_trains_with_the_recommended_knobs(spec, knobs, tmp_path):
-    rec = _recommendation(spec, TrialConfig(batch_size=32, **knobs))
-    folder = ROOT / "reports" / f"test-codegen-{tmp_path.name}"
+def test_generated_script_reproduces_the_trials_losses(spec, knobs, tmp_path):
+    config = TrialConfig(batch_size=32, **knobs)
+    rec = _recommendation(spec, config)
+    folder = ROOT / "reports" / f"test-codegen-{tmp_path.name}"  # inside the project
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        completed = _write_and_run(rec, folder, "--max-steps", "4")
+        completed = _write_and_run(rec, folder, "--max-steps", "3", "--log-every", "1")
         assert completed.returncode == 0, completed.stderr
-        assert "done: 4 steps; after warm-up" in completed.stdout
+        assert "done: 3 steps; with warm-up" in completed.stdout
         assert (folder / "ckpt.pt").exists()
     finally:
         for path in folder.iterdir():
             path.unlink()
         folder.rmdir()
+    # The script and the trial loop are two implementations of one loop: the same seed, weights,
+    # batches and arithmetic give the same loss at every step.
+    expected = _trial_losses(spec, config, tmp_path)
+    assert _logged_losses(completed.stdout) == pytest.approx(expected, abs=5e-5)
 
 
 def test_script_outside_the_project_uses_an_absolute_root_and_runs_epochs(tmp_path):
@@ -99,7 +131,16 @@ def test_ddp_script_trains_under_torchrun_and_alone(tmp_path):
     assert f"torchrun --standalone --nproc_per_node=2 {script}" in script.read_text()
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     launched = subprocess.run(
-        ["sh", str(tmp_path / "launch.sh"), "--epochs", "2", "--checkpoint", "ddp.pt"],
+        [
+            "sh",
+            str(tmp_path / "launch.sh"),
+            "--epochs",
+            "2",
+            "--checkpoint",
+            "ddp.pt",
+            "--log-every",
+            "1",
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -108,6 +149,9 @@ def test_ddp_script_trains_under_torchrun_and_alone(tmp_path):
         check=False,
     )
     assert launched.returncode == 0, launched.stderr[-3000:]
+    # Rank 0's losses, as the DDP trial's rank 0 recorded them from the same seed.
+    expected = _trial_losses(f"{TINY}:factory", DDP_CONFIG, tmp_path)
+    assert _logged_losses(launched.stdout)[:3] == pytest.approx(expected, abs=5e-5)
     # 512 samples in 2 shards of 256 = 8 micro-batches of 32 = 4 steps per epoch and process;
     # only rank 0 reports, counting the samples of both.
     assert launched.stdout.count("done: 8 steps") == 1, launched.stdout
@@ -165,4 +209,4 @@ def test_user_strings_become_inert_python_literals(tmp_path):
     hostile = rec.model_copy(update={"study_name": payload, "spec": rec.spec + "\\"})
     source = render_training_script(hostile, tmp_path)
     module = compile(source, "train.py", "exec")
-    assert "os" not in module.co_names  # the payload stayed inside the docstring
+    assert "_exit" not in module.co_names  # the payload stayed inside the docstring

@@ -91,6 +91,73 @@ def iterable_task():
     return _model(), Stream(), nn.CrossEntropyLoss()
 
 
+def with_optimizer():
+    """The 4-tuple form: (model, dataset, loss_fn, a callable that builds the optimizer)."""
+    optimizer = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9)
+    return _model(), _data(), nn.CrossEntropyLoss(), optimizer
+
+
+class Reconstruction(nn.Module):
+    """An autoencoder: single-tensor batches in, its own loss out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(FEATURES, 4), nn.ReLU(), nn.Linear(4, FEATURES))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return nn.functional.mse_loss(self.net(features), features)
+
+
+class Features(Dataset):
+    def __init__(self) -> None:
+        self.inner = _data().tensors[0]
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.inner[index]
+
+
+def reconstruction():
+    """(model, dataset): each batch one tensor, the model returns the loss."""
+    return Reconstruction(), Features()
+
+
+class DictModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _model()
+
+    def forward(self, features: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+        return self.net(features)
+
+
+def dict_cross_entropy(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits, batch["label"])
+
+
+def dict_with_loss_fn() -> TrainingTask:
+    """Dict batches and a loss_fn(output, batch)."""
+    return TrainingTask(model=DictModel(), dataset=DictDataset(), loss_fn=dict_cross_entropy)
+
+
+class PairLoss(nn.Module):
+    """Takes (inputs, target) and returns its own loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _model()
+
+    def forward(self, features: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.net(features), label)
+
+
+def pair_loss():
+    """(model, dataset): pair batches, the model returns the loss."""
+    return PairLoss(), _data()
+
+
 # --- bad factories -------------------------------------------------------------------------
 not_callable = 5
 
