@@ -306,6 +306,18 @@ class TrialConfig(BaseModel):
             tag="cudnn.benchmark",
         ),
     ] = False
+    cudnn_deterministic: Annotated[
+        bool,
+        Knob(
+            group="determinism",
+            title="deterministic cuDNN algorithms: reproducible runs, at the cost it measures",
+            values=(False, True),
+            changes_maths=True,
+            fixed_when=(_needs_cudnn,),
+            invalid_on_cpu={True: "has no effect on CPU: set it to False"},
+            tag="cudnn.deterministic",
+        ),
+    ] = False
     compile: Annotated[
         CompileMode,
         Knob(

@@ -1,4 +1,5 @@
-"""GPU code paths: CUDA AMP with fp16 + GradScaler, pinned memory, cudnn.benchmark.
+"""GPU code paths: CUDA AMP with fp16 + GradScaler, pinned memory, cudnn.benchmark and
+cudnn.deterministic, TF32, multi-GPU.
 
 Skipped without CUDA (see conftest.py); run them wherever a GPU is available.
 """
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from advisor.knobs import TrialConfig
+from advisor.search.checks import maths_problem
 from advisor.trial.probe import probe
 from advisor.trial.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY
@@ -35,6 +37,7 @@ def test_probe_sees_the_gpu():
         {"amp": "fp16", "accumulation_steps": 4},
         {"amp": "bf16", "cudnn_benchmark": True},
         {"num_workers": 2, "pin_memory": True},
+        {"cudnn_benchmark": True, "cudnn_deterministic": True},
     ],
 )
 def test_cuda_trial_paths(tmp_path, knobs):
@@ -81,3 +84,14 @@ def test_multi_gpu_trials(tmp_path, knobs):
     if knobs["parallel_mode"] == "ddp":
         assert [rank.rank for rank in result.ranks] == [0, 1]
         assert all(rank.peak_memory_bytes > 0 for rank in result.ranks)
+
+
+def test_deterministic_cudnn_keeps_the_maths_of_its_twin(tmp_path):
+    launch = TrialLaunch(
+        spec=f"{TINY}:conv", cwd=ROOT, warmup_steps=2, trial_seconds=0.3, timeout_s=300
+    )
+    config = TrialConfig(device="cuda", batch_size=64, cudnn_deterministic=True)
+    result = run_trial(launch, config, tmp_path / "d.log")
+    twin = run_trial(launch, config.maths_twin, tmp_path / "twin.log", mode="reference")
+    assert result.status == "ok", result.reason
+    assert maths_problem(result, twin) is None

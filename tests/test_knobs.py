@@ -11,7 +11,7 @@ import advisor
 from advisor.api import validate
 from advisor.errors import SettingsError
 from advisor.knobs import KNOB, KNOB_GROUPS, KNOBS, TrialConfig
-from advisor.results import TrialResult
+from advisor.results import GpuInfo, TrialResult
 from advisor.search.checks import maths_problem
 from advisor.search.space import build_space
 from advisor.settings import TuneSettings
@@ -243,3 +243,21 @@ def test_the_maths_twin_resets_exactly_the_knobs_that_change_the_maths():
     config = TrialConfig(device="cuda", batch_size=8, amp="bf16", **changed)
     assert config.maths_twin == TrialConfig(device="cuda", batch_size=8, amp="bf16")
     assert KNOB["compile"].changes_maths and not KNOB["amp"].changes_maths
+
+
+def test_deterministic_cudnn_is_searched_only_where_cudnn_runs():
+    task = validate(f"{TINY}:conv").task
+    settings = TuneSettings(spec=f"{TINY}:conv", knobs="classic,determinism")
+    cpu = build_space(settings, CPU_PROFILE, task)
+    fixed = {knob.name: knob.reason for knob in cpu.fixed}
+    assert fixed["cudnn_deterministic"] == "no cuDNN on this device: the flag has no effect"
+    gpu = CPU_PROFILE.model_copy(
+        update={
+            "cuda_version": "12.8",
+            "cudnn_version": 91000,
+            "gpus": (GpuInfo(name="G", memory_bytes=2**34, capability="8.0", bf16=True),),
+        }
+    )
+    assert build_space(settings, gpu, task).domains["cudnn_deterministic"] == (False, True)
+    classic = build_space(TuneSettings(spec=f"{TINY}:conv"), gpu, task)
+    assert "cudnn_deterministic" not in classic.domains

@@ -84,6 +84,7 @@ class Trainer:
         self.device = device
         torch.set_num_threads(config.main_process_threads(usable_cores()))
         torch.backends.cudnn.benchmark = config.cudnn_benchmark
+        torch.backends.cudnn.deterministic = config.cudnn_deterministic
         torch.set_float32_matmul_precision(config.matmul_precision)
         model = task.model.to(device)
         if config.channels_last:

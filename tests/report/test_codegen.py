@@ -175,6 +175,7 @@ def test_ddp_script_trains_under_torchrun_and_alone(tmp_path):
             compile="max-autotune-no-cudagraphs",
             channels_last=True,
             matmul_precision="high",
+            cudnn_deterministic=True,
             optimizer_impl="foreach",
             num_workers=2,
             prefetch_factor=4,
