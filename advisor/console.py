@@ -96,11 +96,8 @@ def recommendation_table(rec: Recommendation) -> Table:
     table.add_column("recommended", style="bold green")
     table.add_column("baseline")
     for row in shown_knobs(rec):
-        recommended, baseline = (
-            getattr(rec.config, row.name),
-            getattr(rec.baseline_config, row.name),
-        )
-        table.add_row(row.name, str(recommended), str(baseline))
+        recommended = str(getattr(rec.config, row.name))
+        table.add_row(row.name, recommended, str(getattr(rec.baseline_config, row.name)))
     table.add_row(
         "global batch",
         str(rec.config.global_batch_size),
