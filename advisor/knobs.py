@@ -265,7 +265,7 @@ class TrialConfig(BaseModel):
         int,
         Knob(
             group=BASE_GROUP,
-            title="DataLoader worker processes",
+            title="DataLoader workers",
             unit="processes",
             values=_worker_counts,
             fixed_when=(
@@ -310,7 +310,7 @@ class TrialConfig(BaseModel):
         bool,
         Knob(
             group="determinism",
-            title="deterministic cuDNN algorithms: reproducible runs, at the cost it measures",
+            title="deterministic cuDNN algorithms: reproducible runs, at a cost",
             values=(False, True),
             changes_maths=True,
             fixed_when=(_needs_cudnn,),
@@ -362,8 +362,8 @@ class TrialConfig(BaseModel):
         int,
         Knob(
             group="loader",
-            title="batches each loader worker loads ahead",
-            unit="batches per worker",
+            title="loader prefetching",
+            unit="batches each worker loads ahead",
             values=(2, 4),
             needs="num_workers",
             tag="prefetch={}",

@@ -7,7 +7,7 @@ import io
 import shlex
 from collections import Counter, defaultdict
 
-from advisor.knobs import KNOBS, Knob
+from advisor.knobs import KNOBS
 from advisor.report.analysis import param_importances
 from advisor.report.codegen import launch_command
 from advisor.report.plots import batch_amp_svg, history_svg, importance_svg, memory_svg
@@ -15,6 +15,7 @@ from advisor.report.templating import template_environment
 from advisor.results import (
     LayoutBest,
     PrunedProposal,
+    Recommendation,
     TrialRecord,
     TuneResult,
     relative_spread,
@@ -46,8 +47,17 @@ CSV_RESULT_FIELDS = (
 )
 
 
-def _table_fields(rows: tuple[Knob, ...]) -> tuple[str, ...]:
-    return ("device", *(name for row in rows for name in row.fields))
+# The knob tables' "what" column: each knob's title and unit from the table, by knob and field.
+WHAT = {
+    "device": "where it trains",
+    **{row.name: f"{row.title} ({row.unit})" if row.unit else row.title for row in KNOBS},
+}
+WHAT_FIELD = {row.fields[0]: WHAT[row.name] for row in KNOBS}
+
+
+def _knob_rows(rec: Recommendation) -> list[tuple[str, str]]:
+    """(knob, what it is) for each row of the recommendation table, the device first."""
+    return [("device", WHAT["device"]), *((row.name, WHAT[row.name]) for row in shown_knobs(rec))]
 
 
 def _md(value: object) -> str:
@@ -94,7 +104,8 @@ def render_markdown(result: TuneResult) -> str:
         .get_template("report.md.j2")
         .render(
             rec=rec,
-            knobs=_table_fields(shown_knobs(rec)),
+            knobs=_knob_rows(rec),
+            what=WHAT_FIELD,
             baseline_memory=baseline.result.peak_memory_bytes if baseline else None,
             launch=launch_command(rec.config, (result.out_dir / "train.py").as_posix()),
             parallel=_parallel_rows(rec.parallel_best),
@@ -127,7 +138,8 @@ def render_html(result: TuneResult) -> str:
     environment = template_environment(autoescape=True, duration=_duration, **filters)
     return environment.get_template("report.html.j2").render(
         rec=rec,
-        knobs=_table_fields(shown_knobs(rec)),
+        knobs=_knob_rows(rec),
+        what=WHAT_FIELD,
         parallel=_parallel_rows(rec.parallel_best),
         plots=[(title, svg) for title, svg in figures if svg],
         trials=trials,

@@ -1,0 +1,58 @@
+"""report.md and report.html name each knob with what it is, from the knob table."""
+
+from pathlib import Path
+
+from advisor.knobs import KNOB, TrialConfig
+from advisor.report.render import render_html, render_markdown
+from advisor.results import FixedKnob, Recommendation, TuneResult
+from advisor.settings import TuneSettings
+from tests.conftest import CPU_PROFILE
+from tests.search.test_space import TASK
+
+WINNER = TrialConfig(parallel_mode="ddp", world_size=2, batch_size=256, accumulation_steps=2)
+
+
+def _result() -> TuneResult:
+    recommendation = Recommendation(
+        advisor_version="test",
+        spec="m.py:f",
+        workdir="/work",
+        config=WINNER,
+        samples_per_s=2000.0,
+        peak_memory_bytes=2**30,
+        baseline_config=TrialConfig(batch_size=32),
+        baseline_samples_per_s=1000.0,
+        speedup=2.0,
+        chosen_from_trial=4,
+        confirm_runs=(1990.0, 2010.0),
+        baseline_runs=(1000.0,),
+        global_batch_changed=True,
+        fixed_knobs=(FixedKnob(name="pin_memory", value="False", reason="no CUDA device"),),
+        hardware=CPU_PROFILE,
+        task=TASK,
+        storage="sqlite:///x.db",
+        study_name="s",
+        created_at="2026-11-23T00:00:00+00:00",
+    )
+    return TuneResult(
+        settings=TuneSettings(spec="m.py:f"),
+        recommendation=recommendation,
+        trials=(),
+        confirmations=(),
+        out_dir=Path("reports/s"),
+    )
+
+
+def test_the_recommendation_table_lists_one_row_per_knob_with_what_it_is():
+    report = render_markdown(_result())
+    batch = KNOB["batch_size"]
+    assert f"| batch_size | {batch.title} ({batch.unit}) | 256 | 32 |" in report
+    assert f"| parallel | {KNOB['parallel'].title} | ddp-2 | none |" in report
+    assert "| global batch | samples per optimizer step | 1024 | 32 |" in report
+    assert f"| pin_memory | {KNOB['pin_memory'].title} | False | no CUDA device |" in report
+
+
+def test_the_html_report_says_what_each_knob_is_too():
+    html = render_html(_result())
+    assert f"<td>parallel</td><td>{KNOB['parallel'].title}</td><td>ddp-2</td>" in html
+    assert f"<td>pin_memory</td><td>{KNOB['pin_memory'].title}</td><td>False</td>" in html
