@@ -13,7 +13,8 @@ Every message says what is wrong *and* how to fix it; the CLI prints it as one l
     └── NoFeasibleConfigError (exit 3) every measured configuration failed
 
 A trial child reports a `BadInputError` it raised by its `kind` (`TrialResult.input_error`);
-the parent raises the same class again with `bad_input()`.
+validating a task (preflight) raises a spec or factory error found there again as its own class,
+with `bad_input()`, and any other failure of the first steps as a `FirstStepError`.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ and the one in the training-script template (`advisor/report/templates/train.py.
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticUndefined
@@ -106,9 +106,12 @@ class Knob:
         """Where a value stands from the default outwards (for reports and effects)."""
         if self.order is not None:
             return self.order(value)
-        if isinstance(self.values, tuple):
-            return (self.values.index(value),)
-        return (int(value),)
+        listed = self.values if isinstance(self.values, tuple) else ()
+        if value in listed:
+            return (listed.index(value),)
+        if isinstance(value, (int, float)):  # bools too; numbers past the row's values follow them
+            return (len(listed), int(value))
+        return (len(listed),)
 
     def label_part(self, config: "TrialConfig") -> str | None:
         """How this knob reads in `config.label()`; None where it says nothing."""
@@ -121,7 +124,7 @@ class Knob:
 
 
 # --- the rules -----------------------------------------------------------------------------------
-PARALLEL_MODES: tuple[ParallelMode, ...] = ("none", "dp", "ddp")
+PARALLEL_MODES: tuple[ParallelMode, ...] = get_args(ParallelMode)
 NOT_SHARDABLE = (
     "an IterableDataset cannot be sharded between DDP ranks (DistributedSampler needs an index); "
     "every rank would read the same stream"

@@ -121,7 +121,7 @@ class TrialResult(_Frozen):
     input_error: str | None = Field(
         default=None,
         description="the kind of BadInputError advisor's own checks raised (spec, factory, "
-        "contract): the parent raises that error again",
+        "contract); preflight raises a spec or factory error again as its own class",
     )
     samples_per_s: float | None = None
     step_time_median_s: float | None = None

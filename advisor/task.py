@@ -7,6 +7,7 @@ lazily so that `import advisor` stays light.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import inspect
@@ -145,14 +146,7 @@ def _get_callable(module: ModuleType, attr: str, spec: str) -> Callable[[], Any]
     target: Any = module
     for part in attr.split("."):
         if not hasattr(target, part):
-            available = sorted(
-                name
-                for name, value in vars(module).items()
-                if inspect.isfunction(value)
-                and value.__module__ == module.__name__
-                and not name.startswith("_")
-            )
-            hint = f"; callables there: {', '.join(available[:8])}" if available else ""
+            hint = _factories_hint(module, attr)
             raise SpecError(f"{spec!r}: {module.__name__} has no attribute {attr!r}{hint}")
         target = getattr(target, part)
     if not callable(target):
@@ -161,6 +155,24 @@ def _get_callable(module: ModuleType, attr: str, spec: str) -> Callable[[], Any]
             "zero-argument function that returns (model, dataset)"
         )
     return target
+
+
+def _factories_hint(module: ModuleType, wanted: str) -> str:
+    """The closest zero-argument function of the module, and up to 8 of them (a factory takes
+    no argument)."""
+    factories = sorted(
+        name
+        for name, value in vars(module).items()
+        if inspect.isfunction(value)
+        and value.__module__ == module.__name__
+        and not name.startswith("_")
+        and not any(p.default is p.empty for p in inspect.signature(value).parameters.values())
+    )
+    if not factories:
+        return ""
+    close = difflib.get_close_matches(wanted, factories, n=1)
+    guess = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{guess} zero-argument functions there: {', '.join(factories[:8])}"
 
 
 def callable_to_spec(factory: Callable[[], Any]) -> str:

@@ -229,6 +229,9 @@ def test_every_row_lists_its_default_first_and_only_values_a_config_accepts():
                 TrialConfig(device=device, batch_size=8, num_workers=1, **{row.name: value})
         assert row.group in KNOB_GROUPS and row.name in KNOB_GROUPS[row.group]
         assert row.fields[0] in TrialConfig.model_fields
+        if row.needs is not None:  # a knob it needs is built before it, and is its own field
+            assert KNOBS.index(KNOB[row.needs]) < KNOBS.index(row)
+            assert KNOB[row.needs].fields == (row.needs,)
 
 
 def test_labels_tell_every_configuration_of_a_space_apart():

@@ -60,9 +60,13 @@ def test_bad_specs_and_factories_get_clear_errors(spec, error, fragment):
     assert "\n" not in str(caught.value)
 
 
-def test_missing_attribute_lists_what_the_file_offers():
-    with pytest.raises(SpecError, match=r"callables there: .*factory"):
+def test_a_missing_factory_gets_the_closest_name_and_what_the_file_offers():
+    with pytest.raises(SpecError, match=r"did you mean 'factory'\? zero-argument functions"):
+        resolve_spec(f"{TINY}:factori")
+    with pytest.raises(SpecError) as caught:
         resolve_spec(f"{TINY}:nope")
+    offered = str(caught.value).split("zero-argument functions there: ")[1].split(", ")
+    assert "conv" in offered and "dict_cross_entropy" not in offered  # it takes arguments
 
 
 def test_optimizer_instance_is_rejected_with_the_fix():

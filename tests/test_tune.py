@@ -20,7 +20,7 @@ from tests.conftest import ROOT, TINY, run_advisor
 pytestmark = pytest.mark.slow
 
 # One process only: DDP trials cost ~5 s of start-up each and have tests of their own
-# (tests/trial/test_distributed.py, tests/test_search.py).
+# (tests/trial/test_distributed.py, tests/search/test_study.py).
 SETTINGS = {
     "max_world_size": 1,
     "trial_seconds": 0.3,

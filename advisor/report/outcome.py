@@ -158,13 +158,10 @@ def stored_result(url: str, study_name: str | None, out_dir: Path | None) -> Tun
     """
     stored = read_study(load_study(url, study_name))
     recommendation = stored.recommendation
-    if recommendation is None:
-        if stored.context is None:
-            raise StorageError(
-                f"study {stored.name!r} was not written by this advisor version (no context "
-                "stored): re-run the tune with a new --study-name"
-            )
+    if recommendation is None and stored.context is not None:  # read_study ensures one of them
         recommendation = provisional_recommendation(stored.settings, stored.context, stored.trials)
+    if recommendation is None:
+        raise StorageError(f"study {stored.name!r} holds no recommendation and no context")
     return TuneResult(
         settings=stored.settings,
         recommendation=recommendation,

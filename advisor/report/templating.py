@@ -11,7 +11,7 @@ __all__ = ["template_environment"]
 
 
 def template_environment(*, autoescape: bool = False, **filters: Callable[..., Any]) -> Environment:
-    """Templates shipped in advisor/templates; a missing variable is an error, not blank text.
+    """Templates shipped in advisor/report/templates; a missing variable is an error, not blank.
 
     HTML is autoescaped. Python and Markdown are not: each of those templates passes user
     strings through a filter made for its language (given here).

@@ -152,8 +152,8 @@ class StoredStudy:
 
     name: str
     settings: TuneSettings
-    context: StudyContext | None
     recommendation: Recommendation | None  # None until a tune finished
+    context: StudyContext | None  # read only where there is no recommendation
     confirmations: tuple[TrialRecord, ...]
     trials: list[TrialRecord]
     pruned: tuple[PrunedProposal, ...]
@@ -171,11 +171,12 @@ def read_study(study: optuna.Study) -> StoredStudy:
             f"({len(trials)} trials stored, no settings): re-run the tune with a new --study-name"
         )
     try:
+        recommendation = _optional(Recommendation, attrs.get(StudyKey.RECOMMENDATION))
         return StoredStudy(
             name=study.study_name,
             settings=TuneSettings.model_validate(attrs[StudyKey.SETTINGS]),
-            context=_optional(StudyContext, attrs.get(StudyKey.CONTEXT)),
-            recommendation=_optional(Recommendation, attrs.get(StudyKey.RECOMMENDATION)),
+            recommendation=recommendation,
+            context=None if recommendation else _optional(StudyContext, attrs[StudyKey.CONTEXT]),
             confirmations=tuple(
                 TrialRecord.model_validate(c) for c in attrs.get(StudyKey.CONFIRMATIONS, [])
             ),

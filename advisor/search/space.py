@@ -202,11 +202,13 @@ def build_space(
     device = resolve_device(settings.device, hardware)
     facts = machine_facts(device, hardware, task, settings.max_world_size)
     space = _Builder()
+    from_settings = {
+        "batch_size": lambda: _add_batch_sizes(settings, task, space),
+        "accumulation_steps": lambda: _add_accumulation(settings, space),
+    }
     for row in KNOBS:
-        if row.name == "batch_size":
-            _add_batch_sizes(settings, task, space)
-        elif row.name == "accumulation_steps":
-            _add_accumulation(settings, space)
+        if row.values is None:  # the global batch's shape comes from the settings
+            from_settings[row.name]()
         else:
             _add_knob(row, facts, settings.searched_knobs, space)
     baseline = _baseline(settings, task, device, space.domains["batch_size"])
@@ -237,10 +239,10 @@ def _add_knob(row: Knob, facts: Facts, wanted: frozenset[str], space: _Builder) 
     }
     kept = tuple(value for value in candidates if value not in dropped)
     reasons = "; ".join(dict.fromkeys(dropped.values()))
-    if len(kept) == 1:
-        space.fix(row.fields[0], kept[0], reasons)
+    if kept == (row.default,):
+        space.fix(row.fields[0], row.default, reasons)
         return
-    space.search(row.name, kept)
+    space.search(row.name, kept)  # one value that is not the default is still a choice made
     if dropped:
         space.note(row.fields[0], "|".join(map(str, kept)), reasons)
 

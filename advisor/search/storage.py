@@ -9,7 +9,7 @@ from pathlib import Path
 import optuna
 from optuna.storages.journal import JournalFileBackend
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
+from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, ProgrammingError
 
 from advisor.errors import StorageError
 
@@ -82,7 +82,8 @@ def _create_or_load(
     pruner: optuna.pruners.BasePruner | None,
 ) -> optuna.Study:
     """create_study(load_if_exists=True), retried while another worker creates the same tables
-    or study at the same moment (SQLite reports that as an error, not a wait)."""
+    or study at the same moment: SQLite reports that as an error, not a wait, and PostgreSQL as
+    a table that "already exists" when two workers create the schema together."""
     for attempt in range(OPEN_ATTEMPTS):
         try:
             return optuna.create_study(
@@ -93,8 +94,9 @@ def _create_or_load(
                 direction="maximize",
                 load_if_exists=True,
             )
-        except (OperationalError, IntegrityError):
-            if attempt == OPEN_ATTEMPTS - 1:
+        except (OperationalError, IntegrityError, ProgrammingError) as exc:
+            racing = not isinstance(exc, ProgrammingError) or "already exists" in str(exc)
+            if not racing or attempt == OPEN_ATTEMPTS - 1:
                 raise
             time.sleep(0.2 * (attempt + 1))
     raise AssertionError("unreachable")

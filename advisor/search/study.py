@@ -58,6 +58,7 @@ def bind_study(study: optuna.Study, context: SearchContext) -> None:
     if recorded is None:
         study.set_user_attr(StudyKey.TERMS, terms)
         return
+    terms["fixed"] = _newer_defaults_left_out(terms["fixed"], recorded.get("fixed", {}))
     changed = sorted(
         key for key in terms.keys() | recorded.keys() if terms.get(key) != recorded.get(key)
     )
@@ -74,6 +75,17 @@ def bind_study(study: optuna.Study, context: SearchContext) -> None:
             f"({', '.join(changed)} differ): re-run with its original flags, or start a new "
             "study with --study-name NAME or --out DIR"
         )
+
+
+def _newer_defaults_left_out(fixed: dict[str, Any], recorded: dict[str, Any]) -> dict[str, Any]:
+    """The fixed knobs without those a study recorded before they existed, at their default now:
+    a knob added to advisor since changes nothing the study measured."""
+    defaults = {row.fields[0]: row.default for row in KNOBS}
+    return {
+        name: value
+        for name, value in fixed.items()
+        if name in recorded or name not in defaults or value != defaults[name]
+    }
 
 
 def _machine_text(terms: dict[str, Any]) -> str:

@@ -61,7 +61,8 @@ def measure_request(request: TrialRequest, rank: int = 0) -> TrialResult:
         return _failed("oom", f"out of memory: {_first_line(exc)}", phase, state)
     except DivergedError as exc:
         return _failed("diverged", str(exc), phase, state)
-    except AdvisorError as exc:  # advisor's own checks (a BadInputError: the parent re-raises it)
+    except AdvisorError as exc:  # advisor's own checks; the log keeps where they failed
+        traceback.print_exc()
         state.error_type = type(exc).__name__
         state.input_error = exc.kind if isinstance(exc, BadInputError) else None
         reason = (

@@ -31,8 +31,8 @@ Z_95 = 1.96
 
 @dataclass(frozen=True)
 class NoiseScaleEstimate:
-    """B_simple with its 95 % interval; `value` is None where the gradient signal did not rise
-    above the noise (the averaged |G|² estimate was not positive)."""
+    """B_simple with its 95 % interval; `value` is None where an averaged estimate was not
+    positive: |G|² (the signal did not rise above the noise) or tr(Σ) (no noise measured)."""
 
     value: float | None
     low: float | None
@@ -64,7 +64,7 @@ def estimate_noise_scale(
         for small, big in zip(small_sq_norms, big_sq_norms, strict=True)
     ]
     gradient, trace = statistics.fmean(gradients), statistics.fmean(traces)
-    value = trace / gradient if gradient > 0 else None
+    value = trace / gradient if gradient > 0 and trace > 0 else None
     low = high = None
     if value is not None:
         half = Z_95 * _ratio_stderr(traces, gradients, value)

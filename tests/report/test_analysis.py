@@ -127,3 +127,19 @@ def test_one_failure_that_other_knobs_explain_as_well_is_not_blamed_on_a_value()
         "no usable trial differs from these in this knob alone"
     )
     assert rejected_values([_diverged(0, amp="bf16"), _diverged(1, amp="bf16")]) == ()  # no usable
+
+
+def test_a_change_reads_from_the_default_outwards_in_the_tables_order():
+    trials = [
+        _trial(0, 1000, num_workers=2, persistent_workers=False),
+        _trial(1, 1250, num_workers=2),  # persistent workers: the default
+        _trial(2, 1100, num_workers=2, prefetch_factor=4),
+        _trial(3, 1050, num_workers=2, prefetch_factor=3),  # a value the table does not list
+    ]
+    changes = [(e.knob, e.from_value, e.to_value, e.ratio) for e in knob_effects(trials)]
+    assert ("persistent_workers", "True", "False", 0.8) in changes
+    assert [c[:3] for c in changes if c[0] == "prefetch_factor"] == [
+        ("prefetch_factor", "2", "4"),
+        ("prefetch_factor", "2", "3"),  # after the listed values, however numbers sort
+        ("prefetch_factor", "4", "3"),
+    ]

@@ -8,12 +8,14 @@ import sys
 import optuna
 import pytest
 from optuna.trial import TrialState
+from sqlalchemy.exc import ProgrammingError
 
 from advisor.api import validate
-from advisor.errors import SettingsError
+from advisor.errors import SettingsError, StorageError
 from advisor.progress import NullProgress
+from advisor.search import storage
 from advisor.search.context import SearchContext
-from advisor.search.records import TrialKey, claim, fail_abandoned
+from advisor.search.records import StudyKey, TrialKey, claim, fail_abandoned
 from advisor.search.space import build_space
 from advisor.search.storage import load_study, open_study
 from advisor.search.study import bind_study
@@ -90,6 +92,22 @@ def test_a_dead_workers_running_trial_is_failed_when_a_journal_study_is_resumed(
     assert states == {stale.number: TrialState.FAIL, alive.number: TrialState.RUNNING}
 
 
+def test_a_study_recorded_before_a_knob_existed_resumes_while_it_stays_at_its_default(tmp_path):
+    settings = TuneSettings(spec=f"{TINY}:factory")
+    task = validate(settings.spec).task
+    study = optuna.create_study(direction="maximize")
+    bind_study(study, _context(settings, CPU_PROFILE, task, tmp_path))
+    terms = study.user_attrs[StudyKey.TERMS]
+    del terms["fixed"]["cudnn_deterministic"]  # as an advisor without that knob recorded them
+    study.set_user_attr(StudyKey.TERMS, terms)
+    bind_study(study, _context(settings, CPU_PROFILE, task, tmp_path))  # resumes
+    del terms["fixed"]["optimizer_impl"]
+    study.set_user_attr(StudyKey.TERMS, terms)
+    searched = settings.model_copy(update={"knobs": ("classic", "optimizer")})
+    with pytest.raises(SettingsError, match="domains differ"):  # now it is searched
+        bind_study(study, _context(searched, CPU_PROFILE, task, tmp_path))
+
+
 def test_a_worker_on_other_hardware_is_refused(tmp_path):
     settings = TuneSettings(spec=f"{TINY}:factory")
     task = validate(settings.spec).task
@@ -122,3 +140,30 @@ def test_a_wrong_password_is_one_masked_line(postgres_url, tmp_path):  # noqa: F
     [line] = [text for text in completed.stderr.splitlines() if text.startswith("error:")]
     assert "cannot open storage postgresql+psycopg2://postgres:***@127.0.0.1" in line
     assert "Traceback" not in completed.stderr
+
+
+@pytest.mark.parametrize(
+    ("message", "opens"),
+    [('relation "studies" already exists', True), ('syntax error at or near "SELEC"', False)],
+)
+def test_a_schema_another_worker_is_creating_is_waited_for(tmp_path, monkeypatch, message, opens):
+    """Two workers creating Optuna's tables at once on PostgreSQL: one is told that a table
+    'already exists' (seen in CI). It retries; any other database error is reported."""
+    real = storage.make_storage
+    calls = []
+
+    def racing(url):
+        calls.append(url)
+        if len(calls) == 1:
+            raise ProgrammingError("CREATE TABLE studies", {}, Exception(message))
+        return real(url)
+
+    monkeypatch.setattr(storage, "make_storage", racing)
+    url = f"sqlite:///{tmp_path}/study.db"
+    if opens:
+        assert open_study(url, "s", optuna.samplers.RandomSampler()).study_name == "s"
+        assert len(calls) == 2
+    else:
+        with pytest.raises(StorageError, match="SELEC"):
+            open_study(url, "s", optuna.samplers.RandomSampler())
+        assert len(calls) == 1

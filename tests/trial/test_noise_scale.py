@@ -63,6 +63,11 @@ def test_pure_noise_has_no_noise_scale_to_state():
     assert estimate.value is None or estimate.low == 0.0
 
 
+def test_a_big_batch_norm_above_the_small_one_states_no_noise_scale():
+    estimate = estimate_noise_scale([1.0, 1.01, 0.99], [1.05, 1.06, 1.04], 8, 32)
+    assert estimate.trace_sigma < 0 and estimate.value is None and estimate.low is None
+
+
 def test_samples_ratio_follows_the_empirical_model():
     assert samples_ratio(100.0, 32, 32) == 1.0
     assert samples_ratio(100.0, 32, 4096) == pytest.approx(4196 / 132)  # far past B_simple
