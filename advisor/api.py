@@ -7,16 +7,33 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+import optuna
 from pydantic import ValidationError
 
 from advisor.progress import NullProgress, Progress
 from advisor.report.codegen import render_launch_script, render_training_script
 from advisor.report.outcome import confirmed_recommendation, stored_result
 from advisor.report.render import render_html, render_markdown, render_trials_csv
-from advisor.results import StudyContext, TaskSummary, TrialResult, TuneResult
+from advisor.results import (
+    BatchPrediction,
+    NoiseScale,
+    StudyContext,
+    TaskSummary,
+    TrialRecord,
+    TrialResult,
+    TuneResult,
+)
 from advisor.search.checks import NumericsCheck, preflight
 from advisor.search.context import SearchContext
 from advisor.search.pruning import make_pruner
+from advisor.search.race import (
+    decide_race,
+    measure_noise_scale,
+    plan_racers,
+    predict_batches,
+    race_finalists,
+    run_race,
+)
 from advisor.search.records import (
     fail_abandoned,
     pruned_of,
@@ -102,10 +119,23 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
     bind_study(study, search)
     write_start(study, settings, context)  # first: `advisor report` renders even an interrupt
     records = run_search(study, search)
+    racing = settings.objective == "time-to-loss" and settings.race_seconds > 0
+    baseline = search.space.baseline
+    noise, predictions, extra = _race_entrants(study, search, records) if racing else (None, (), [])
     progress.stage("re-measuring the finalists and the baseline")
-    selection = select_winner(records, search)
+    selection = select_winner(records, search, extra)
+    race = None
+    if racing:
+        plans = plan_racers(selection, predictions, baseline, context.task.optimizer_class)
+        progress.stage(
+            f"racing {len(plans)} configurations for {settings.race_seconds:g} s of training "
+            "each, from the same initial weights, to your loss"
+        )
+        race = decide_race(run_race(study, search, plans), settings.race_seconds)
     trials = records_of(study)
-    recommendation = confirmed_recommendation(settings, context, selection, trials)
+    recommendation = confirmed_recommendation(
+        settings, context, selection, trials, race=race, noise=noise
+    )
     write_outcome(study, selection.confirmations, recommendation)
     result = TuneResult(
         settings=settings,
@@ -117,6 +147,22 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
     )
     write_outputs(result)
     return result
+
+
+def _race_entrants(
+    study: optuna.Study, search: SearchContext, records: list[TrialRecord]
+) -> tuple[NoiseScale | None, tuple[BatchPrediction, ...], list[TrialRecord]]:
+    """The noise scale, what it predicts per global batch, and the search trials the race
+    needs re-measured with the other finalists."""
+    baseline = search.space.baseline
+    search.progress.stage("measuring the gradient noise scale of your configuration")
+    noise = measure_noise_scale(study, search, baseline)
+    predictions, extra = race_finalists(
+        predict_batches(noise, records, baseline), noise, records, baseline
+    )
+    if noise is not None:
+        noise = noise.model_copy(update={"predictions": predictions})
+    return noise, predictions, extra
 
 
 def _prepare(

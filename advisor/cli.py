@@ -86,6 +86,17 @@ def cli(debug: bool) -> None:
     type=float,
     help="Stop a search trial early below this fraction of the best so far; 0: never [0.5].",
 )
+@click.option(
+    "--objective",
+    type=click.Choice(["time-to-loss", "throughput"]),
+    help="What wins: the soonest to your loss in a race from the same weights, or the highest "
+    "samples/s [time-to-loss].",
+)
+@click.option(
+    "--race-seconds",
+    type=float,
+    help="Training time of each racer; 0: no race, your global batch is kept [15].",
+)
 @click.option("--confirm-top", type=int, help="Finalists re-measured with the baseline [3].")
 @click.option("--confirm-repeats", type=int, help="Re-runs per finalist [2].")
 @click.option("--memory-headroom", type=float, help="Memory fraction to keep free [0.1].")

@@ -12,6 +12,7 @@ from rich.table import Table
 from advisor.knobs import TrialConfig
 from advisor.results import (
     HardwareProfile,
+    Racer,
     Recommendation,
     TaskSummary,
     TrialRecord,
@@ -79,6 +80,24 @@ class ConsoleProgress:
             outcome = f"[red]{result.status}[/] {escape(why)}"
         mark = "[green]✓[/]" if record.eligible else "[red]✗[/]"
         self._console.print(f"{mark} {self._label}  {outcome}", highlight=False)
+
+    def racer_finished(self, racer: Racer) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+        if self._quiet:
+            return
+        curve = racer.curve
+        if curve is None:
+            why = escape(racer.result.reason or "")
+            self._console.print(f"[red]✗[/] {self._label}  [red]{racer.result.status}[/] {why}")
+            return
+        end = curve.points[-1]
+        self._console.print(
+            f"[green]✓[/] {self._label}  {curve.loss_kind} loss {end.loss:.4g} after "
+            f"{end.seconds:.1f} s ({end.steps:,} steps, {end.samples:,} samples)",
+            highlight=False,
+        )
 
     def status_text(self, phase: str) -> str:
         """The live line: the running trial and its phase, the best so far, failures by kind."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from advisor.knobs import TrialConfig
-from advisor.results import TrialRecord
+from advisor.results import Racer, TrialRecord
 
 __all__ = ["NullProgress", "Progress"]
 
@@ -25,6 +25,9 @@ class Progress(Protocol):
     def trial_finished(self, record: TrialRecord, best: float | None) -> None:
         """A trial ended (any status); `best` is the best eligible samples/s so far."""
 
+    def racer_finished(self, racer: Racer) -> None:
+        """A race trial ended (any status)."""
+
 
 class NullProgress:
     """Progress that shows nothing: the Python API's default."""
@@ -39,4 +42,7 @@ class NullProgress:
         pass
 
     def trial_finished(self, record: TrialRecord, best: float | None) -> None:
+        pass
+
+    def racer_finished(self, racer: Racer) -> None:
         pass

@@ -10,23 +10,32 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.knobs import BASE_GROUP, KNOBS, Knob, TrialConfig
-from advisor.settings import TuneSettings
+from advisor.settings import Objective, TuneSettings
 
 __all__ = [
+    "BatchPrediction",
     "Bottleneck",
     "Efficiency",
     "FailurePhase",
     "FixedKnob",
     "GpuInfo",
+    "GradientNorms",
     "HardwareProfile",
     "KnobEffect",
     "LayoutBest",
+    "LrPlan",
+    "NoiseScale",
     "PrunedProposal",
+    "RaceCurve",
+    "RacePoint",
+    "RaceSummary",
+    "Racer",
     "RankResult",
     "Recommendation",
     "RejectedValue",
     "StudyContext",
     "TaskSummary",
+    "ThroughputPick",
     "TrialRecord",
     "TrialResult",
     "TrialStatus",
@@ -37,7 +46,9 @@ __all__ = [
 
 TrialStatus = Literal["ok", "oom", "timeout", "crashed", "error", "diverged"]
 FailurePhase = Literal["build", "first_step", "warmup", "measure"]
-RECOMMENDATION_SCHEMA_VERSION = 1
+RECOMMENDATION_SCHEMA_VERSION = 2  # 2: the objective, the race, the noise scale, the lr
+LossKind = Literal["held-out", "train"]
+LrRule = Literal["yours", "sqrt", "linear"]
 
 
 class _Frozen(BaseModel):
@@ -97,6 +108,64 @@ class TaskSummary(_Frozen):
     flops_per_sample: float | None = Field(
         default=None, description="forward + backward FLOPs per sample (FlopCounterMode)"
     )
+    optimizer_class: str | None = Field(default=None, description="e.g. AdamW, SGD")
+
+
+class LrPlan(_Frozen):
+    """The learning rate a configuration trains with: the user's optimizer's, times `scale`,
+    reached by a linear warm-up over the first `warmup_steps` optimizer steps (0: none)."""
+
+    scale: float = Field(default=1.0, gt=0)
+    warmup_steps: int = Field(default=0, ge=0)
+    rule: LrRule = Field(
+        default="yours",
+        description="yours: unchanged; sqrt: x sqrt(B/B0), for Adam-like optimizers; linear: "
+        "x B/B0 with warm-up, for SGD; both capped",
+    )
+
+    @property
+    def label(self) -> str:
+        if self.rule == "yours":
+            return "your lr"
+        warmup = f", warm-up {self.warmup_steps} steps" if self.warmup_steps else ""
+        return f"lr x{self.scale:.3g} ({self.rule} rule{warmup})"
+
+
+class RacePoint(_Frozen):
+    """One evaluation of a racer: the loss after `seconds` of training."""
+
+    seconds: float = Field(
+        description="training wall time since the first step began, evaluations left out"
+    )
+    samples: int = Field(description="samples trained on, all processes")
+    steps: int = Field(description="optimizer steps taken")
+    loss: float
+
+
+class RaceCurve(_Frozen):
+    """The loss of a race trial against training time, from the seeded initial weights."""
+
+    loss_kind: LossKind = Field(
+        description="held-out: the mean loss on a fixed slice of the dataset left out of "
+        "training; train: the mean training loss between evaluations (IterableDataset)"
+    )
+    held_out_samples: int | None = None
+    lr: LrPlan = LrPlan()
+    points: tuple[RacePoint, ...]
+
+    @property
+    def final_loss(self) -> float:
+        return self.points[-1].loss
+
+
+class GradientNorms(_Frozen):
+    """Squared gradient norms per optimizer step at two batch sizes, for the noise scale: one
+    micro-batch (on rank 0) and the whole accumulated, all-reduced batch."""
+
+    small_batch: int
+    big_batch: int
+    small_sq: tuple[float, ...]
+    big_sq: tuple[float, ...]
 
 
 class RankResult(_Frozen):
@@ -147,6 +216,10 @@ class TrialResult(_Frozen):
         default=False, description="the search ended its window early: clearly slower than the best"
     )
     ranks: tuple[RankResult, ...] = Field(default=(), description="per-rank figures under DDP")
+    race: RaceCurve | None = Field(default=None, description="a race trial's loss curve")
+    gradient_norms: GradientNorms | None = Field(
+        default=None, description="a noise trial's squared gradient norms"
+    )
     wall_s: float | None = Field(default=None, description="whole trial as the parent saw it")
     task: TaskSummary | None = None
     log_path: str | None = None
@@ -278,6 +351,74 @@ class StudyContext(_Frozen):
     task: TaskSummary
 
 
+class BatchPrediction(_Frozen):
+    """What the noise scale predicts for one global batch, next to what the search measured."""
+
+    global_batch: int
+    samples_per_s: float = Field(description="the best search window at this global batch")
+    samples_ratio: float = Field(
+        description="samples to the same loss relative to your batch: (phi + B) / (phi + B0)"
+    )
+    predicted_speedup: float = Field(
+        description="time to the same loss, relative to your batch at its best throughput"
+    )
+    raced: bool = False
+
+
+class NoiseScale(_Frozen):
+    """The gradient noise scale phi = tr(Sigma)/|G|^2, measured early in the baseline's training."""
+
+    value: float | None = Field(description="None when the signal did not rise above the noise")
+    low: float | None = None
+    high: float | None = None
+    small_batch: int
+    big_batch: int
+    steps: int
+    predictions: tuple[BatchPrediction, ...] = ()
+
+
+class Racer(_Frozen):
+    """One configuration in the race, with the learning rate it would ship with."""
+
+    role: Literal["baseline", "your batch", "candidate"]
+    trial: int | None = Field(default=None, description="the search trial it re-runs")
+    config: TrialConfig
+    lr: LrPlan
+    race_seconds: float
+    samples_per_s: float | None = Field(default=None, description="its throughput measurement")
+    result: TrialResult
+    time_to_target_s: float | None = Field(
+        default=None, description="training time until its loss first reached the target"
+    )
+
+    @property
+    def curve(self) -> RaceCurve | None:
+        return self.result.race if self.result.feasible else None
+
+    @property
+    def label(self) -> str:
+        return f"{self.config.label()}, {self.lr.label}"
+
+
+class RaceSummary(_Frozen):
+    """The convergence race that decided the recommendation (objective time-to-loss)."""
+
+    seconds: float = Field(description="training time each racer had")
+    loss_kind: LossKind
+    target_loss: float | None = Field(description="the baseline's loss at the end of the race")
+    racers: tuple[Racer, ...]
+    winner: int | None = Field(description="index into racers; None: none finished")
+    verdict: str = Field(description="why the winner won, in a sentence")
+
+
+class ThroughputPick(_Frozen):
+    """The configuration with the highest samples/s, when the race chose another."""
+
+    config: TrialConfig
+    trial: int
+    samples_per_s: float
+
+
 def shown_knobs(rec: Recommendation) -> tuple[Knob, ...]:
     """The knobs a recommendation table lists: those of the base group, and each other one that
     was searched or differs from the baseline (a classic tune need not list unchanged rows)."""
@@ -315,6 +456,17 @@ class Recommendation(_Frozen):
     global_batch_changed: bool
     close_call: str | None = Field(
         default=None, description="how a tie within measurement noise was decided"
+    )
+    objective: Objective = "throughput"
+    lr: LrPlan = Field(default=LrPlan(), description="the learning rate train.py applies")
+    time_to_loss_speedup: float | None = Field(
+        default=None,
+        description="the baseline's race time to its own end-of-race loss over the winner's",
+    )
+    race: RaceSummary | None = None
+    noise_scale: NoiseScale | None = None
+    throughput_pick: ThroughputPick | None = Field(
+        default=None, description="the fastest in samples/s, where the race chose another"
     )
     warnings: tuple[str, ...] = ()
     fixed_knobs: tuple[FixedKnob, ...] = ()

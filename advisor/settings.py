@@ -23,9 +23,10 @@ if sys.version_info >= (3, 11):
 else:  # the same parser, before it joined the standard library
     import tomli as tomllib
 
-__all__ = ["SamplerName", "TuneSettings", "read_settings_file", "settings_error"]
+__all__ = ["Objective", "SamplerName", "TuneSettings", "read_settings_file", "settings_error"]
 
 SamplerName = Literal["tpe", "random", "grid"]
+Objective = Literal["time-to-loss", "throughput"]
 STORAGE_SCHEMES = ("sqlite", "postgresql", "mysql", "journal")
 
 
@@ -74,6 +75,16 @@ class TuneSettings(BaseModel):
         default=(BASE_GROUP,),
         description="knob groups (or knobs) to search: classic, all, or a comma-separated list "
         f"of {', '.join(KNOB_GROUPS)} and single knob names",
+    )
+    objective: Objective = Field(
+        default="time-to-loss",
+        description="time-to-loss: a race from the same weights decides whether another global "
+        "batch reaches your loss sooner; throughput: the highest samples/s wins",
+    )
+    race_seconds: float = Field(
+        default=15.0,
+        ge=0,
+        description="training time of each racer; 0: no race (your global batch is kept)",
     )
     confirm_top: int = Field(default=3, ge=1, description="finalists re-measured")
     confirm_repeats: int = Field(default=2, ge=1, description="re-runs per finalist")

@@ -42,6 +42,10 @@ def render_training_script(recommendation: Recommendation, script_dir: Path) -> 
         trial=recommendation.chosen_from_trial,
         config=config,
         global_batch_changed=recommendation.global_batch_changed,
+        lr=recommendation.lr,
+        lr_note=_lr_note(recommendation),
+        time_to_loss_speedup=recommendation.time_to_loss_speedup,
+        race_seconds=recommendation.race.seconds if recommendation.race else 0,
         baseline_global_batch=recommendation.baseline_config.global_batch_size,
         amp_dtype=_AMP_DTYPES[config.amp],
         task=recommendation.task,
@@ -80,3 +84,15 @@ def _docstring_safe(text: str) -> str:
     """Text that cannot end a triple-quoted docstring or start a new line of code."""
     one_line = " ".join(str(text).split())
     return one_line.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+
+
+def _lr_note(recommendation: Recommendation) -> str:
+    """Where LR_SCALE comes from, for its comment in train.py."""
+    lr = recommendation.lr
+    if lr.rule == "yours":
+        if recommendation.race is not None and recommendation.global_batch_changed:
+            return "1: your lr won the race at this global batch"
+        return "1: your optimizer's own learning rate"
+    batch0 = recommendation.baseline_config.global_batch_size
+    batch = recommendation.config.global_batch_size
+    return f"the {lr.rule} rule for global batch {batch} (yours: {batch0}); it won the race"

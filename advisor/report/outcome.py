@@ -4,6 +4,7 @@ from the hardware limit (its FLOP rate against the measured matmul peak)."""
 
 from __future__ import annotations
 
+import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -13,12 +14,17 @@ from advisor.report.analysis import best_by_layout, diagnose, knob_effects, reje
 from advisor.results import (
     Efficiency,
     HardwareProfile,
+    LrPlan,
+    NoiseScale,
+    RaceSummary,
     Recommendation,
     StudyContext,
     TaskSummary,
+    ThroughputPick,
     TrialRecord,
     TuneResult,
 )
+from advisor.search.race import race_choice, rerun_rates
 from advisor.search.records import read_study
 from advisor.search.selection import Selection, failure_summary
 from advisor.search.storage import load_study, mask_url
@@ -37,22 +43,65 @@ def confirmed_recommendation(
     context: StudyContext,
     selection: Selection,
     trials: list[TrialRecord],
+    race: RaceSummary | None = None,
+    noise: NoiseScale | None = None,
 ) -> Recommendation:
-    """The winner of the re-runs, its figures the medians of those re-runs."""
-    winner = selection.winner
+    """The winner of the re-runs (objective throughput) or of the race (time-to-loss), its
+    figures the medians of its re-runs."""
+    winner, lr = selection.winner, LrPlan()
+    if settings.objective == "time-to-loss":
+        winner, lr = race_choice(selection, race, context.baseline_config)
+    runs = rerun_rates(selection, winner.number)
     base = selection.baseline_samples_per_s
-    return _recommendation(
+    rec = _recommendation(
         settings,
         context,
         trials,
         selection.confirmations,
         winner,
-        samples_per_s=selection.samples_per_s,
+        samples_per_s=statistics.median(runs) if runs else selection.samples_per_s,
         baseline_samples_per_s=base,
-        confirm_runs=selection.winner_runs,
+        confirm_runs=runs,
         baseline_runs=selection.baseline_runs,
         provisional=False,
-    ).model_copy(update={"close_call": selection.close_call})
+    )
+    fastest = selection.winner
+    pick = None
+    if fastest.number != winner.number:
+        pick = ThroughputPick(
+            config=fastest.result.config,
+            trial=fastest.number,
+            samples_per_s=selection.samples_per_s,
+        )
+    return rec.model_copy(
+        update={
+            "close_call": selection.close_call if pick is None else None,
+            "objective": settings.objective,
+            "lr": lr,
+            "race": race,
+            "noise_scale": noise,
+            "throughput_pick": pick,
+            "time_to_loss_speedup": _time_to_loss_speedup(race),
+            "warnings": _warnings(
+                rec.config.global_batch_size,
+                rec.baseline_config.global_batch_size,
+                rec.baseline_samples_per_s,
+                settings,
+                race,
+            ),
+        }
+    )
+
+
+def _time_to_loss_speedup(race: RaceSummary | None) -> float | None:
+    """The baseline's time to its own end-of-race loss over the winner's."""
+    if race is None or race.winner is None:
+        return None
+    baseline = next((r for r in race.racers if r.role == "baseline"), None)
+    winner = race.racers[race.winner]
+    if baseline is None or not baseline.time_to_target_s or not winner.time_to_target_s:
+        return None
+    return baseline.time_to_target_s / winner.time_to_target_s
 
 
 def provisional_recommendation(
@@ -115,10 +164,7 @@ def _recommendation(
         baseline_runs=baseline_runs,
         global_batch_changed=config.global_batch_size != baseline.global_batch_size,
         warnings=_warnings(
-            config.global_batch_size,
-            baseline.global_batch_size,
-            baseline_runs,
-            baseline_samples_per_s,
+            config.global_batch_size, baseline.global_batch_size, baseline_samples_per_s, settings
         ),
         fixed_knobs=context.fixed_knobs,
         parallel_best=best_by_layout(trials, confirmations),
@@ -135,15 +181,25 @@ def _recommendation(
 
 
 def _warnings(
-    batch: int, baseline_batch: int, baseline_runs: tuple[float, ...], baseline_rate: float | None
+    batch: int,
+    baseline_batch: int,
+    baseline_rate: float | None,
+    settings: TuneSettings,
+    race: RaceSummary | None = None,
 ) -> tuple[str, ...]:
     warnings = []
-    if batch != baseline_batch:
-        ratio = batch / baseline_batch
+    if batch != baseline_batch and race is None:
         warnings.append(
-            f"the global batch changes from {baseline_batch} to {batch} ({ratio:g}x): the "
-            f"optimisation changes with it; scale the learning rate by {ratio:g} (linear-scaling "
-            f"rule) or re-run with --global-batch-size {baseline_batch} to keep it"
+            f"the global batch changes from {baseline_batch} to {batch} "
+            f"({batch / baseline_batch:g}x), and nothing checked how soon it reaches your loss "
+            f"(objective {settings.objective}, no race): re-run with --objective time-to-loss "
+            f"to race it, or with --global-batch-size {baseline_batch} to keep it"
+        )
+    if race is not None and batch != baseline_batch:
+        warnings.append(
+            f"the race covered the first {race.seconds:g} s of training from your initial "
+            "weights; the best global batch often grows later in training (the gradient noise "
+            "scale grows as the loss falls), so a longer run may favour a larger one still"
         )
     if baseline_rate is None:
         warnings.append("the baseline configuration failed: no speed-up can be stated")

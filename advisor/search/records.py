@@ -21,7 +21,14 @@ from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ValidationError
 
 from advisor.errors import StorageError
-from advisor.results import PrunedProposal, Recommendation, StudyContext, TrialRecord, TrialResult
+from advisor.results import (
+    PrunedProposal,
+    Racer,
+    Recommendation,
+    StudyContext,
+    TrialRecord,
+    TrialResult,
+)
 from advisor.search.storage import mask_url
 from advisor.settings import TuneSettings
 
@@ -33,9 +40,13 @@ __all__ = [
     "fail_abandoned",
     "planned_params",
     "pruned_of",
+    "read_noise",
+    "read_racers",
     "read_study",
     "records_of",
+    "write_noise",
     "write_outcome",
+    "write_racer",
     "write_record",
     "write_start",
 ]
@@ -62,6 +73,8 @@ class StudyKey:
     CONTEXT: Final = "advisor_context"  # baseline, fixed knobs, machine and task
     CONFIRMATIONS: Final = "confirmations"  # the re-runs of a finished tune
     RECOMMENDATION: Final = "advisor_recommendation"  # None until a tune finishes
+    NOISE: Final = "advisor_noise_trial"  # the noise-scale trial's TrialResult
+    RACERS: Final = "advisor_racers"  # every finished race trial, as it finished
 
 
 # Optuna's system attribute of an enqueued trial: the parameters it will suggest.
@@ -144,6 +157,36 @@ def write_outcome(
         StudyKey.CONFIRMATIONS, [record.model_dump(mode="json") for record in confirmations]
     )
     study.set_user_attr(StudyKey.RECOMMENDATION, recommendation.model_dump(mode="json"))
+
+
+def write_noise(study: optuna.Study, result: TrialResult) -> None:
+    """Store the noise-scale trial, so that a resumed tune need not run it again."""
+    study.set_user_attr(StudyKey.NOISE, result.model_dump(mode="json"))
+
+
+def read_noise(study: optuna.Study) -> TrialResult | None:
+    """The stored noise-scale trial; None if there is none or another version wrote it."""
+    try:
+        return _optional(TrialResult, study.user_attrs.get(StudyKey.NOISE))
+    except ValidationError:
+        return None
+
+
+def write_racer(study: optuna.Study, racer: Racer) -> None:
+    """Add a finished race trial to the study's racers (read, append, write: one worker races)."""
+    stored = list(study.user_attrs.get(StudyKey.RACERS, []))
+    study.set_user_attr(StudyKey.RACERS, [*stored, racer.model_dump(mode="json")])
+
+
+def read_racers(study: optuna.Study) -> list[Racer]:
+    """Every race trial the study holds that this version can read, in the order raced."""
+    racers = []
+    for stored in study.user_attrs.get(StudyKey.RACERS, []):
+        try:
+            racers.append(Racer.model_validate(stored))
+        except ValidationError:
+            continue
+    return racers
 
 
 @dataclass(frozen=True)

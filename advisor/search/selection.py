@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from advisor.errors import NoFeasibleConfigError
 from advisor.knobs import KNOBS, TrialConfig
@@ -39,6 +39,8 @@ class Selection:
     baseline_runs: tuple[float, ...]
     confirmations: tuple[TrialRecord, ...]
     close_call: str | None = None
+    finalists: tuple[TrialRecord, ...] = ()
+    confirmed_rates: dict[int, float] = field(default_factory=dict)  # median re-run, by trial
 
     @property
     def samples_per_s(self) -> float:
@@ -49,8 +51,13 @@ class Selection:
         return statistics.median(self.baseline_runs) if self.baseline_runs else None
 
 
-def select_winner(records: list[TrialRecord], context: SearchContext) -> Selection:
-    """Re-measure the finalists and choose by the re-runs alone.
+def select_winner(
+    records: list[TrialRecord],
+    context: SearchContext,
+    extra_finalists: list[TrialRecord] | None = None,
+) -> Selection:
+    """Re-measure the finalists (and `extra_finalists`, e.g. those a race needs) and choose the
+    fastest by the re-runs alone.
 
     The search measurement that made a finalist is biased upwards (the best of many noisy
     values), so it takes no part in the ranking or in the figures reported.
@@ -70,6 +77,9 @@ def select_winner(records: list[TrialRecord], context: SearchContext) -> Selecti
             finalists.append(layout_best)
     if baseline is not None and baseline.eligible and baseline not in finalists:
         finalists.append(baseline)
+    for extra in extra_finalists or []:
+        if extra.eligible and extra not in finalists:
+            finalists.append(extra)
     reruns = _confirm_adaptively(finalists, baseline, context)
     confirmed = [r for r in finalists if all(c.eligible for c in reruns[r.number])]
     if not confirmed:
@@ -87,7 +97,13 @@ def select_winner(records: list[TrialRecord], context: SearchContext) -> Selecti
         baseline_runs = _rates(reruns[baseline.number])
     confirmations = tuple(c for runs in reruns.values() for c in runs)
     return Selection(
-        winner, _rates(reruns[winner.number]), baseline_runs, confirmations, close_call
+        winner,
+        _rates(reruns[winner.number]),
+        baseline_runs,
+        confirmations,
+        close_call,
+        finalists=tuple(confirmed),
+        confirmed_rates={r.number: _median(reruns[r.number]) for r in confirmed},
     )
 
 

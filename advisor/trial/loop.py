@@ -90,6 +90,7 @@ class Trainer:
         if config.channels_last:
             model = model.to(memory_format=torch.channels_last)
         model.train()
+        self.module = model  # unwrapped and uncompiled, sharing the parameters
         self.model = compiled(wrap_model(model, config.parallel_mode, device), config.compile)
         self.optimizer = (task.optimizer or default_optimizer(config))(model.parameters())
         self.loss_fn = task.loss_fn
@@ -101,8 +102,12 @@ class Trainer:
         self.first_batch_kind: BatchKind | None = None
         self._batches = self._endless_batches()
 
-    def step(self) -> torch.Tensor:
-        """One optimizer step over `accumulation_steps` micro-batches; returns the mean loss."""
+    def step(self, on_backward: Callable[[int], None] | None = None) -> torch.Tensor:
+        """One optimizer step over `accumulation_steps` micro-batches; returns the mean loss.
+
+        `on_backward(micro)` sees the gradients after each micro-step's backward pass (after
+        the last one they are complete, and all-reduced under DDP).
+        """
         accumulation = self.config.accumulation_steps
         total = torch.zeros((), device=self.device)
         for micro in range(accumulation):
@@ -111,6 +116,8 @@ class Trainer:
                 with self._autocast():
                     loss = compute_loss(self.model, batch, self.loss_fn)
                 self.scaler.scale(loss / accumulation).backward()
+            if on_backward is not None:
+                on_backward(micro)
             total += loss.detach().float()
         self.scaler.step(self.optimizer)
         self.scaler.update()

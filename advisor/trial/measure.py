@@ -14,15 +14,18 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import Dataset
 from torch.utils.flop_counter import FlopCounterMode
 
 from advisor.errors import AdvisorError, BadInputError
 from advisor.knobs import TrialConfig
 from advisor.results import FailurePhase, TaskSummary, TrialResult
 from advisor.task import TrainingTask, build_task, user_batch_size
+from advisor.trial.convergence import held_out_split, measure_gradient_norms, run_race
 from advisor.trial.loop import DivergedError, Trainer, Window, run_window, warm_up
 from advisor.trial.memory import PeakMemory
 from advisor.trial.protocol import TrialRequest
@@ -109,7 +112,12 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
         device, has_children=config.num_workers > 0, all_gpus=config.parallel_mode == "dp"
     )
     memory.start()
+    held_out = None
+    if request.mode == "race":  # before the loader is built: no racer trains on the slice
+        task, held_out = held_out_split(task)
     trainer = Trainer(task, config, device, rank=rank, seed=request.seed)
+    if request.mode in ("race", "noise"):
+        return _converged(request, task, kind, trainer, held_out, memory, phase, state)
     phase.enter("first_step")
     try:
         first = run_window(trainer, min_steps=1, cover_worker_cycles=False)
@@ -133,6 +141,38 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
     trainer.close()
     result = _measured(request, window, memory.stop(), summary, startup_s, warmup_s)
     return result.model_copy(update={"early_losses": early_losses, "first_step_s": first.elapsed_s})
+
+
+def _converged(
+    request: TrialRequest,
+    task: TrainingTask,
+    kind: str,
+    trainer: Trainer,
+    held_out: Dataset[Any] | None,
+    memory: PeakMemory,
+    phase: _Phase,
+    state: _SoFar,
+) -> TrialResult:
+    """A race (the loss against training time) or a noise trial (gradient norms)."""
+    phase.enter("measure")
+    state.startup_s = time.time() - request.launched_at
+    try:
+        if request.mode == "race":
+            curve = run_race(trainer, task, held_out, request.trial_seconds, request.lr)
+            update: dict[str, Any] = {"race": curve}
+        else:
+            update = {"gradient_norms": measure_gradient_norms(trainer, request.trial_seconds)}
+    finally:  # the batch the first step saw explains a failure
+        state.summary = _summarise(task, kind, trainer)
+    trainer.close()
+    return TrialResult(
+        config=request.config,
+        status="ok",
+        startup_s=state.startup_s,
+        peak_memory_bytes=memory.stop(),
+        task=state.summary,
+        **update,
+    )
 
 
 def _timed_window(trainer: Trainer, request: TrialRequest, warmup: Window, rank: int) -> Window:
@@ -300,6 +340,7 @@ def _summarise(task: TrainingTask, kind: str, trainer: Trainer) -> TaskSummary:
         custom_collate=task.collate_fn is not None,
         user_batch_size=user_batch_size(task),
         conv2d=any(isinstance(module, torch.nn.Conv2d) for module in task.model.modules()),
+        optimizer_class=type(trainer.optimizer).__name__,
     )
 
 

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.knobs import TrialConfig
-from advisor.results import TrialResult
+from advisor.results import LrPlan, TrialResult
 
 __all__ = ["TrialRequest", "died_without_result"]
 
@@ -21,8 +21,10 @@ class TrialRequest(BaseModel):
     spec: str
     cwd: str
     config: TrialConfig
-    # validate: the user's batch size, one step; reference: the first steps' losses only.
-    mode: Literal["trial", "validate", "reference"] = "trial"
+    # validate: the user's batch size, one step; reference: the first steps' losses only;
+    # race: train for `trial_seconds` recording the loss; noise: record gradient norms.
+    mode: Literal["trial", "validate", "reference", "race", "noise"] = "trial"
+    lr: LrPlan = Field(default=LrPlan(), description="race: the learning rate to train with")
     warmup_steps: int = Field(default=3, ge=1)
     trial_seconds: float = Field(default=3.0, gt=0)
     max_measure_steps: int | None = Field(default=None, ge=1)

@@ -9,6 +9,7 @@ exception here: it comes back as a `TrialResult` with a status.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import signal
@@ -24,7 +25,7 @@ import psutil
 
 from advisor.errors import AdvisorError
 from advisor.knobs import TrialConfig
-from advisor.results import FailurePhase, HardwareProfile, TrialResult
+from advisor.results import FailurePhase, HardwareProfile, LrPlan, TrialResult
 from advisor.trial.launcher import LauncherGoneError, shared_launcher
 from advisor.trial.protocol import TrialRequest, died_without_result
 
@@ -74,6 +75,14 @@ class TrialLaunch:
         # rather than start a fresh interpreter: 2 s less per trial, as isolated.
         self.preloaded = preloaded
 
+    def lasting(self, seconds: float) -> TrialLaunch:
+        """The same launch for a trial that trains `seconds` (a race): its timeout grows by
+        twice the difference, for the evaluations."""
+        longer = copy.copy(self)
+        longer.trial_seconds = seconds
+        longer.timeout_s = self.timeout_s + 2 * max(0.0, seconds - self.trial_seconds)
+        return longer
+
 
 def run_trial(
     launch: TrialLaunch,
@@ -81,6 +90,7 @@ def run_trial(
     log_path: Path,
     *,
     mode: str = "trial",
+    lr: LrPlan | None = None,
     on_phase: PhaseCallback | None = None,
     on_progress: ProgressCallback | None = None,
 ) -> TrialResult:
@@ -96,6 +106,7 @@ def run_trial(
             cwd=str(launch.cwd),
             config=config,
             mode=mode,  # type: ignore[arg-type]
+            lr=lr or LrPlan(),
             warmup_steps=launch.warmup_steps,
             trial_seconds=launch.trial_seconds,
             max_measure_steps=launch.max_measure_steps,
