@@ -1,0 +1,195 @@
+"""The convergence race: real race trials decide on workloads built so that a big batch loses
+or wins; the decision rules on described racers; an interrupt keeps the finished racers."""
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from advisor.api import validate
+from advisor.knobs import TrialConfig
+from advisor.progress import NullProgress
+from advisor.results import (
+    BatchPrediction,
+    LrPlan,
+    NoiseScale,
+    RaceCurve,
+    RacePoint,
+    Racer,
+    TrialRecord,
+    TrialResult,
+)
+from advisor.search.context import SearchContext
+from advisor.search.race import (
+    RacePlan,
+    decide_race,
+    lr_rule,
+    predict_batches,
+    race_finalists,
+    run_race,
+    time_to_loss,
+)
+from advisor.search.records import read_racers
+from advisor.search.space import build_space
+from advisor.settings import TuneSettings
+from advisor.trial.runner import TrialLaunch
+from tests.conftest import CPU_PROFILE, ROOT
+
+CONVERGENCE = "tests/workloads/convergence.py"
+SMALL = TrialConfig(batch_size=8)
+BIG = TrialConfig(batch_size=256)
+
+
+def _context(tmp_path: Path, name: str, progress=None) -> SearchContext:
+    settings = TuneSettings(spec=f"{CONVERGENCE}:{name}", race_seconds=2.5, max_world_size=1)
+    space = build_space(settings, CPU_PROFILE, validate(settings.spec).task)
+    launch = TrialLaunch(
+        spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=1.0, timeout_s=120
+    )
+    return SearchContext(settings, space, CPU_PROFILE, launch, tmp_path, progress or NullProgress())
+
+
+def _plans() -> list[RacePlan]:
+    """Batch 8 (the user's), and 32x that with the user's SGD lr and with the linear rule."""
+    rule = lr_rule("SGD", 8, 256)
+    assert (rule.scale, rule.warmup_steps, rule.rule) == (8.0, 20, "linear")  # capped at 8
+    return [
+        RacePlan("baseline", 0, SMALL, LrPlan(), 1000.0),
+        RacePlan("candidate", 1, BIG, LrPlan(), 1000.0),
+        RacePlan("candidate", 1, BIG, rule, 1000.0),
+    ]
+
+
+def _study(tmp_path: Path) -> optuna.Study:
+    return optuna.create_study(storage=f"sqlite:///{tmp_path}/study.db", study_name="race")
+
+
+def test_the_race_keeps_the_small_batch_where_a_big_one_loses(tmp_path):
+    """Samples/s do not grow with the batch and the labels are exact: batch 8 takes 32x the
+    steps of batch 256 at the same samples/s, each nearly as useful."""
+    context = _context(tmp_path, "big_batch_loses")
+    race = decide_race(run_race(_study(tmp_path), context, _plans()), 2.5)
+    assert race.loss_kind == "held-out"
+    assert race.racers[race.winner].config == SMALL, race.verdict
+    assert "no other global batch" in race.verdict
+
+
+def test_the_race_picks_the_big_batch_and_its_lr_where_it_wins(tmp_path):
+    """Each step costs the same whatever the batch and the labels are noisy: batch 256 takes
+    as many steps, each far less noisy, and the linear rule's 8x lr pays off."""
+    context = _context(tmp_path, "big_batch_wins")
+    race = decide_race(run_race(_study(tmp_path), context, _plans()), 2.5)
+    winner = race.racers[race.winner]
+    assert winner.config == BIG and winner.lr.rule == "linear", race.verdict
+    baseline = race.racers[0]
+    assert winner.time_to_target_s < 0.85 * baseline.time_to_target_s
+
+
+class _StopAfterFirstRacer(NullProgress):
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    def trial_started(self, label: str, config: TrialConfig) -> None:
+        self.started.append(label)
+
+    def racer_finished(self, racer: Racer) -> None:
+        if len(self.started) == 1:
+            raise KeyboardInterrupt
+
+
+def test_an_interrupted_race_keeps_its_finished_racers_and_resumes_after_them(tmp_path):
+    progress = _StopAfterFirstRacer()
+    context = _context(tmp_path, "big_batch_wins", progress)
+    with pytest.raises(KeyboardInterrupt):
+        run_race(_study(tmp_path), context, _plans())
+    study = optuna.load_study(storage=f"sqlite:///{tmp_path}/study.db", study_name="race")
+    [kept] = read_racers(study)
+    assert kept.config == SMALL and kept.curve is not None
+
+    resumed = _StopAfterFirstRacer()
+    resumed.started.append("(already stopped once)")
+    racers = run_race(study, _context(tmp_path, "big_batch_wins", resumed), _plans())
+    assert len(resumed.started) == 1 + 2  # only the two racers that had not finished
+    assert racers[0] == kept
+    assert len(read_racers(study)) == 3
+
+
+def _racer(role: str, config: TrialConfig, losses: list[float], lr: LrPlan | None = None) -> Racer:
+    lr = lr or LrPlan()
+    points = tuple(
+        RacePoint(seconds=float(i), samples=i * 8, steps=i, loss=loss)
+        for i, loss in enumerate(losses)
+    )
+    result = TrialResult(
+        config=config, status="ok", race=RaceCurve(loss_kind="held-out", lr=lr, points=points)
+    )
+    return Racer(role=role, config=config, lr=lr, race_seconds=len(losses) - 1, result=result)
+
+
+def test_time_to_loss_interpolates_between_evaluations():
+    curve = _racer("baseline", SMALL, [4.0, 2.0, 1.0]).curve
+    assert time_to_loss(curve, 3.0) == pytest.approx(0.5)
+    assert time_to_loss(curve, 1.0) == pytest.approx(2.0)
+    assert time_to_loss(curve, 0.5) is None
+
+
+def test_a_candidate_must_beat_the_best_at_your_batch_by_more_than_the_noise():
+    faster = TrialConfig(batch_size=8, num_workers=1)
+    racers = [
+        _racer("baseline", SMALL, [4, 3, 2, 1.5, 1.2, 1.0]),
+        _racer("your batch", faster, [4, 2.5, 1.5, 1.0, 0.9, 0.8]),  # reaches 1.0 at 3 s
+        _racer("candidate", BIG, [4, 2.6, 1.6, 1.0, 0.9, 0.8]),  # also 3 s: within the noise
+    ]
+    race = decide_race(racers, 5)
+    assert race.target_loss == 1.0 and race.racers[race.winner].config == faster
+    racers[2] = _racer("candidate", BIG, [4, 1.0, 0.5, 0.4, 0.3, 0.2])  # 1 s: 3x sooner
+    assert decide_race(racers, 5).winner == 2
+
+
+def test_each_candidate_ships_the_lr_that_ended_lower():
+    rule = LrPlan(scale=2.0, rule="sqrt")
+    racers = [
+        _racer("baseline", SMALL, [4, 3, 2, 1.5, 1.2, 1.0]),
+        _racer("candidate", BIG, [4, 0.9, 0.8, 0.8, 0.8, 0.8]),  # sooner, but ends higher
+        _racer("candidate", BIG, [4, 1.5, 1.0, 0.6, 0.4, 0.3], rule),
+    ]
+    race = decide_race(racers, 5)
+    assert race.winner == 2 and race.racers[2].lr == rule
+
+
+def test_a_faster_config_at_your_batch_that_learns_worse_gives_way_to_yours():
+    """E.g. low precision that costs more in loss than it gains in speed."""
+    racers = [
+        _racer("baseline", SMALL, [4, 3, 2, 1.5, 1.2, 1.0]),
+        _racer("your batch", TrialConfig(batch_size=8, amp="bf16"), [4, 3.5, 3, 2.5, 2, 1.8]),
+    ]
+    race = decide_race(racers, 5)
+    assert race.winner == 0
+
+
+def _record(number: int, batch: int, rate: float) -> TrialRecord:
+    config = TrialConfig(batch_size=batch)
+    result = TrialResult(config=config, status="ok", samples_per_s=rate)
+    return TrialRecord(number=number, role="baseline" if batch == 8 else "search", result=result)
+
+
+def test_the_noise_scale_chooses_which_batches_race():
+    """phi = 100: batch 64 needs (100 + 64)/(100 + 8) = 1.5x the samples, so at 4x the samples/s
+    it is predicted 2.6x sooner; batch 1024 at 5x the samples/s needs 10.3x the samples."""
+    records = [_record(0, 8, 100.0), _record(1, 64, 400.0), _record(2, 1024, 500.0)]
+    noise = NoiseScale(value=100.0, low=80.0, high=120.0, small_batch=8, big_batch=64, steps=50)
+    predictions = predict_batches(noise, records, SMALL)
+    by_batch = {p.global_batch: p for p in predictions}
+    assert by_batch[64].predicted_speedup == pytest.approx(4 / (164 / 108))
+    assert by_batch[1024].predicted_speedup == pytest.approx(5 / (1124 / 108))
+    marked, finalists = race_finalists(predictions, noise, records, SMALL)
+    assert [p.global_batch for p in marked if p.raced] == [64]
+    assert [r.number for r in finalists] == [0, 1]
+
+
+def test_without_a_noise_scale_the_fastest_batches_race():
+    records = [_record(0, 8, 100.0), _record(1, 64, 400.0), _record(2, 1024, 500.0)]
+    predictions = predict_batches(None, records, SMALL)
+    marked, _ = race_finalists(predictions, None, records, SMALL)
+    assert [p.global_batch for p in marked if p.raced] == [64, 1024]
+    assert isinstance(marked[0], BatchPrediction)
