@@ -120,6 +120,7 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
     write_start(study, settings, context)  # first: `advisor report` renders even an interrupt
     records = run_search(study, search)
     racing = settings.objective == "time-to-loss" and settings.race_seconds > 0
+    racing = racing and any(record.eligible for record in records)  # else nothing can win
     baseline = search.space.baseline
     noise, predictions, extra = _race_entrants(study, search, records) if racing else (None, (), [])
     progress.stage("re-measuring the finalists and the baseline")

@@ -110,7 +110,13 @@ class ConsoleProgress:
 def recommendation_table(rec: Recommendation) -> Table:
     """The recommendation against the baseline, knob by knob, with both throughputs."""
     speedup = f"{rec.speedup:.2f}x" if rec.speedup else "–"
-    table = Table(title=f"Recommended configuration ({speedup} your baseline)")
+    title = f"Recommended configuration ({speedup} your baseline's samples/s)"
+    if rec.time_to_loss_speedup:
+        title = (
+            f"Recommended configuration: your loss {rec.time_to_loss_speedup:.2f}x sooner "
+            f"({speedup} samples/s)"
+        )
+    table = Table(title=title)
     table.add_column("knob")
     table.add_column("recommended", style="bold green")
     table.add_column("baseline")

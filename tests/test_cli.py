@@ -129,7 +129,9 @@ def test_an_unusable_settings_file_is_one_line(name, text, fragment, tmp_path):
 def test_a_settings_file_drives_the_tune_and_flags_override_it(tmp_path):
     config = tmp_path / "tune.json"
     settings = {"spec": f"{TINY}:factory", "trials": 5, "trial-seconds": 0.2, "warmup_steps": 1}
-    config.write_text(json.dumps({**settings, "max_world_size": 1, "confirm_top": 1}))
+    config.write_text(
+        json.dumps({**settings, "max_world_size": 1, "confirm_top": 1, "race-seconds": 0.5})
+    )
     completed = advisor("tune", "--config", str(config), "--trials", "1", "--out", str(tmp_path))
     assert completed.returncode == 0, completed.stderr
     rec = json.loads((tmp_path / "recommendation.json").read_text())

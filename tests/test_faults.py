@@ -25,6 +25,7 @@ def test_a_tune_over_every_fault_recommends_what_trained_and_explains_the_rest(t
         "--warmup-steps", "2",
         "--trial-timeout", "15",
         "--confirm-top", "1",
+        "--race-seconds", "1",
         "--out", str(tmp_path),
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr
@@ -63,6 +64,7 @@ def test_user_strings_full_of_markup_stay_inert_everywhere(tmp_path, marked):
         "--sampler", "grid", "--trials", "4", "--batch-sizes", "32,64",
         "--accumulation-steps", "1", "--max-world-size", "1",
         "--trial-seconds", "0.2", "--warmup-steps", "1", "--confirm-top", "1",
+        "--race-seconds", "0.5",
         "--out", str(out),
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr

@@ -172,6 +172,7 @@ def test_a_tune_rejects_a_knob_that_changes_the_maths_and_reports_why(tmp_path):
     result = advisor.tune(
         f"{TINY}:conv_wrong_in_channels_last",
         knobs="classic,channels_last",
+        objective="throughput",
         sampler="grid",
         trials=12,
         batch_sizes="16",
@@ -198,6 +199,7 @@ def test_the_last_trials_change_one_newer_knob_of_the_best_configuration(tmp_pat
     result = advisor.tune(
         f"{TINY}:factory",
         knobs="classic,optimizer",
+        objective="throughput",
         trials=6,
         batch_sizes="16,64",
         accumulation_steps="1",

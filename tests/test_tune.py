@@ -27,6 +27,7 @@ SETTINGS = {
     "warmup_steps": 2,
     "confirm_top": 2,
     "batch_sizes": "16,32,64,128",
+    "race_seconds": 1.0,
 }
 
 
@@ -36,7 +37,7 @@ OUTPUTS = ("recommendation.json", "trials.csv", "report.md", "report.html", "tra
 def _cli_tune(out, *flags: str) -> subprocess.CompletedProcess[str]:
     """`advisor tune` on the tiny workload with the fast settings of these tests."""
     fast = ("--trial-seconds", "0.3", "--warmup-steps", "2", "--confirm-top", "2")
-    fast += ("--max-world-size", "1")
+    fast += ("--max-world-size", "1", "--race-seconds", "1")
     return run_advisor("tune", f"{TINY}:factory", "--out", str(out), *fast, *flags)
 
 
@@ -52,7 +53,7 @@ def test_python_api_returns_a_feasible_recommendation_not_slower_than_baseline(f
     assert rec.config.batch_size in (16, 32, 64, 128)
     assert rec.baseline_config.batch_size == 32 and rec.baseline_config.amp == "off"
     assert rec.speedup >= 1.0  # the baseline is always a finalist
-    assert len(rec.confirm_runs) == 2 and all(run > 0 for run in rec.confirm_runs)
+    assert len(rec.confirm_runs) >= 2 and all(run > 0 for run in rec.confirm_runs)
     reruns = [c for c in first_run.confirmations if c.result.config == rec.config]
     assert tuple(c.result.samples_per_s for c in reruns) == rec.confirm_runs  # re-runs only
     assert {knob.name for knob in rec.fixed_knobs} >= {"pin_memory", "cudnn_benchmark"}
@@ -73,7 +74,7 @@ def test_outputs_are_written(first_run):
         assert (out / name).is_file(), name
     assert (out / "logs" / "trial-0.log").is_file()
     rec = Recommendation.model_validate_json((out / "recommendation.json").read_text())
-    assert rec == first_run.recommendation and rec.schema_version == 1
+    assert rec == first_run.recommendation and rec.schema_version == 2
     rows = list(csv.DictReader((out / "trials.csv").open()))
     assert len(rows) == len(first_run.trials) + len(first_run.confirmations)
     report = (out / "report.md").read_text()

@@ -10,9 +10,9 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
-from advisor.results import TrialRecord
+from advisor.results import RaceSummary, TrialRecord
 
-__all__ = ["batch_amp_svg", "history_svg", "importance_svg", "memory_svg"]
+__all__ = ["batch_amp_svg", "history_svg", "importance_svg", "memory_svg", "race_svg"]
 
 SIZE = (6.4, 3.2)
 NO_METADATA = {"Date": None, "Creator": None, "Type": None, "Format": None}
@@ -125,3 +125,30 @@ def _svg(figure: Figure) -> str:
         figure.savefig(buffer, format="svg", metadata=NO_METADATA)
     text = buffer.getvalue()
     return XMLNS.sub("", text[text.index("<svg") :])
+
+
+def race_svg(race: RaceSummary | None) -> str | None:
+    """Every racer's loss against training time, with the target loss."""
+    if race is None or not any(r.curve for r in race.racers):
+        return None
+    figure, axes = _figure("training time (s)", f"{race.loss_kind} loss")
+    for index, racer in enumerate(race.racers):
+        if racer.curve is None:
+            continue
+        points = racer.curve.points
+        label = f"bs {racer.config.global_batch_size}, {racer.lr.label}"
+        if racer.role == "baseline":
+            label = f"yours: {label}"
+        axes.plot(
+            [p.seconds for p in points],
+            [p.loss for p in points],
+            marker="o",
+            markersize=2.5,
+            linewidth=2.5 if index == race.winner else 1.2,
+            label=label + (" (winner)" if index == race.winner else ""),
+        )
+    if race.target_loss is not None:
+        axes.axhline(race.target_loss, color="#888", linestyle="--", linewidth=0.8)
+    axes.set_yscale("log")
+    axes.legend(loc="upper right", fontsize="x-small")
+    return _svg(figure)

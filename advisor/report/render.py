@@ -10,7 +10,14 @@ from collections import Counter, defaultdict
 from advisor.knobs import KNOBS
 from advisor.report.analysis import param_importances
 from advisor.report.codegen import launch_command
-from advisor.report.plots import batch_amp_svg, history_svg, importance_svg, memory_svg
+from advisor.report.plots import (
+    batch_amp_svg,
+    history_svg,
+    importance_svg,
+    memory_svg,
+    race_svg,
+)
+from advisor.report.race import race_view
 from advisor.report.templating import template_environment
 from advisor.results import (
     LayoutBest,
@@ -104,6 +111,7 @@ def render_markdown(result: TuneResult) -> str:
         .get_template("report.md.j2")
         .render(
             rec=rec,
+            view=race_view(rec),
             knobs=_knob_rows(rec),
             what=WHAT_FIELD,
             baseline_memory=baseline.result.peak_memory_bytes if baseline else None,
@@ -138,6 +146,8 @@ def render_html(result: TuneResult) -> str:
     environment = template_environment(autoescape=True, duration=_duration, **filters)
     return environment.get_template("report.html.j2").render(
         rec=rec,
+        view=race_view(rec),
+        race_plot=race_svg(rec.race),
         knobs=_knob_rows(rec),
         what=WHAT_FIELD,
         parallel=_parallel_rows(rec.parallel_best),

@@ -112,9 +112,9 @@ def run_race(
 
 
 def measure_gradient_norms(trainer: Trainer, seconds: float) -> GradientNorms:
-    """Train for about `seconds` (at least `NOISE_MIN_STEPS` steps), recording each step's
-    squared gradient norms at one micro-batch and at the whole batch. Steps whose gradients
-    are not finite (GradScaler backing off) are left out."""
+    """Train for about `seconds` (at least `NOISE_MIN_STEPS` steps, at most three times as
+    long), recording each step's squared gradient norms at one micro-batch and at the whole
+    batch. Steps whose gradients are not finite (GradScaler backing off) are left out."""
     config = trainer.config
     if config.accumulation_steps < 2:
         raise ValueError("a noise trial needs accumulation_steps >= 2: two batch sizes")
@@ -127,7 +127,8 @@ def measure_gradient_norms(trainer: Trainer, seconds: float) -> GradientNorms:
         if norms.small is not None and norms.big is not None:
             small.append(norms.small)
             big.append(norms.big)
-        done = len(big) >= NOISE_MIN_STEPS and time.perf_counter() - started >= seconds
+        elapsed = time.perf_counter() - started
+        done = (len(big) >= NOISE_MIN_STEPS and elapsed >= seconds) or elapsed >= 3 * seconds
         if _rank_zero_says(done, trainer):
             break
     return GradientNorms(

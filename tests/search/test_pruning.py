@@ -69,6 +69,7 @@ def test_a_tune_stops_the_slow_configurations_early_and_says_so(tmp_path):
     result = advisor.tune(
         f"{TINY}:slow_with_bf16",
         trials=4,
+        objective="throughput",
         sampler="grid",
         batch_sizes="16",
         accumulation_steps="1",

@@ -17,7 +17,7 @@ from advisor.settings import TuneSettings
 from advisor.trial.runner import TrialLaunch
 from tests.conftest import CPU_PROFILE, ROOT, TINY, run_advisor, survivors
 
-FAST = {"trial_seconds": 0.2, "warmup_steps": 1, "confirm_top": 1}
+FAST = {"trial_seconds": 0.2, "warmup_steps": 1, "confirm_top": 1, "objective": "throughput"}
 HOST = CPU_PROFILE.model_copy(update={"memory_bytes": 10 * 2**30})
 
 

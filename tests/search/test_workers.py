@@ -25,6 +25,7 @@ from tests.conftest import CPU_PROFILE, ROOT, TINY, run_advisor
 from tests.postgres import PASSWORD, postgres_url  # noqa: F401 (a fixture)
 
 FAST = ("--trial-seconds", "0.3", "--warmup-steps", "2", "--confirm-top", "1")
+FAST += ("--objective", "throughput")
 
 
 def _worker(name: str, storage: str, out, trials: int) -> subprocess.Popen[str]:

@@ -1,0 +1,206 @@
+"""What the reports say about the race, the learning rate and the noise scale (pure functions of a
+`Recommendation`), shared by report.md and report.html."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from advisor.results import NoiseScale, Racer, RaceSummary, Recommendation
+
+__all__ = ["RaceRow", "RaceView", "race_view"]
+
+ROLES = {
+    "baseline": "your configuration",
+    "your batch": "fastest at your batch",
+    "candidate": "another global batch",
+}
+
+
+@dataclass(frozen=True)
+class RaceRow:
+    """One racer as a table row; every value already formatted."""
+
+    label: str
+    role: str
+    global_batch: int
+    lr: str
+    samples_per_s: float | None
+    final_loss: str
+    reaches: str
+    sooner: str
+    startup: str
+    winner: bool
+
+
+@dataclass(frozen=True)
+class RaceView:
+    """The race and its explanations, ready to render."""
+
+    headline: str | None
+    verdict: str | None
+    loss_text: str | None
+    target: str | None
+    rows: tuple[RaceRow, ...]
+    lr_text: str
+    pick_text: str | None
+    noise_text: str | None
+
+
+def race_view(rec: Recommendation) -> RaceView:
+    """Everything the reports say about how the recommendation was decided."""
+    race = rec.race
+    return RaceView(
+        headline=_headline(rec),
+        verdict=race.verdict if race else None,
+        loss_text=_loss_text(race) if race else None,
+        target=f"{race.target_loss:.4g}" if race and race.target_loss is not None else None,
+        rows=_rows(race) if race else (),
+        lr_text=_lr_text(rec),
+        pick_text=_pick_text(rec),
+        noise_text=_noise_text(rec.noise_scale) if rec.noise_scale else None,
+    )
+
+
+def _headline(rec: Recommendation) -> str | None:
+    if rec.objective != "time-to-loss":
+        return None
+    if rec.time_to_loss_speedup and rec.race:
+        return (
+            f"reaches your loss {rec.time_to_loss_speedup:.2f}x sooner in a "
+            f"{rec.race.seconds:g}-s race from the same initial weights"
+        )
+    return "keeps your global batch" if not rec.global_batch_changed else None
+
+
+def _loss_text(race: RaceSummary) -> str:
+    held_out = next((r.curve.held_out_samples for r in race.racers if r.curve), None)
+    if race.loss_kind == "held-out":
+        return (
+            f"the mean loss on {held_out or 'a slice of'} held-out samples (a fixed tenth of "
+            "your dataset, at most 1,024, left out of every racer's training), in fp32 with "
+            "the model in eval mode"
+        )
+    return (
+        "the mean training loss between evaluations: your dataset is an IterableDataset, so "
+        "no slice of it can be held out"
+    )
+
+
+def _rows(race: RaceSummary) -> tuple[RaceRow, ...]:
+    baseline = next((r for r in race.racers if r.role == "baseline"), None)
+    reference = baseline.time_to_target_s if baseline else None
+    return tuple(
+        RaceRow(
+            label=racer.config.label(),
+            role=ROLES[racer.role],
+            global_batch=racer.config.global_batch_size,
+            lr=racer.lr.label,
+            samples_per_s=racer.samples_per_s,
+            final_loss=f"{racer.curve.final_loss:.4g}" if racer.curve else _failed(racer),
+            reaches=_reaches(racer),
+            sooner=_sooner(racer, reference),
+            startup=f"{racer.result.startup_s:.2f} s" if racer.result.startup_s else "–",
+            winner=index == race.winner,
+        )
+        for index, racer in enumerate(race.racers)
+    )
+
+
+def _failed(racer: Racer) -> str:
+    return f"{racer.result.status}: {racer.result.reason or ''}".strip(": ")
+
+
+def _reaches(racer: Racer) -> str:
+    if racer.curve is None:
+        return "–"
+    if racer.time_to_target_s is None:
+        return "not within the race"
+    return f"{racer.time_to_target_s:.1f} s"
+
+
+def _sooner(racer: Racer, reference: float | None) -> str:
+    if racer.role == "baseline" or not reference or not racer.time_to_target_s:
+        return "–"
+    ratio = reference / racer.time_to_target_s
+    return f"{ratio:.2f}x sooner" if ratio >= 1 else f"{1 / ratio:.2f}x later"
+
+
+def _lr_text(rec: Recommendation) -> str:
+    """Which learning rate train.py uses, and the measurement behind it."""
+    lr = rec.lr
+    if rec.race is None:
+        if rec.global_batch_changed:
+            return (
+                "train.py keeps your optimizer's learning rate; nothing checked it at the new "
+                "global batch (no race)"
+            )
+        return "train.py keeps your optimizer's learning rate: the global batch is yours"
+    same = [r for r in rec.race.racers if r.config == rec.config and r.curve is not None]
+    chosen = next((r for r in same if r.lr == lr), None)
+    other = next((r for r in same if r.lr != lr), None)
+    if lr.rule == "yours":
+        text = "train.py keeps your optimizer's learning rate"
+    else:
+        warmup = f", reached by a linear warm-up over {lr.warmup_steps} steps"
+        text = (
+            f"train.py scales your optimizer's learning rate by {lr.scale:.3g} "
+            f"({lr.rule} rule{warmup if lr.warmup_steps else ''})"
+        )
+    if chosen is not None and chosen.curve is not None and other is not None and other.curve:
+        text += (
+            f": in the race it ended at loss {chosen.curve.final_loss:.4g}, against "
+            f"{other.curve.final_loss:.4g} with {other.lr.label}"
+        )
+    elif not rec.global_batch_changed:
+        text += ": the global batch is yours"
+    return text + "; LR_SCALE and LR_WARMUP_STEPS at the top of train.py hold it"
+
+
+def _pick_text(rec: Recommendation) -> str | None:
+    """The highest-throughput configuration when the race chose another, and why."""
+    pick = rec.throughput_pick
+    if pick is None:
+        return None
+    text = (
+        f"The highest throughput was trial {pick.trial}, {pick.config.label()} "
+        f"({pick.samples_per_s:,.0f} samples/s against {rec.samples_per_s:,.0f})"
+    )
+    raced = [r for r in rec.race.racers if r.config == pick.config] if rec.race else []
+    if raced:
+        best = min(raced, key=lambda r: r.time_to_target_s or float("inf"))
+        reached = (
+            f"reached your loss after {best.time_to_target_s:.1f} s"
+            if best.time_to_target_s
+            else "did not reach your loss within the race"
+        )
+        return f"{text}: it raced and {reached} ({best.lr.label}); the recommendation was sooner."
+    batch = pick.config.global_batch_size
+    prediction = (
+        next((p for p in rec.noise_scale.predictions if p.global_batch == batch), None)
+        if rec.noise_scale
+        else None
+    )
+    if prediction is not None:
+        return (
+            f"{text}: at its global batch {batch} the noise scale predicts "
+            f"{prediction.samples_ratio:.2f}x the samples to your loss, "
+            f"{prediction.predicted_speedup:.2f}x your batch's time at best, so it did not race."
+        )
+    return f"{text}: its global batch {batch} did not race, so it is not recommended."
+
+
+def _noise_text(noise: NoiseScale) -> str:
+    if noise.value is None:
+        return (
+            f"The gradient noise scale could not be estimated over {noise.steps} steps "
+            f"(micro-batch {noise.small_batch} against {noise.big_batch}): the gradient's signal "
+            "did not rise above its noise, or no noise was measured"
+        )
+    interval = f"95 % interval {noise.low:.3g}–{noise.high:.3g}" if noise.high else "no interval"
+    return (
+        f"Gradient noise scale phi = {noise.value:.3g} ({interval}), measured over "
+        f"{noise.steps} optimizer steps of your configuration from its initial weights, "
+        f"gradients of one micro-batch ({noise.small_batch} samples) against the whole step "
+        f"({noise.big_batch}). A global batch B needs about (phi + B)/(phi + B0) times your "
+        "samples to reach a loss (McCandlish et al. 2018); phi usually grows as training goes on"
+    )
