@@ -157,6 +157,11 @@ class RaceCurve(_Frozen):
     def final_loss(self) -> float:
         return self.points[-1].loss
 
+    @property
+    def best_loss(self) -> float:
+        """The lowest loss of the race: its end, unless the loss rose again."""
+        return min(point.loss for point in self.points)
+
 
 class GradientNorms(_Frozen):
     """Squared gradient norms per optimizer step at two batch sizes, for the noise scale: one
@@ -405,7 +410,10 @@ class RaceSummary(_Frozen):
 
     seconds: float = Field(description="training time each racer had")
     loss_kind: LossKind
-    target_loss: float | None = Field(description="the baseline's loss at the end of the race")
+    target_loss: float | None = Field(
+        description="the baseline's lowest loss in the race (its end-of-race loss, unless its "
+        "loss rose again)"
+    )
     racers: tuple[Racer, ...]
     winner: int | None = Field(description="index into racers; None: none finished")
     verdict: str = Field(description="why the winner won, in a sentence")
@@ -461,7 +469,7 @@ class Recommendation(_Frozen):
     lr: LrPlan = Field(default=LrPlan(), description="the learning rate train.py applies")
     time_to_loss_speedup: float | None = Field(
         default=None,
-        description="the baseline's race time to its own end-of-race loss over the winner's",
+        description="the baseline's race time to its own lowest loss over the winner's",
     )
     race: RaceSummary | None = None
     noise_scale: NoiseScale | None = None

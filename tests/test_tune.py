@@ -343,3 +343,28 @@ def test_a_one_trial_study_reports_the_baseline_without_claims_it_cannot_back(tm
     html = (tmp_path / "report.html").read_text()
     assert html.count("<svg") == 3  # too few trials for parameter importance
     assert "Parameter importance" not in html
+
+
+def test_a_race_from_the_same_weights_decides_and_the_reports_show_it(first_run):
+    rec = first_run.recommendation
+    race = rec.race
+    assert rec.objective == "time-to-loss" and race is not None and race.seconds == 1.0
+    baseline = race.racers[0]
+    assert baseline.role == "baseline" and baseline.config == rec.baseline_config
+    curves = [r.curve for r in race.racers if r.curve]
+    assert len({c.points[0].loss for c in curves}) == 1  # the same initial weights, same slice
+    assert race.target_loss == min(p.loss for p in baseline.curve.points)
+    winner = race.racers[race.winner]
+    assert (winner.config, winner.lr) == (rec.config, rec.lr)
+    if rec.global_batch_changed:  # a changed batch must have won the race by the margin
+        assert winner.time_to_target_s < 0.85 * baseline.time_to_target_s
+    assert rec.noise_scale is not None and rec.noise_scale.big_batch == 8 * 32
+    report = (first_run.out_dir / "report.md").read_text()
+    assert "## Time to your loss" in report and race.verdict in report
+    assert "| racer | role | global batch | lr |" in report
+    html = (first_run.out_dir / "report.html").read_text()
+    assert "Loss against training time" in html and "<svg" in html
+    study = optuna.load_study(
+        study_name="tiny-factory", storage=f"sqlite:///{first_run.out_dir}/study.db"
+    )
+    assert len(study.user_attrs["advisor_racers"]) == len(race.racers)

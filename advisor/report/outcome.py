@@ -94,7 +94,7 @@ def confirmed_recommendation(
 
 
 def _time_to_loss_speedup(race: RaceSummary | None) -> float | None:
-    """The baseline's time to its own end-of-race loss over the winner's."""
+    """The baseline's time to its own lowest race loss over the winner's."""
     if race is None or race.winner is None:
         return None
     baseline = next((r for r in race.racers if r.role == "baseline"), None)
@@ -189,11 +189,16 @@ def _warnings(
 ) -> tuple[str, ...]:
     warnings = []
     if batch != baseline_batch and race is None:
+        unchecked = (
+            "the tune stopped before its race; run the same command again to race it"
+            if settings.objective == "time-to-loss"
+            else "--objective throughput does not race; re-run with --objective time-to-loss "
+            "to race it"
+        )
         warnings.append(
             f"the global batch changes from {baseline_batch} to {batch} "
-            f"({batch / baseline_batch:g}x), and nothing checked how soon it reaches your loss "
-            f"(objective {settings.objective}, no race): re-run with --objective time-to-loss "
-            f"to race it, or with --global-batch-size {baseline_batch} to keep it"
+            f"({batch / baseline_batch:g}x), and nothing checked how soon it reaches your loss: "
+            f"{unchecked}, or with --global-batch-size {baseline_batch} to keep it"
         )
     if race is not None and batch != baseline_batch:
         warnings.append(

@@ -10,7 +10,8 @@ optimisation. So, after the throughput search:
    trial process: the user's baseline, the fastest configuration at the user's global batch B0,
    and the fastest at each predicted batch, twice: with the user's learning rate and with the
    optimizer family's scaling rule (`plan_racers`, `run_race`);
-3. the winner reaches the baseline's end-of-race loss soonest, by more than the noise; otherwise
+3. the winner reaches the baseline's lowest loss in the race (its end-of-race loss, unless it
+   rose again) soonest, by more than the noise; otherwise
    the fastest configuration at B0 wins (`decide_race`).
 
 Each racer is stored in the study as it finishes, so an interrupted tune keeps it and a resumed
@@ -296,7 +297,7 @@ def time_to_loss(curve: RaceCurve, target: float) -> float | None:
 
 
 def decide_race(racers: Sequence[Racer], seconds: float) -> RaceSummary:
-    """Time each racer to the baseline's end-of-race loss and choose (see the module's doc)."""
+    """Time each racer to the baseline's lowest loss and choose (see the module's doc)."""
     reference = next((r for r in racers if r.role == "baseline" and r.curve), None)
     reference = reference or next((r for r in racers if r.role == "your batch" and r.curve), None)
     if reference is None or reference.curve is None:
@@ -310,7 +311,7 @@ def decide_race(racers: Sequence[Racer], seconds: float) -> RaceSummary:
             winner=None,
             verdict=f"the race at your global batch failed ({why}): advisor keeps it",
         )
-    target = reference.curve.final_loss
+    target = reference.curve.best_loss
     timed = tuple(
         r.model_copy(
             update={"time_to_target_s": time_to_loss(r.curve, target) if r.curve else None}
@@ -374,7 +375,7 @@ def _beats(first: Racer, second: Racer) -> bool:
 def _won_verdict(racers: Sequence[Racer], winner: int, kept: int, target: float) -> str:
     won, other = racers[winner], racers[kept]
     return (
-        f"{won.label} (global batch {won.config.global_batch_size}) reached your end-of-race "
+        f"{won.label} (global batch {won.config.global_batch_size}) reached your best race "
         f"loss {target:.4g} after {won.time_to_target_s:.1f} s of training, against "
         f"{_seconds(other)} for the best at your global batch {other.config.global_batch_size}"
     )
@@ -384,7 +385,7 @@ def _kept_verdict(racers: Sequence[Racer], kept: int, best: int | None, target: 
     chosen = racers[kept]
     text = (
         f"the best at your global batch {chosen.config.global_batch_size} ({chosen.label}) "
-        f"reached your end-of-race loss {target:.4g} after {_seconds(chosen)}"
+        f"reached your best race loss {target:.4g} after {_seconds(chosen)}"
     )
     if best is None:
         return text + "; no other global batch reached it"

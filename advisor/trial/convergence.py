@@ -23,17 +23,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
-from advisor.results import GradientNorms, LrPlan, RaceCurve, RacePoint
+from advisor.results import GradientNorms, RaceCurve, RacePoint
 from advisor.task import TrainingTask
 from advisor.trial.batches import compute_loss, to_device
 from advisor.trial.loop import DivergedError, Trainer
 
 __all__ = [
     "EVALUATIONS",
-    "apply_lr",
     "held_out_split",
     "measure_gradient_norms",
     "run_race",
@@ -62,23 +60,11 @@ def held_out_split(task: TrainingTask) -> tuple[TrainingTask, Dataset[Any] | Non
     return replace(task, dataset=Subset(dataset, training)), Subset(dataset, held_out)
 
 
-def apply_lr(optimizer: torch.optim.Optimizer, plan: LrPlan) -> LambdaLR | None:
-    """Scale every parameter group's learning rate by `plan.scale`; with a warm-up, return the
-    scheduler that ramps it linearly over the first `plan.warmup_steps` steps (step it after
-    each optimizer step). The generated train.py does the same."""
-    for group in optimizer.param_groups:
-        group["lr"] = group["lr"] * plan.scale
-    if not plan.warmup_steps:
-        return None
-    steps = plan.warmup_steps
-    return LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / steps))
-
-
 def run_race(
-    trainer: Trainer, task: TrainingTask, held_out: Dataset[Any] | None, seconds: float, lr: LrPlan
+    trainer: Trainer, task: TrainingTask, held_out: Dataset[Any] | None, seconds: float
 ) -> RaceCurve:
-    """Train for `seconds` of training time; the loss at `EVALUATIONS` evenly spaced points."""
-    scheduler = apply_lr(trainer.optimizer, lr)
+    """Train for `seconds` of training time; the loss at `EVALUATIONS` evenly spaced points.
+    The trainer applies the learning-rate plan (`Trainer.lr`)."""
     evaluate = _HeldOut(trainer, task, held_out) if held_out is not None else None
     points = [RacePoint(seconds=0.0, samples=0, steps=0, loss=evaluate())] if evaluate else []
     per_step = trainer.config.global_batch_size
@@ -88,8 +74,6 @@ def run_race(
     started = time.perf_counter()
     while True:
         losses.append(trainer.step())
-        if scheduler is not None:
-            scheduler.step()
         steps += 1
         next_at = interval * (len(points) + (evaluate is None))  # the initial point counts
         if not _rank_zero_says(clock + time.perf_counter() - started >= next_at, trainer):
@@ -106,7 +90,7 @@ def run_race(
     return RaceCurve(
         loss_kind="held-out" if evaluate else "train",
         held_out_samples=len(held_out) if held_out is not None else None,  # type: ignore[arg-type]
-        lr=lr,
+        lr=trainer.lr,
         points=tuple(points),
     )
 

@@ -14,10 +14,12 @@ from typing import Any, Protocol
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from advisor.errors import ContractError
 from advisor.knobs import ParallelMode, TrialConfig
+from advisor.results import LrPlan
 from advisor.task import TrainingTask
 from advisor.trial.batches import (
     BatchKind,
@@ -35,6 +37,7 @@ __all__ = [
     "Trainer",
     "Window",
     "WindowMonitor",
+    "apply_lr",
     "run_window",
     "warm_up",
     "wrap_model",
@@ -79,6 +82,7 @@ class Trainer:
         *,
         rank: int = 0,
         seed: int = 0,
+        lr: LrPlan | None = None,
     ) -> None:
         self.config = config
         self.device = device
@@ -93,6 +97,8 @@ class Trainer:
         self.module = model  # unwrapped and uncompiled, sharing the parameters
         self.model = compiled(wrap_model(model, config.parallel_mode, device), config.compile)
         self.optimizer = (task.optimizer or default_optimizer(config))(model.parameters())
+        self.lr = lr or LrPlan()
+        self.scheduler = apply_lr(self.optimizer, self.lr)
         self.loss_fn = task.loss_fn
         self.sampler = _sampler(task, config, rank, seed)
         self.loader = _build_loader(task, config, self.sampler)
@@ -122,6 +128,8 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
         return total / accumulation
 
     def close(self) -> None:
@@ -174,6 +182,18 @@ class Trainer:
                     f"the loader yields no full batch of {self.config.batch_size}: "
                     "the dataset is smaller than the batch size"
                 )
+
+
+def apply_lr(optimizer: torch.optim.Optimizer, plan: LrPlan) -> LambdaLR | None:
+    """Scale every parameter group's learning rate by `plan.scale`; with a warm-up, return the
+    scheduler that ramps it linearly over the first `plan.warmup_steps` steps (step it after
+    each optimizer step). The generated train.py does the same."""
+    for group in optimizer.param_groups:
+        group["lr"] = group["lr"] * plan.scale
+    if not plan.warmup_steps:
+        return None
+    steps = plan.warmup_steps
+    return LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / steps))
 
 
 def default_optimizer(config: TrialConfig) -> Callable[[Any], torch.optim.Optimizer]:

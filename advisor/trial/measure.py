@@ -115,7 +115,7 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
     held_out = None
     if request.mode == "race":  # before the loader is built: no racer trains on the slice
         task, held_out = held_out_split(task)
-    trainer = Trainer(task, config, device, rank=rank, seed=request.seed)
+    trainer = Trainer(task, config, device, rank=rank, seed=request.seed, lr=request.lr)
     if request.mode in ("race", "noise"):
         return _converged(request, task, kind, trainer, held_out, memory, phase, state)
     phase.enter("first_step")
@@ -158,7 +158,7 @@ def _converged(
     state.startup_s = time.time() - request.launched_at
     try:
         if request.mode == "race":
-            curve = run_race(trainer, task, held_out, request.trial_seconds, request.lr)
+            curve = run_race(trainer, task, held_out, request.trial_seconds)
             update: dict[str, Any] = {"race": curve}
         else:
             update = {"gradient_norms": measure_gradient_norms(trainer, request.trial_seconds)}

@@ -12,7 +12,7 @@ import pytest
 from advisor.api import validate
 from advisor.knobs import TrialConfig
 from advisor.report.codegen import render_launch_script, render_training_script
-from advisor.results import HardwareProfile, Recommendation
+from advisor.results import HardwareProfile, LrPlan, Recommendation
 from advisor.trial.probe import probe
 from advisor.trial.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY
@@ -60,10 +60,12 @@ def _write_and_run(rec: Recommendation, folder: Path, *args: str) -> subprocess.
     )
 
 
-def _trial_losses(spec: str, config: TrialConfig, tmp_path: Path) -> tuple[float, ...]:
+def _trial_losses(
+    spec: str, config: TrialConfig, tmp_path: Path, lr: LrPlan | None = None
+) -> tuple[float, ...]:
     """The losses of a trial's first optimizer steps, from the same seed (0)."""
     launch = TrialLaunch(spec=spec, cwd=ROOT, warmup_steps=2, trial_seconds=0.1, timeout_s=300)
-    reference = run_trial(launch, config, tmp_path / "reference.log", mode="reference")
+    reference = run_trial(launch, config, tmp_path / "reference.log", mode="reference", lr=lr)
     assert reference.status == "ok", reference.reason
     return reference.early_losses
 
@@ -110,6 +112,26 @@ def test_generated_script_reproduces_the_trials_losses(spec, knobs, tmp_path):
     # batches and arithmetic give the same loss at every step.
     expected = _trial_losses(spec, config, tmp_path)
     assert _logged_losses(completed.stdout) == pytest.approx(expected, abs=5e-5)
+
+
+def test_generated_script_trains_with_the_learning_rate_the_race_chose(tmp_path):
+    """LR_SCALE and LR_WARMUP_STEPS: the scaled lr, ramped linearly, as the race trained it."""
+    spec = "tests/workloads/convergence.py:big_batch_wins"  # SGD at lr 0.005
+    config = TrialConfig(batch_size=64)
+    lr = LrPlan(scale=8.0, warmup_steps=4, rule="linear")
+    rec = _recommendation(spec, config).model_copy(update={"lr": lr})
+    completed = _write_and_run(rec, tmp_path, "--max-steps", "6", "--log-every", "1")
+    assert completed.returncode == 0, completed.stderr
+    script = (tmp_path / "train.py").read_text()
+    assert "LR_SCALE = 8  # the linear rule for global batch 64 (yours: 8)" in script
+    assert "LR_WARMUP_STEPS = 4" in script
+    logged = [float(v) for v in re.findall(r"lr (\S+)$", completed.stdout, re.MULTILINE)]
+    assert logged == pytest.approx([0.02, 0.03, 0.04, 0.04, 0.04, 0.04])
+    # The steps after the first depend on the lr: the trial loop, given the same plan, agrees.
+    expected = _trial_losses(spec, config, tmp_path, lr)
+    assert _logged_losses(completed.stdout)[:3] == pytest.approx(expected, rel=1e-5)
+    unscaled = _trial_losses(spec, config, tmp_path)
+    assert unscaled[2] != pytest.approx(expected[2], rel=1e-3)
 
 
 def test_script_outside_the_project_uses_an_absolute_root_and_runs_epochs(tmp_path):

@@ -7,7 +7,8 @@ import torch
 
 from advisor.knobs import TrialConfig
 from advisor.results import LrPlan
-from advisor.trial.convergence import EVALUATIONS, apply_lr
+from advisor.trial.convergence import EVALUATIONS
+from advisor.trial.loop import apply_lr
 from advisor.trial.noise_scale import estimate_noise_scale
 from advisor.trial.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY
