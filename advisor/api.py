@@ -17,6 +17,7 @@ from advisor.report.render import render_html, render_markdown, render_trials_cs
 from advisor.results import (
     BatchPrediction,
     NoiseScale,
+    Recommendation,
     StudyContext,
     TaskSummary,
     TrialRecord,
@@ -41,7 +42,7 @@ from advisor.search.records import (
     write_outcome,
     write_start,
 )
-from advisor.search.selection import select_winner
+from advisor.search.selection import Selection, select_winner
 from advisor.search.space import build_space, resolve_device
 from advisor.search.storage import mask_url, open_study
 from advisor.search.study import bind_study, make_sampler, run_search
@@ -119,35 +120,45 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
     bind_study(study, search)
     write_start(study, settings, context)  # first: `advisor report` renders even an interrupt
     records = run_search(study, search)
-    racing = settings.objective == "time-to-loss" and settings.race_seconds > 0
-    racing = racing and any(record.eligible for record in records)  # else nothing can win
-    baseline = search.space.baseline
-    noise, predictions, extra = _race_entrants(study, search, records) if racing else (None, (), [])
-    progress.stage("re-measuring the finalists and the baseline")
-    selection = select_winner(records, search, extra)
-    race = None
-    if racing:
-        plans = plan_racers(selection, predictions, baseline, context.task.optimizer_class)
-        progress.stage(
-            f"racing {len(plans)} configurations for {settings.race_seconds:g} s of training "
-            "each, from the same initial weights, to your loss"
-        )
-        race = decide_race(run_race(study, search, plans), settings.race_seconds)
-    trials = records_of(study)
-    recommendation = confirmed_recommendation(
-        settings, context, selection, trials, race=race, noise=noise
-    )
+    recommendation, selection = _conclude(study, search, context, records)
     write_outcome(study, selection.confirmations, recommendation)
     result = TuneResult(
         settings=settings,
         recommendation=recommendation,
-        trials=tuple(trials),
+        trials=tuple(records_of(study)),
         confirmations=selection.confirmations,
         pruned=pruned_of(study),
         out_dir=settings.out_dir,
     )
     write_outputs(result)
     return result
+
+
+def _conclude(
+    study: optuna.Study, search: SearchContext, context: StudyContext, records: list[TrialRecord]
+) -> tuple[Recommendation, Selection]:
+    """Re-measure the finalists and, for the time-to-loss objective, race them: the
+    recommendation, and the re-runs it rests on."""
+    settings, progress = search.settings, search.progress
+    racing = settings.objective == "time-to-loss" and settings.race_seconds > 0
+    racing = racing and any(record.eligible for record in records)  # else nothing can win
+    noise, predictions, extra = _race_entrants(study, search, records) if racing else (None, (), [])
+    progress.stage("re-measuring the finalists and the baseline")
+    selection = select_winner(records, search, extra)
+    race = None
+    if racing:
+        plans = plan_racers(
+            selection, predictions, search.space.baseline, context.task.optimizer_class
+        )
+        progress.stage(
+            f"racing {len(plans)} configurations for {settings.race_seconds:g} s of training "
+            "each, from the same initial weights, to your loss"
+        )
+        race = decide_race(run_race(study, search, plans), settings.race_seconds)
+    recommendation = confirmed_recommendation(
+        settings, context, selection, records_of(study), race=race, noise=noise
+    )
+    return recommendation, selection
 
 
 def _race_entrants(

@@ -124,8 +124,15 @@ def tune(spec: str | None, config: Path | None, as_json: bool, quiet: bool, **fl
         return
     rec = result.recommendation
     out.print(recommendation_table(rec))
-    if rec.config == rec.baseline_config:
+    if rec.config == rec.baseline_config and rec.throughput_pick is not None:
+        out.print(
+            "your configuration reached your loss soonest: the configurations with more "
+            "samples/s did not reach it sooner in the race (see report.md)"
+        )
+    elif rec.config == rec.baseline_config:
         out.print("your configuration was the fastest one measured: no knob searched beat it")
+    if rec.race is not None:
+        out.print(f"race: {escape(rec.race.verdict)}", highlight=False, soft_wrap=True)
     for warning in rec.warnings:
         out.print(f"[yellow]note:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     files = "recommendation.json, trials.csv, report.md, report.html, train.py, launch.sh, logs/"

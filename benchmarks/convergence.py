@@ -56,11 +56,13 @@ def _example(spec: str, seconds: float) -> dict[str, object]:
             "throughput pick": (pick, LrPlan()),
             "time-to-loss pick": (rec.config, rec.lr),
         }
-        curves = {
-            name: _train(spec, config, lr, seconds, Path(out))
-            for name, (config, lr) in runs.items()
-        }
-    target = curves["baseline"].final_loss if curves["baseline"] else None
+        curves = {"baseline": _train(spec, rec.baseline_config, LrPlan(), seconds, Path(out))}
+        for name, (config, lr) in list(runs.items())[1:]:
+            if (config, lr) == runs["baseline"]:
+                curves[name] = curves["baseline"]
+            else:
+                curves[name] = _train(spec, config, lr, 1.5 * seconds, Path(out))
+    target = curves["baseline"].best_loss if curves["baseline"] else None
     return {
         "spec": spec,
         "tune_s": tune_s,

@@ -341,7 +341,7 @@ def test_a_one_trial_study_reports_the_baseline_without_claims_it_cannot_back(tm
     assert "**Your configuration was the fastest one measured**" in report
     assert "No two usable trials differed in one knob alone" in report
     html = (tmp_path / "report.html").read_text()
-    assert html.count("<svg") == 3  # too few trials for parameter importance
+    assert html.count("<svg") == 4  # the race (yours alone); too few trials for importance
     assert "Parameter importance" not in html
 
 

@@ -140,18 +140,26 @@ def race_finalists(
     must be re-measured for it: the best at each raced batch and at the user's.
 
     A batch races when its predicted time to the loss beats the user's batch at the optimistic
-    end of phi's 95 % interval; the `MAX_RACE_BATCHES` best predictions race.
+    end of phi's 95 % interval; the `MAX_RACE_BATCHES` best predictions race. When none is
+    predicted to, the best-predicted batch with more samples/s than the user's races all the
+    same: phi is measured early and grows as training goes on, so the measurement decides.
     """
     batch0 = baseline.global_batch_size
     best = _best_by_global_batch(records)
     hopeful = [
         (_optimistic_speedup(p, noise, batch0), p) for p in predictions if p.global_batch != batch0
     ]
-    hopeful = sorted((h for h in hopeful if h[0] > 1.0), key=lambda h: -h[0])
-    raced = {p.global_batch for _, p in hopeful[:MAX_RACE_BATCHES]}
+    hopeful.sort(key=lambda h: -h[0])
+    predicted = [p for speedup, p in hopeful if speedup > 1.0]
+    faster = [p for _, p in hopeful if p.samples_per_s > _rate(predictions, batch0)]
+    raced = {p.global_batch for p in (predicted or faster[:1])[:MAX_RACE_BATCHES]}
     marked = tuple(p.model_copy(update={"raced": p.global_batch in raced}) for p in predictions)
     finalists = [best[b] for b in sorted(raced | ({batch0} if batch0 in best else set()))]
     return marked, finalists
+
+
+def _rate(predictions: Sequence[BatchPrediction], batch: int) -> float:
+    return next((p.samples_per_s for p in predictions if p.global_batch == batch), 0.0)
 
 
 def _optimistic_speedup(

@@ -187,6 +187,18 @@ def test_the_noise_scale_chooses_which_batches_race():
     assert [r.number for r in finalists] == [0, 1]
 
 
+def test_when_no_batch_is_predicted_to_win_the_best_faster_one_races_anyway():
+    """phi = 10 at batch 8: every larger batch is predicted slower to the loss, but phi grows
+    as training goes on; the race measures the best-predicted batch with more samples/s."""
+    records = [_record(0, 8, 100.0), _record(1, 64, 110.0), _record(2, 1024, 90.0)]
+    noise = NoiseScale(value=10.0, low=8.0, high=12.0, small_batch=8, big_batch=64, steps=50)
+    predictions = predict_batches(noise, records, SMALL)
+    assert all(p.predicted_speedup < 1 for p in predictions if p.global_batch != 8)
+    marked, finalists = race_finalists(predictions, noise, records, SMALL)
+    assert [p.global_batch for p in marked if p.raced] == [64]  # 1024 has fewer samples/s
+    assert [r.number for r in finalists] == [0, 1]
+
+
 def test_without_a_noise_scale_the_fastest_batches_race():
     records = [_record(0, 8, 100.0), _record(1, 64, 400.0), _record(2, 1024, 500.0)]
     predictions = predict_batches(None, records, SMALL)
