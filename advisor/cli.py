@@ -106,7 +106,9 @@ def tune(spec: str | None, config: Path | None, as_json: bool, quiet: bool, **fl
     """Search for the fastest training configuration of SPEC (file.py:factory)."""
     settings = _settings(spec, config, {k: v for k, v in flags.items() if v is not None})
     # A closed terminal or a scheduler's SIGTERM stops the search like Ctrl-C: trials are kept.
-    for stop in (signal.SIGTERM, signal.SIGHUP):
+    # SIGINT too, explicitly: a shell starts a background job with SIGINT ignored, and Python
+    # then never raises KeyboardInterrupt, so `kill -INT` would be lost on a backgrounded tune.
+    for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(stop, _raise_interrupt)
     progress = ConsoleProgress(err, quiet=quiet or as_json)
     try:
