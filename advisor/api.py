@@ -10,13 +10,12 @@ from typing import Any
 import optuna
 from pydantic import ValidationError
 
+from advisor.convergence import BatchPrediction, NoiseScale
 from advisor.progress import NullProgress, Progress
 from advisor.report.codegen import render_launch_script, render_training_script
 from advisor.report.outcome import confirmed_recommendation, stored_result
 from advisor.report.render import render_html, render_markdown, render_trials_csv
 from advisor.results import (
-    BatchPrediction,
-    NoiseScale,
     Recommendation,
     StudyContext,
     TaskSummary,

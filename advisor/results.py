@@ -9,25 +9,26 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from advisor.convergence import (
+    GradientNorms,
+    LossKind,
+    LrPlan,
+    NoiseScale,
+    RaceCurve,
+)
 from advisor.knobs import BASE_GROUP, KNOBS, Knob, TrialConfig
 from advisor.settings import Objective, TuneSettings
 
 __all__ = [
-    "BatchPrediction",
     "Bottleneck",
     "Efficiency",
     "FailurePhase",
     "FixedKnob",
     "GpuInfo",
-    "GradientNorms",
     "HardwareProfile",
     "KnobEffect",
     "LayoutBest",
-    "LrPlan",
-    "NoiseScale",
     "PrunedProposal",
-    "RaceCurve",
-    "RacePoint",
     "RaceSummary",
     "Racer",
     "RankResult",
@@ -47,8 +48,6 @@ __all__ = [
 TrialStatus = Literal["ok", "oom", "timeout", "crashed", "error", "diverged"]
 FailurePhase = Literal["build", "first_step", "warmup", "measure"]
 RECOMMENDATION_SCHEMA_VERSION = 2  # 2: the objective, the race, the noise scale, the lr
-LossKind = Literal["held-out", "train"]
-LrRule = Literal["yours", "sqrt", "linear"]
 
 
 class _Frozen(BaseModel):
@@ -109,68 +108,6 @@ class TaskSummary(_Frozen):
         default=None, description="forward + backward FLOPs per sample (FlopCounterMode)"
     )
     optimizer_class: str | None = Field(default=None, description="e.g. AdamW, SGD")
-
-
-class LrPlan(_Frozen):
-    """The learning rate a configuration trains with: the user's optimizer's, times `scale`,
-    reached by a linear warm-up over the first `warmup_steps` optimizer steps (0: none)."""
-
-    scale: float = Field(default=1.0, gt=0)
-    warmup_steps: int = Field(default=0, ge=0)
-    rule: LrRule = Field(
-        default="yours",
-        description="yours: unchanged; sqrt: x sqrt(B/B0), for Adam-like optimizers; linear: "
-        "x B/B0 with warm-up, for SGD; both capped",
-    )
-
-    @property
-    def label(self) -> str:
-        if self.rule == "yours":
-            return "your lr"
-        warmup = f", warm-up {self.warmup_steps} steps" if self.warmup_steps else ""
-        return f"lr x{self.scale:.3g} ({self.rule} rule{warmup})"
-
-
-class RacePoint(_Frozen):
-    """One evaluation of a racer: the loss after `seconds` of training."""
-
-    seconds: float = Field(
-        description="training wall time since the first step began, evaluations left out"
-    )
-    samples: int = Field(description="samples trained on, all processes")
-    steps: int = Field(description="optimizer steps taken")
-    loss: float
-
-
-class RaceCurve(_Frozen):
-    """The loss of a race trial against training time, from the seeded initial weights."""
-
-    loss_kind: LossKind = Field(
-        description="held-out: the mean loss on a fixed slice of the dataset left out of "
-        "training; train: the mean training loss between evaluations (IterableDataset)"
-    )
-    held_out_samples: int | None = None
-    lr: LrPlan = LrPlan()
-    points: tuple[RacePoint, ...]
-
-    @property
-    def final_loss(self) -> float:
-        return self.points[-1].loss
-
-    @property
-    def best_loss(self) -> float:
-        """The lowest loss of the race: its end, unless the loss rose again."""
-        return min(point.loss for point in self.points)
-
-
-class GradientNorms(_Frozen):
-    """Squared gradient norms per optimizer step at two batch sizes, for the noise scale: one
-    micro-batch (on rank 0) and the whole accumulated, all-reduced batch."""
-
-    small_batch: int
-    big_batch: int
-    small_sq: tuple[float, ...]
-    big_sq: tuple[float, ...]
 
 
 class RankResult(_Frozen):
@@ -354,32 +291,6 @@ class StudyContext(_Frozen):
     fixed_knobs: tuple[FixedKnob, ...] = ()
     hardware: HardwareProfile
     task: TaskSummary
-
-
-class BatchPrediction(_Frozen):
-    """What the noise scale predicts for one global batch, next to what the search measured."""
-
-    global_batch: int
-    samples_per_s: float = Field(description="the best search window at this global batch")
-    samples_ratio: float = Field(
-        description="samples to the same loss relative to your batch: (phi + B) / (phi + B0)"
-    )
-    predicted_speedup: float = Field(
-        description="time to the same loss, relative to your batch at its best throughput"
-    )
-    raced: bool = False
-
-
-class NoiseScale(_Frozen):
-    """The gradient noise scale phi = tr(Sigma)/|G|^2, measured early in the baseline's training."""
-
-    value: float | None = Field(description="None when the signal did not rise above the noise")
-    low: float | None = None
-    high: float | None = None
-    small_batch: int
-    big_batch: int
-    steps: int
-    predictions: tuple[BatchPrediction, ...] = ()
 
 
 class Racer(_Frozen):

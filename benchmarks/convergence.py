@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 import advisor
+from advisor.convergence import LrPlan, RaceCurve
 from advisor.knobs import TrialConfig
-from advisor.results import LrPlan, RaceCurve
 from advisor.search.race import time_to_loss
 from advisor.trial.runner import TrialLaunch, run_trial
 

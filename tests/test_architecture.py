@@ -18,6 +18,7 @@ LAYERS = (
     ("errors",),
     ("knobs",),
     ("settings",),
+    ("convergence",),
     ("results", "task", "progress"),
     ("trial",),
     ("search",),

@@ -8,14 +8,13 @@ import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 
+from advisor.convergence import LrPlan, NoiseScale
 from advisor.errors import NoFeasibleConfigError, StorageError
 from advisor.knobs import TrialConfig
 from advisor.report.analysis import best_by_layout, diagnose, knob_effects, rejected_values
 from advisor.results import (
     Efficiency,
     HardwareProfile,
-    LrPlan,
-    NoiseScale,
     RaceSummary,
     Recommendation,
     StudyContext,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from advisor.results import NoiseScale, Racer, RaceSummary, Recommendation
+from advisor.convergence import NoiseScale
+from advisor.results import Racer, RaceSummary, Recommendation
 
 __all__ = ["RaceRow", "RaceView", "race_view"]
 

@@ -26,16 +26,9 @@ from dataclasses import dataclass
 
 import optuna
 
+from advisor.convergence import BatchPrediction, LrPlan, NoiseScale, RaceCurve
 from advisor.knobs import TrialConfig
-from advisor.results import (
-    BatchPrediction,
-    LrPlan,
-    NoiseScale,
-    RaceCurve,
-    Racer,
-    RaceSummary,
-    TrialRecord,
-)
+from advisor.results import Racer, RaceSummary, TrialRecord
 from advisor.search.context import SearchContext
 from advisor.search.records import read_noise, read_racers, write_noise, write_racer
 from advisor.search.selection import Selection

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
-from advisor.results import GradientNorms, RaceCurve, RacePoint
+from advisor.convergence import GradientNorms, RaceCurve, RacePoint
 from advisor.task import TrainingTask
 from advisor.trial.batches import compute_loss, to_device
 from advisor.trial.loop import DivergedError, Trainer

@@ -17,9 +17,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
+from advisor.convergence import LrPlan
 from advisor.errors import ContractError
 from advisor.knobs import ParallelMode, TrialConfig
-from advisor.results import LrPlan
 from advisor.task import TrainingTask
 from advisor.trial.batches import (
     BatchKind,

@@ -7,8 +7,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from advisor.convergence import LrPlan
 from advisor.knobs import TrialConfig
-from advisor.results import LrPlan, TrialResult
+from advisor.results import TrialResult
 
 __all__ = ["TrialRequest", "died_without_result"]
 

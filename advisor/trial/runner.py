@@ -23,9 +23,10 @@ from typing import Protocol, cast, get_args
 
 import psutil
 
+from advisor.convergence import LrPlan
 from advisor.errors import AdvisorError
 from advisor.knobs import TrialConfig
-from advisor.results import FailurePhase, HardwareProfile, LrPlan, TrialResult
+from advisor.results import FailurePhase, HardwareProfile, TrialResult
 from advisor.trial.launcher import LauncherGoneError, shared_launcher
 from advisor.trial.protocol import TrialRequest, died_without_result
 

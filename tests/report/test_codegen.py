@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from advisor.api import validate
+from advisor.convergence import LrPlan
 from advisor.knobs import TrialConfig
 from advisor.report.codegen import render_launch_script, render_training_script
-from advisor.results import HardwareProfile, LrPlan, Recommendation
+from advisor.results import HardwareProfile, Recommendation
 from advisor.trial.probe import probe
 from advisor.trial.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY

@@ -7,18 +7,10 @@ import optuna
 import pytest
 
 from advisor.api import validate
+from advisor.convergence import BatchPrediction, LrPlan, NoiseScale, RaceCurve, RacePoint
 from advisor.knobs import TrialConfig
 from advisor.progress import NullProgress
-from advisor.results import (
-    BatchPrediction,
-    LrPlan,
-    NoiseScale,
-    RaceCurve,
-    RacePoint,
-    Racer,
-    TrialRecord,
-    TrialResult,
-)
+from advisor.results import Racer, TrialRecord, TrialResult
 from advisor.search.context import SearchContext
 from advisor.search.race import (
     RacePlan,

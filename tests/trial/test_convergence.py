@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from advisor.convergence import LrPlan
 from advisor.knobs import TrialConfig
-from advisor.results import LrPlan
 from advisor.trial.convergence import EVALUATIONS
 from advisor.trial.loop import apply_lr
 from advisor.trial.noise_scale import estimate_noise_scale
