@@ -59,6 +59,9 @@ class Facts:
     iterable: bool = False  # the dataset is an IterableDataset
     conv2d: bool = False
     custom_optimizer: bool = False
+    # Measured matmul FLOP/s per dtype on the searched device (the slowest GPU's): the probe's.
+    matmul_flops: Mapping[str, float] = field(default_factory=dict)
+    forced: frozenset[str] = frozenset()  # knobs named one by one in --knobs: searched whatever
 
     @property
     def world_limit(self) -> int:
@@ -187,6 +190,33 @@ def _tf32(facts: Facts) -> str | None:
     return None
 
 
+# Low precision whose matmuls run below this fraction of fp32's cannot pay off: a training step
+# is at best as fast as its matmuls. Emulated bf16 on a CPU without AVX512-BF16 or AMX runs at
+# about 0.01-0.05 of fp32 (REFERENCE.md); native bf16 and GPU fp16 run at 2x and more.
+SLOW_PRECISION = 0.5
+
+
+def _slower_than_fp32(dtype: str) -> Rule:
+    """Why `dtype` autocast cannot pay off on the measured matmuls; None where it may."""
+
+    def rule(facts: Facts) -> str | None:
+        low, full = facts.matmul_flops.get(dtype), facts.matmul_flops.get("fp32")
+        if "amp" in facts.forced or not low or not full or low >= SLOW_PRECISION * full:
+            return None
+        where = "this CPU" if facts.device == "cpu" else "these GPUs"
+        return (
+            f"{dtype} matmuls ran at {low / 1e9:,.1f} GFLOP/s on {where} against "
+            f"{full / 1e9:,.1f} for fp32 ({low / full:.2f}x): {dtype} autocast cannot pay off "
+            "here; search it anyway with --knobs classic,amp"
+        )
+
+    return rule
+
+
+def _first_reason(*rules: Rule) -> Rule:
+    return lambda facts: next((reason for rule in rules if (reason := rule(facts))), None)
+
+
 _needs_cudnn = unless(
     lambda f: f.device == "cuda" and f.cudnn, "no cuDNN on this device: the flag has no effect"
 )
@@ -250,13 +280,19 @@ class TrialConfig(BaseModel):
             title="mixed precision: the autocast dtype",
             values=("off", "fp16", "bf16"),
             dropped_when={
-                "fp16": unless(
-                    lambda f: f.device == "cuda",
-                    "fp16 autocast needs CUDA; CPU autocast uses bf16",
+                "fp16": _first_reason(
+                    unless(
+                        lambda f: f.device == "cuda",
+                        "fp16 autocast needs CUDA; CPU autocast uses bf16",
+                    ),
+                    _slower_than_fp32("fp16"),
                 ),
-                "bf16": unless(
-                    lambda f: f.device == "cpu" or f.gpu_bf16,
-                    "bf16 autocast needs GPUs that compute bf16 (compute capability 8.0)",
+                "bf16": _first_reason(
+                    unless(
+                        lambda f: f.device == "cpu" or f.gpu_bf16,
+                        "bf16 autocast needs GPUs that compute bf16 (compute capability 8.0)",
+                    ),
+                    _slower_than_fp32("bf16"),
                 ),
             },
             invalid_on_cpu={"fp16": "needs a CUDA device; CPU autocast uses amp='bf16'"},

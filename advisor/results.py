@@ -45,7 +45,8 @@ __all__ = [
     "shown_knobs",
 ]
 
-TrialStatus = Literal["ok", "oom", "timeout", "crashed", "error", "diverged"]
+# stopped: the search ended it before its window, clearly slower than the best (`reason`).
+TrialStatus = Literal["ok", "oom", "timeout", "crashed", "error", "diverged", "stopped"]
 FailurePhase = Literal["build", "first_step", "warmup", "measure"]
 RECOMMENDATION_SCHEMA_VERSION = 2  # 2: the objective, the race, the noise scale, the lr
 
@@ -156,6 +157,11 @@ class TrialResult(_Frozen):
     )
     stopped_early: bool = Field(
         default=False, description="the search ended its window early: clearly slower than the best"
+    )
+    estimated: bool = Field(
+        default=False,
+        description="one optimizer cycle did not fit the window: samples/s was estimated from "
+        "separately timed micro-steps and optimizer steps",
     )
     ranks: tuple[RankResult, ...] = Field(default=(), description="per-rank figures under DDP")
     race: RaceCurve | None = Field(default=None, description="a race trial's loss curve")

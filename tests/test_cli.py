@@ -78,7 +78,7 @@ def test_probe_json_describes_this_machine():
     assert isinstance(profile["gpus"], list)
     peaks = profile["cpu_peak_flops"]  # measured: a 2048^2 matmul reaches GFLOP/s on any CPU
     assert peaks["fp32"] > 1e9
-    assert ("bf16" in peaks) == profile["cpu_bf16"]
+    assert peaks["bf16"] > 0  # timed on every CPU, native bf16 or not
 
 
 def test_validate_prints_model_size_shapes_and_step_time():

@@ -143,7 +143,7 @@ class NumericsCheck:
         if twin not in self._twins:
             log = self._logs_dir / f"reference-{len(self._twins) + 1}.log"
             self._twins[twin] = run_trial(
-                self._launch, twin, log, mode="reference", on_phase=on_phase
+                self._launch, twin, log, mode="reference", whole_cycles=True, on_phase=on_phase
             )
         return maths_problem(result, self._twins[twin])
 

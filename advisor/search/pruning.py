@@ -1,11 +1,12 @@
-"""Early stopping of search trials: Optuna's pruner interface over the window's throughput.
+"""Early stopping of search trials: Optuna's pruner interface over their projected throughput.
 
-A search trial reports its running samples/s every 0.1 s of its timed window (the step is the
-elapsed window in milliseconds). Once `after` of the window has passed, a trial running below
-`fraction` of the best finished trial is told to stop: its window ends there, and the trial
-keeps the shorter measurement. Far below the best, the shorter window cannot change the choice
-(single windows vary by about 12 % on the project's VM: benchmarks/measurement_noise.py), and
-the time goes to configurations that can win.
+From its warm-up on, a search trial reports its projected samples/s about every 0.1 s (the step
+is the milliseconds since its warm-up began; `advisor.trial.runner` projects it). Once
+`CHECK_AFTER` of a window's time has passed, a trial projected below `fraction` of the best
+finished trial is told to stop, in whatever phase: in its window, it keeps the shorter
+measurement; before, its projection. Far below the best, the shorter measurement cannot change
+the choice (single windows vary by about 12 % on the project's VM:
+benchmarks/measurement_noise.py), and the time goes to configurations that can win.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-__all__ = ["SlowerThanBestPruner", "make_pruner"]
+__all__ = ["SlowerThanBestPruner", "best_value", "make_pruner", "stop_reason"]
 
 CHECK_AFTER = 0.3  # of the window
 
@@ -32,12 +33,24 @@ class SlowerThanBestPruner(optuna.pruners.BasePruner):
         if step is None or step < self._first_step:
             return False
         if trial.number not in self._best:
-            self._best[trial.number] = _best_value(study)
+            self._best[trial.number] = best_value(study)
         best = self._best[trial.number]
         return best is not None and trial.intermediate_values[step] < self._fraction * best
 
 
-def _best_value(study: optuna.Study) -> float | None:
+def stop_reason(projected: float, best: float | None) -> str:
+    """Why a trial was stopped, e.g. `stopped: projected 900 samples/s, 16.7x slower than the
+    best (15,000)`."""
+    if not best or projected <= 0:
+        return f"stopped: projected {projected:,.0f} samples/s, far slower than the best"
+    return (
+        f"stopped: projected {projected:,.0f} samples/s, {best / projected:.1f}x slower than "
+        f"the best ({best:,.0f})"
+    )
+
+
+def best_value(study: optuna.Study) -> float | None:
+    """The highest samples/s of the study's finished trials (ineligible ones count 0)."""
     values = [
         trial.value
         for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))

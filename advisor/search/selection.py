@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from advisor.errors import NoFeasibleConfigError
 from advisor.knobs import KNOBS, TrialConfig
-from advisor.results import TrialRecord, relative_spread
+from advisor.results import TrialRecord, TrialResult, relative_spread
 from advisor.search.checks import memory_problem
 from advisor.search.context import SearchContext
 from advisor.trial.runner import run_trial
@@ -223,19 +223,30 @@ def _confirm(
                 context.logs_dir / f"rerun-{record.number}-{round_offset + round_index + 1}.log"
             )
             result = run_trial(
-                context.launch, config, log_path, on_phase=context.progress.trial_phase
+                context.launch,
+                config,
+                log_path,
+                whole_cycles=True,
+                on_phase=context.progress.trial_phase,
             )
             rerun = TrialRecord(
                 number=record.number,
                 role="confirm",
                 result=result,
-                infeasible_reason=memory_problem(
-                    result, context.hardware, context.settings.memory_headroom
-                ),
+                infeasible_reason=_problem(result, context),
             )
             context.progress.trial_finished(rerun, None)
             reruns[record.number].append(rerun)
     return reruns
+
+
+def _problem(result: TrialResult, context: SearchContext) -> str | None:
+    """Why a re-run cannot stand: too little memory left, or (its early steps now whole, where
+    the search trial's may not have been) a knob that changed the maths."""
+    problem = memory_problem(result, context.hardware, context.settings.memory_headroom)
+    if problem is None and context.numerics is not None:
+        problem = context.numerics.problem(result, context.progress.trial_phase)
+    return problem
 
 
 def _rates(reruns: list[TrialRecord]) -> tuple[float, ...]:

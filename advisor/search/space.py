@@ -18,7 +18,7 @@ from math import prod
 from typing import TYPE_CHECKING, Any
 
 from advisor.errors import SettingsError
-from advisor.knobs import KNOBS, Device, Facts, Knob, TrialConfig, parse_parallel
+from advisor.knobs import KNOB, KNOBS, Device, Facts, Knob, TrialConfig, parse_parallel
 from advisor.results import FixedKnob, HardwareProfile, TaskSummary
 from advisor.settings import TuneSettings
 
@@ -149,9 +149,14 @@ def resolve_device(requested: str, hardware: HardwareProfile) -> Device:
 
 
 def machine_facts(
-    device: Device, hardware: HardwareProfile, task: TaskSummary, max_world_size: int | None
+    device: Device,
+    hardware: HardwareProfile,
+    task: TaskSummary,
+    max_world_size: int | None,
+    forced: frozenset[str] = frozenset(),
 ) -> Facts:
-    """What the knob table's rules read, from the probed machine and the validated task."""
+    """What the knob table's rules read, from the probed machine and the validated task;
+    `forced` knobs were named one by one in --knobs."""
     capabilities = [float(gpu.capability) for gpu in hardware.gpus]
     return Facts(
         device=device,
@@ -165,7 +170,18 @@ def machine_facts(
         iterable=task.iterable,
         conv2d=task.conv2d,
         custom_optimizer=task.custom_optimizer,
+        matmul_flops=_matmul_flops(device, hardware),
+        forced=forced,
     )
+
+
+def _matmul_flops(device: Device, hardware: HardwareProfile) -> dict[str, float]:
+    """The probe's matmul FLOP/s per dtype on `device`: on CUDA the slowest GPU's."""
+    if device == "cpu":
+        return dict(hardware.cpu_peak_flops)
+    peaks = [gpu.peak_flops for gpu in hardware.gpus]
+    dtypes = set.intersection(*(set(peak) for peak in peaks)) if peaks else set()
+    return {dtype: min(peak[dtype] for peak in peaks) for dtype in dtypes}
 
 
 def _can_compile(device: Device) -> bool:
@@ -200,7 +216,8 @@ def build_space(
     """The space for this machine, task and settings: each knob of the table searched over what
     can run here, or fixed with the reason; the baseline is the user's own configuration."""
     device = resolve_device(settings.device, hardware)
-    facts = machine_facts(device, hardware, task, settings.max_world_size)
+    forced = frozenset(name for name in settings.knobs if name in KNOB)
+    facts = machine_facts(device, hardware, task, settings.max_world_size, forced)
     space = _Builder()
     from_settings = {
         "batch_size": lambda: _add_batch_sizes(settings, task, space),

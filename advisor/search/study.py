@@ -19,6 +19,7 @@ from advisor.knobs import BASE_GROUP, KNOBS, TrialConfig
 from advisor.results import TrialRecord
 from advisor.search.checks import known_out_of_memory, memory_problem
 from advisor.search.context import SearchContext
+from advisor.search.pruning import best_value, stop_reason
 from advisor.search.records import (
     StudyKey,
     TrialKey,
@@ -281,11 +282,14 @@ def _measure(
 
 
 def _pruning(trial: optuna.Trial) -> ProgressCallback:
-    """Report the window's running throughput to Optuna; stop when the study's pruner says so."""
+    """Report the trial's projected throughput to Optuna; stop it when the study's pruner says
+    so, with the reason."""
 
-    def report(elapsed_s: float, samples_per_s: float) -> bool:
+    def report(elapsed_s: float, samples_per_s: float) -> str | None:
         trial.report(samples_per_s, step=round(elapsed_s * 1000))
-        return trial.should_prune()
+        if not trial.should_prune():
+            return None
+        return stop_reason(samples_per_s, best_value(trial.study))
 
     return report
 

@@ -135,6 +135,8 @@ def _wait_for_ranks(context: ProcessContext) -> dict[int, int] | None:
 
 def combine_ranks(config: TrialConfig, results: list[TrialResult]) -> TrialResult:
     """One trial result from every rank's: all samples over the slowest rank's window."""
+    if all(r.status == "stopped" for r in results):  # the parent stopped every rank
+        return results[0].model_copy(update={"config": config})
     failed = [(rank, r) for rank, r in enumerate(results) if not r.feasible]
     if failed:
         rank, first = failed[0]
@@ -142,6 +144,9 @@ def combine_ranks(config: TrialConfig, results: list[TrialResult]) -> TrialResul
     slowest = max(results, key=lambda r: r.window_s or 0.0)
     window_s = slowest.window_s or 0.0
     samples = sum(r.samples_measured for r in results)
+    rate = samples / window_s if window_s else None
+    if slowest.estimated:  # the ranks keep the pace of the slowest at every optimizer step
+        rate = len(results) * min(r.samples_per_s or 0.0 for r in results)
     peaks = [r.peak_memory_bytes for r in results if r.peak_memory_bytes is not None]
     waits = [r.data_wait_fraction for r in results if r.data_wait_fraction is not None]
     starts = [r.startup_s for r in results if r.startup_s is not None]
@@ -149,7 +154,7 @@ def combine_ranks(config: TrialConfig, results: list[TrialResult]) -> TrialResul
     return results[0].model_copy(
         update={
             "config": config,
-            "samples_per_s": samples / window_s if window_s else None,
+            "samples_per_s": rate,
             "samples_measured": samples,
             "window_s": window_s,
             "step_time_median_s": slowest.step_time_median_s,

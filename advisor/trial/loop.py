@@ -33,6 +33,7 @@ from advisor.trial.probe import usable_cores
 
 __all__ = [
     "Agreement",
+    "Bounds",
     "DivergedError",
     "Trainer",
     "Window",
@@ -58,9 +59,9 @@ class Agreement(Protocol):
 
 
 class WindowMonitor(Protocol):
-    """Watches a window as it runs; returns True once the window should end early."""
+    """Watches a trial as it runs; called after every micro-step, True once it should stop."""
 
-    def __call__(self, elapsed_s: float, micro_batches: int) -> bool: ...
+    def __call__(self) -> bool: ...
 
 
 class DivergedError(ArithmeticError):
@@ -68,10 +69,13 @@ class DivergedError(ArithmeticError):
 
 
 class Trainer:
-    """Model, optimizer, loader and AMP for one configuration; `step()` is one optimizer step.
+    """Model, optimizer, loader and AMP for one configuration; `step()` is one optimizer step,
+    `micro_step()` one micro-batch of it.
 
-    Under DDP this is one rank: the process group must be initialised before, and `rank` picks
-    this process's shard of the dataset.
+    An optimizer step takes a cycle of `cycle` micro-batches: the configuration's accumulation
+    steps, unless a measurement shortens it (`advisor.trial.measure`: a cycle too long for the
+    window is timed in parts). Under DDP this is one rank: the process group must be initialised
+    before, and `rank` picks this process's shard of the dataset.
     """
 
     def __init__(
@@ -106,31 +110,48 @@ class Trainer:
         self.data_wait_s = 0.0
         self.first_batch: str | None = None
         self.first_batch_kind: BatchKind | None = None
+        self.cycle = config.accumulation_steps
+        self.last_loss = torch.zeros((), device=device)  # of the last optimizer step
+        self._micro_done = 0  # of the current cycle
+        self._cycle_loss = torch.zeros((), device=device)
         self._batches = self._endless_batches()
 
     def step(self, on_backward: Callable[[int], None] | None = None) -> torch.Tensor:
-        """One optimizer step over `accumulation_steps` micro-batches; returns the mean loss.
+        """The rest of the current optimizer step (a whole one between steps); returns its
+        mean loss.
 
         `on_backward(micro)` sees the gradients after each micro-step's backward pass (after
         the last one they are complete, and all-reduced under DDP).
         """
-        accumulation = self.config.accumulation_steps
-        total = torch.zeros((), device=self.device)
-        for micro in range(accumulation):
-            batch = next(self._batches)
-            with self._gradient_sync(final=micro == accumulation - 1):
-                with self._autocast():
-                    loss = compute_loss(self.model, batch, self.loss_fn)
-                self.scaler.scale(loss / accumulation).backward()
-            if on_backward is not None:
-                on_backward(micro)
-            total += loss.detach().float()
+        while not self.micro_step(on_backward):
+            pass
+        return self.last_loss
+
+    def micro_step(self, on_backward: Callable[[int], None] | None = None) -> bool:
+        """One micro-batch's forward and backward pass, and after the cycle's last the
+        optimizer step (then `last_loss` holds its mean loss); returns whether it stepped."""
+        micro = self._micro_done
+        final = micro + 1 >= self.cycle
+        batch = next(self._batches)
+        with self._gradient_sync(final=final):
+            with self._autocast():
+                loss = compute_loss(self.model, batch, self.loss_fn)
+            self.scaler.scale(loss / self.config.accumulation_steps).backward()
+        if on_backward is not None:
+            on_backward(micro)
+        self._cycle_loss += loss.detach().float()
+        self._micro_done += 1
+        if not final:
+            return False
+        self.last_loss = self._cycle_loss / self._micro_done
+        self._cycle_loss = torch.zeros((), device=self.device)
+        self._micro_done = 0
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
             self.scheduler.step()
-        return total / accumulation
+        return True
 
     def close(self) -> None:
         """Stop the loader's worker processes now rather than at garbage collection."""
@@ -278,15 +299,17 @@ def _build_loader(
 
 @dataclass
 class Window:
-    """Steps run back to back, timed between device synchronisations."""
+    """Micro-steps run back to back, timed between device synchronisations."""
 
-    steps: int = 0
+    steps: int = 0  # optimizer steps completed
     micro_batches: int = 0
     elapsed_s: float = 0.0
     data_wait_s: float = 0.0
-    stopped_early: bool = False
+    stopped_early: bool = False  # the monitor ended it
     step_times_s: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
+    # With `time_micro`: each micro-step's seconds, and whether it ended with the optimizer step.
+    micro_times_s: list[tuple[float, bool]] = field(default_factory=list)
 
     def percentile(self, q: float) -> float:
         ordered = sorted(self.step_times_s)
@@ -296,75 +319,126 @@ class Window:
     def median_step_s(self) -> float:
         return statistics.median(self.step_times_s)
 
+    def median_micro_s(self, *, stepped: bool) -> float | None:
+        """The median seconds of the timed micro-steps that did (or did not) end a step."""
+        times = [seconds for seconds, final in self.micro_times_s if final == stepped]
+        return statistics.median(times) if times else None
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """When a window may end: the minimums, and the limits that end it regardless."""
+
+    min_steps: int = 1
+    min_seconds: float = 0.0
+    max_steps: int | None = None
+    max_seconds: float | None = None  # a budget: ends it even before the minimums
+    cover_worker_cycles: bool = True
+    stop_at_once: bool = False  # the monitor's stop ends it even before the minimums
+
 
 def run_window(
     trainer: Trainer,
+    bounds: Bounds,
     *,
-    min_steps: int,
-    min_seconds: float = 0.0,
-    max_steps: int | None = None,
-    cover_worker_cycles: bool = True,
     agree: Agreement | None = None,
     monitor: WindowMonitor | None = None,
+    time_micro: bool = False,
 ) -> Window:
-    """Run optimizer steps until both minimums are met (or `max_steps`), then check the losses.
+    """Run micro-steps until the bounds say, then check the losses.
 
     The window also spans at least two full worker cycles (`num_workers × prefetch_factor`
-    micro-batches): loaders with workers deliver batches in bursts. DDP ranks pass `agree`:
-    they stop together, once every rank is done (one waiting for the others would hang).
-    A `monitor` may end the window before `min_seconds`, never before the other minimums.
+    micro-batches): loaders with workers deliver batches in bursts. A `monitor` may end the
+    window before `min_seconds`, never before the other minimums unless `stop_at_once`. DDP
+    ranks pass `agree` and decide only after optimizer steps: they stop together, once every
+    rank is done (one waiting for the others would hang). `time_micro` times every micro-step,
+    synchronising the device after each.
     """
     config = trainer.config
-    min_micro = 2 * config.num_workers * config.prefetch_factor if cover_worker_cycles else 0
+    min_micro = 2 * config.num_workers * config.prefetch_factor if bounds.cover_worker_cycles else 0
     window = Window()
     loss_tensors = []
     trainer.synchronize()
     wait_before = trainer.data_wait_s
-    started = last = time.perf_counter()
+    started = last_step = last_micro = time.perf_counter()
     while True:
-        loss_tensors.append(trainer.step())
+        stepped = trainer.micro_step()
+        if time_micro:
+            trainer.synchronize()
         now = time.perf_counter()
-        window.step_times_s.append(now - last)
-        last = now
-        window.steps += 1
-        window.micro_batches += trainer.config.accumulation_steps
-        stop = monitor is not None and monitor(now - started, window.micro_batches)
-        done = (
-            window.steps >= min_steps
-            and window.micro_batches >= min_micro
-            and (stop or now - started >= min_seconds)
-        )
+        window.micro_batches += 1
+        if time_micro:
+            window.micro_times_s.append((now - last_micro, stepped))
+        last_micro = now
+        if stepped:
+            loss_tensors.append(trainer.last_loss)
+            window.step_times_s.append(now - last_step)
+            last_step = now
+            window.steps += 1
+        stop = monitor is not None and monitor()
+        if agree is not None and not stepped:
+            continue
+        done = _window_done(window, bounds, min_micro, stop, now - started)
         if agree is not None:
             done = agree.all_done(window.steps, done)
-        if done or window.steps == max_steps:
-            window.stopped_early = stop and now - started < min_seconds
+        if done or (stepped and window.steps == bounds.max_steps):
+            window.stopped_early = stop and (
+                bounds.stop_at_once or now - started < bounds.min_seconds
+            )
             break
     trainer.synchronize()
     window.elapsed_s = time.perf_counter() - started
     window.data_wait_s = trainer.data_wait_s - wait_before
-    window.losses = torch.stack(loss_tensors).cpu().tolist()
+    window.losses = torch.stack(loss_tensors).cpu().tolist() if loss_tensors else []
     if not all(torch.isfinite(torch.tensor(window.losses))):
         raise DivergedError(f"the loss became non-finite ({_first_bad(window.losses)})")
     return window
 
 
-def warm_up(trainer: Trainer, steps: int) -> Window:
-    """Run past everything that makes early steps unrepresentative; return the main warm-up window.
+def _window_done(
+    window: Window, bounds: Bounds, min_micro: int, stop: bool, elapsed: float
+) -> bool:
+    if (stop and bounds.stop_at_once) or (
+        bounds.max_seconds is not None and elapsed >= bounds.max_seconds
+    ):
+        return True
+    minimums = window.steps >= bounds.min_steps and window.micro_batches >= min_micro
+    return minimums and (stop or elapsed >= bounds.min_seconds)
+
+
+def warm_up(
+    trainer: Trainer,
+    steps: int,
+    budget_s: float | None = None,
+    *,
+    agree: Agreement | None = None,
+    monitor: WindowMonitor | None = None,
+) -> Window:
+    """Run past everything that makes early steps unrepresentative; return the warm-up window,
+    every micro-step timed.
 
     At least `steps` optimizer steps and two loader worker cycles; more with cudnn.benchmark
     (autotuning); with fp16, until the GradScaler's scale has settled, since it starts at 2^16
-    and skips optimizer steps while it backs off. Every DDP rank runs the same steps: the step
-    counts depend only on the configuration, and the loss scale is the same on all ranks.
+    and skips optimizer steps while it backs off. All of it within `budget_s` seconds: a
+    configuration whose steps are that slow ends its warm-up early, even within a step (its
+    window then times the parts of a step: `advisor.trial.measure`). The monitor's stop ends it
+    at once. DDP ranks pass `agree`, and end it together after an optimizer step.
     """
     extra = BENCHMARK_EXTRA_STEPS if trainer.config.cudnn_benchmark else 0
-    window = run_window(trainer, min_steps=steps + extra)
-    if not trainer.scaler.is_enabled():
+    bounds = Bounds(min_steps=steps + extra, max_seconds=budget_s, stop_at_once=True)
+    started = time.perf_counter()
+    window = run_window(trainer, bounds, agree=agree, monitor=monitor, time_micro=True)
+    if not trainer.scaler.is_enabled() or window.stopped_early:
         return window
     scale, stable = trainer.scaler.get_scale(), 0
     for _ in range(SCALER_MAX_STEPS):
-        if stable >= SCALER_STABLE_STEPS:
+        left = None if budget_s is None else budget_s - (time.perf_counter() - started)
+        if stable >= SCALER_STABLE_STEPS or (left is not None and left <= 0):
             break
-        run_window(trainer, min_steps=1, cover_worker_cycles=False)
+        one = Bounds(max_seconds=left, cover_worker_cycles=False, stop_at_once=True)
+        if run_window(trainer, one, agree=agree, monitor=monitor).stopped_early:
+            window.stopped_early = True
+            break
         previous, scale = scale, trainer.scaler.get_scale()
         stable = stable + 1 if scale == previous else 0
     return window

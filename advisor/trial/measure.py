@@ -3,6 +3,12 @@
 A single-process trial is exactly this; under DDP every rank runs it in its own process and
 `advisor.trial.distributed` combines the ranks' results. Failures are data (`status`), never an
 exception escaping to the caller.
+
+Warm-up and window each keep to `trial_seconds` (DESIGN.md §6), whatever the batch: where one
+optimizer cycle (accumulation x micro-steps) does not fit the window, the window times its parts
+instead, micro-steps and optimizer steps apart, and estimates samples/s from them. Re-runs of
+finalists (`whole_cycles`) time whole cycles however long. From the warm-up on, a search trial
+tells the parent how far it got, and the parent may stop it (`advisor.trial.runner`).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from advisor.knobs import TrialConfig
 from advisor.results import FailurePhase, TaskSummary, TrialResult
 from advisor.task import TrainingTask, build_task, user_batch_size
 from advisor.trial.convergence import held_out_split, measure_gradient_norms, run_race
-from advisor.trial.loop import DivergedError, Trainer, Window, run_window, warm_up
+from advisor.trial.loop import Bounds, DivergedError, Trainer, Window, run_window, warm_up
 from advisor.trial.memory import PeakMemory
 from advisor.trial.protocol import TrialRequest
 
@@ -34,6 +40,9 @@ __all__ = ["EARLY_STEPS", "measure_request"]
 
 # Optimizer steps whose losses the numerics check compares (advisor.search.checks).
 EARLY_STEPS = 3
+# A window times whole cycles when a cycle takes at most this fraction of it, so that its three
+# steps take at most 1.5 windows; else it times a cycle's parts.
+WHOLE_CYCLE_FRACTION = 0.5
 
 
 class _Phase:
@@ -120,7 +129,7 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
         return _converged(request, task, kind, trainer, held_out, memory, phase, state)
     phase.enter("first_step")
     try:
-        first = run_window(trainer, min_steps=1, cover_worker_cycles=False)
+        first_s = _first_micro_step(trainer)
     finally:  # also when the step fails: the batch it saw explains the failure
         state.summary = _summarise(task, kind, trainer)
     startup_s = time.time() - request.launched_at
@@ -129,18 +138,67 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
     if request.mode == "validate":
         return _validated(request, trainer, memory, summary, startup_s)
     phase.enter("warmup")
-    warmup_started = time.perf_counter()
-    warmup = warm_up(trainer, max(request.warmup_steps, EARLY_STEPS - 1))
-    warmup_s = time.perf_counter() - warmup_started
-    early_losses = tuple((first.losses + warmup.losses)[:EARLY_STEPS])
+    watch = _ParentWatch(request, config, rank) if request.stop_path else None
+    warmup = _warm_up(trainer, request, watch)
+    early_losses = tuple(warmup.losses[:EARLY_STEPS])
     if request.mode == "reference":
         trainer.close()
         return TrialResult(config=config, status="ok", early_losses=early_losses, task=summary)
+    if warmup.stopped_early:  # the parent stopped it: clearly slower than the best
+        trainer.close()
+        return TrialResult(
+            config=config,
+            status="stopped",
+            failure_phase="warmup",
+            startup_s=startup_s,
+            warmup_s=warmup.elapsed_s,
+            first_step_s=first_s,
+            early_losses=early_losses,
+            task=summary,
+        )
     phase.enter("measure")
-    window = _timed_window(trainer, request, warmup, rank)
+    estimate = _too_long_for_window(warmup, request)
+    if config.world_size > 1:  # every rank must time the same micro-steps: rank 0 decides
+        decision = torch.tensor([int(estimate)], device=trainer.device)
+        dist.broadcast(decision, src=0)
+        estimate = bool(decision.item())
+    window = _timed_window(trainer, request, warmup, watch, estimate)
     trainer.close()
-    result = _measured(request, window, memory.stop(), summary, startup_s, warmup_s)
-    return result.model_copy(update={"early_losses": early_losses, "first_step_s": first.elapsed_s})
+    result = _measured(request, window, memory.stop(), summary, startup_s, warmup.elapsed_s)
+    return result.model_copy(update={"early_losses": early_losses, "first_step_s": first_s})
+
+
+def _first_micro_step(trainer: Trainer) -> float:
+    """The first micro-step, alone: its one-off costs (compilation, lazy initialisation, the
+    loader's first batch) stay out of every rate. Returns its seconds."""
+    trainer.synchronize()
+    started = time.perf_counter()
+    trainer.micro_step()
+    trainer.synchronize()
+    return time.perf_counter() - started
+
+
+def _warm_up(trainer: Trainer, request: TrialRequest, watch: _ParentWatch | None) -> Window:
+    """At least `warmup_steps` optimizer steps (and `EARLY_STEPS`, whose losses the numerics
+    check compares), within one window's time unless the request wants whole cycles."""
+    agree = _EveryStep(trainer.device) if trainer.config.world_size > 1 else None
+    budget = None if request.whole_cycles else request.trial_seconds
+    steps = max(request.warmup_steps, EARLY_STEPS)
+    return warm_up(trainer, steps, budget, agree=agree, monitor=watch)
+
+
+def _too_long_for_window(warmup: Window, request: TrialRequest) -> bool:
+    """Whether one optimizer cycle, predicted from the warm-up's micro-steps, is too long for
+    whole cycles to be timed within the window."""
+    accumulation = request.config.accumulation_steps
+    if request.whole_cycles or accumulation == 1:
+        return False  # one micro-step is the whole cycle: fewer steps, still whole
+    micro = warmup.median_micro_s(stepped=False)
+    final = warmup.median_micro_s(stepped=True)
+    if micro is None or final is None:  # the warm-up ran out of time within its first cycle
+        return True
+    cycle_s = (accumulation - 1) * micro + final
+    return cycle_s > WHOLE_CYCLE_FRACTION * request.trial_seconds
 
 
 def _converged(
@@ -175,35 +233,42 @@ def _converged(
     )
 
 
-def _timed_window(trainer: Trainer, request: TrialRequest, warmup: Window, rank: int) -> Window:
+def _timed_window(
+    trainer: Trainer,
+    request: TrialRequest,
+    warmup: Window,
+    watch: _ParentWatch | None,
+    estimate: bool,
+) -> Window:
     """The measured window: at least `trial_seconds`, on every DDP rank, unless the parent
-    watching it ends it early."""
-    watch = _ParentWatch(request, trainer.config, rank) if request.stop_path else None
+    watching it ends it early. Estimating, it runs cycles of two micro-steps, one without and
+    one with the optimizer step, and times each."""
     agree = None
     if trainer.config.world_size > 1:
         dist.barrier()  # all windows start together
+        step_s = warmup.median_step_s if warmup.step_times_s else request.trial_seconds
         agree = _RankAgreement(
             trainer.device,
             request.trial_seconds,
-            warmup.median_step_s,
+            step_s / trainer.cycle * 2 if estimate else step_s,
             check_every_s=_ParentWatch.INTERVAL_S if watch else None,
         )
-    return run_window(
-        trainer,
-        min_steps=3,
+    if estimate:
+        trainer.cycle = 2
+    bounds = Bounds(
+        min_steps=2 if estimate else 3,
         min_seconds=request.trial_seconds,
         max_steps=request.max_measure_steps,
-        agree=agree,
-        monitor=watch,
     )
+    return run_window(trainer, bounds, agree=agree, monitor=watch, time_micro=estimate)
 
 
 class _ParentWatch:
-    """Tells the parent how fast the window runs, and ends it when the parent asks.
+    """Tells the parent how far the trial got, and stops it when the parent asks.
 
-    Every `INTERVAL_S`, rank 0 appends "elapsed_s samples" (all ranks' samples, estimated from
-    its own) to the progress file, and every rank looks for the stop file. DDP ranks then stop
-    at their next agreement check.
+    From the warm-up on, every `INTERVAL_S` rank 0 appends "elapsed_s samples" (all ranks'
+    samples, estimated from its own) to the progress file, and every rank looks for the stop
+    file. DDP ranks then stop at their next agreement check.
     """
 
     INTERVAL_S = 0.1
@@ -212,18 +277,35 @@ class _ParentWatch:
         self._progress = Path(request.progress_path) if request.progress_path and not rank else None
         self._stop = Path(request.stop_path) if request.stop_path else None
         self._samples_per_micro_batch = config.batch_size * config.world_size
+        self._started = time.perf_counter()
+        self._micro_batches = 0
         self._next_s = self.INTERVAL_S
         self._stopping = False
 
-    def __call__(self, elapsed_s: float, micro_batches: int) -> bool:
+    def __call__(self) -> bool:
+        self._micro_batches += 1
+        elapsed_s = time.perf_counter() - self._started
         if self._stopping or elapsed_s < self._next_s:
             return self._stopping
         self._next_s = elapsed_s + self.INTERVAL_S
         if self._progress is not None:
+            samples = self._micro_batches * self._samples_per_micro_batch
             with self._progress.open("a") as progress:
-                progress.write(f"{elapsed_s:.4f} {micro_batches * self._samples_per_micro_batch}\n")
+                progress.write(f"{elapsed_s:.4f} {samples}\n")
         self._stopping = self._stop is not None and self._stop.exists()
         return self._stopping
+
+
+class _EveryStep:
+    """DDP ranks end a warm-up together: an all-reduce after every optimizer step."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._device = device
+
+    def all_done(self, steps: int, done: bool) -> bool:
+        flag = torch.tensor([int(done)], device=self._device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
 
 
 class _RankAgreement:
@@ -275,7 +357,7 @@ def _validated(
     summary: TaskSummary,
     startup: float,
 ) -> TrialResult:
-    window = run_window(trainer, min_steps=1, max_steps=1, cover_worker_cycles=False)
+    window = run_window(trainer, Bounds(max_steps=1, cover_worker_cycles=False))
     flops = _flops_per_sample(trainer)  # after the timed step: counting slows a step down
     trainer.close()
     summary = summary.model_copy(update={"flops_per_sample": flops})
@@ -302,13 +384,21 @@ def _measured(
 ) -> TrialResult:
     config = request.config
     samples = window.micro_batches * config.batch_size  # this process's; ranks are summed later
+    cycle_s = _estimated_cycle_s(window, config.accumulation_steps)
+    step_times = (
+        (cycle_s, cycle_s, cycle_s)
+        if cycle_s is not None
+        else (window.median_step_s, window.percentile(0.1), window.percentile(0.9))
+    )
+    rate = samples / window.elapsed_s if cycle_s is None else _rate(config, cycle_s)
     return TrialResult(
         config=config,
         status="ok",
-        samples_per_s=samples / window.elapsed_s,
-        step_time_median_s=window.median_step_s,
-        step_time_p10_s=window.percentile(0.1),
-        step_time_p90_s=window.percentile(0.9),
+        samples_per_s=rate,
+        estimated=cycle_s is not None,
+        step_time_median_s=step_times[0],
+        step_time_p10_s=step_times[1],
+        step_time_p90_s=step_times[2],
         data_wait_fraction=min(1.0, window.data_wait_s / window.elapsed_s),
         peak_memory_bytes=peak_memory,
         startup_s=startup_s,
@@ -320,6 +410,21 @@ def _measured(
         stopped_early=window.stopped_early,
         task=summary,
     )
+
+
+def _estimated_cycle_s(window: Window, accumulation: int) -> float | None:
+    """A whole optimizer cycle's seconds from a window that timed its parts: accumulation - 1
+    micro-steps and one that ends with the optimizer step; None for a window of whole cycles."""
+    micro = window.median_micro_s(stepped=False)
+    final = window.median_micro_s(stepped=True)
+    if micro is None or final is None:
+        return None
+    return (accumulation - 1) * micro + final
+
+
+def _rate(config: TrialConfig, cycle_s: float) -> float:
+    """This process's samples/s at one optimizer cycle per `cycle_s`."""
+    return config.accumulation_steps * config.batch_size / cycle_s
 
 
 def _summarise(task: TrainingTask, kind: str, trainer: Trainer) -> TaskSummary:

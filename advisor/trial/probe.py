@@ -5,7 +5,10 @@ parent runs it in a child (`advisor.trial.runner.probe_isolated`) so that it hol
 
 The peak is the yardstick for "fraction of peak": a large square matmul is the fastest thing the
 hardware does with a given dtype, and a model's training step can at best approach it. It is
-what this process can reach, on the cores it may use.
+what this process can reach, on the cores it may use. Every low precision autocast could use is
+timed too, bf16 on every CPU: where the CPU has no native bf16 it is emulated, 20-45x slower than
+fp32, and the search space leaves out what the measurement says cannot pay off
+(`advisor.knobs`, the amp row).
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ __all__ = ["matmul_flops", "probe", "usable_cores"]
 CPU_SIZE = 2048  # 17 GFLOP a product: tens of ms on a core
 GPU_SIZE = 8192  # 1.1 TFLOP a product: about a millisecond on a current GPU
 REPEATS = 5
+# The size doubles from here until one product takes `LONG_ENOUGH_S` (or the size above is
+# reached): an emulated bf16 product of 2048 takes seconds on two cores, one of 512 tens of ms.
+SMALLEST = 256
+LONG_ENOUGH_S = 0.05
 
 
 def probe() -> HardwareProfile:
@@ -40,7 +47,7 @@ def probe() -> HardwareProfile:
         cuda_version=torch.version.cuda,
         cudnn_version=torch.backends.cudnn.version() if cuda else None,
         gpus=tuple(_gpu(index) for index in range(torch.cuda.device_count())) if cuda else (),
-        cpu_peak_flops=matmul_flops(torch.device("cpu"), _cpu_dtypes()),
+        cpu_peak_flops=matmul_flops(torch.device("cpu"), (torch.float32, torch.bfloat16)),
     )
 
 
@@ -52,9 +59,10 @@ def usable_cores() -> int:
 
 
 def matmul_flops(device: torch.device, dtypes: tuple[torch.dtype, ...]) -> dict[str, float]:
-    """Best-of-`REPEATS` FLOP/s of an n x n matmul on `device`, for each dtype by name."""
-    size = GPU_SIZE if device.type == "cuda" else CPU_SIZE
-    return {_name(dtype): _best_rate(device, dtype, size) for dtype in dtypes}
+    """Best-of-`REPEATS` FLOP/s of an n x n matmul on `device`, for each dtype by name; n grows
+    to the device's size unless a product already takes `LONG_ENOUGH_S`."""
+    largest = GPU_SIZE if device.type == "cuda" else CPU_SIZE
+    return {_name(dtype): _best_rate(device, dtype, largest) for dtype in dtypes}
 
 
 def _gpu(index: int) -> GpuInfo:
@@ -77,10 +85,6 @@ def _gpu(index: int) -> GpuInfo:
     )
 
 
-def _cpu_dtypes() -> tuple[torch.dtype, ...]:
-    return (torch.float32, torch.bfloat16) if _cpu_has_bf16() else (torch.float32,)
-
-
 def _cpu_has_bf16() -> bool:
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
@@ -97,18 +101,30 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _best_rate(device: torch.device, dtype: torch.dtype, size: int) -> float:
-    left = torch.randn(size, size, device=device).to(dtype)
-    right = torch.randn(size, size, device=device).to(dtype)
-    torch.matmul(left, right)  # warm-up: kernel selection, thread pool start
-    best = float("inf")
+def _best_rate(device: torch.device, dtype: torch.dtype, largest: int) -> float:
+    size = SMALLEST
+    while True:
+        left = torch.randn(size, size, device=device).to(dtype)
+        right = torch.randn(size, size, device=device).to(dtype)
+        first = _timed_product(left, right, device)  # also the warm-up: kernels, thread pool
+        if size >= largest or first >= LONG_ENOUGH_S:
+            break
+        size *= 2
+    best, spent = first, first
     for _ in range(REPEATS):
-        _synchronize(device)
-        started = time.perf_counter()
-        torch.matmul(left, right)
-        _synchronize(device)
-        best = min(best, time.perf_counter() - started)
+        if spent > REPEATS * LONG_ENOUGH_S:  # a slow dtype: the first products tell enough
+            break
+        took = _timed_product(left, right, device)
+        best, spent = min(best, took), spent + took
     return 2 * size**3 / best
+
+
+def _timed_product(left: torch.Tensor, right: torch.Tensor, device: torch.device) -> float:
+    _synchronize(device)
+    started = time.perf_counter()
+    torch.matmul(left, right)
+    _synchronize(device)
+    return time.perf_counter() - started
 
 
 def _synchronize(device: torch.device) -> None:

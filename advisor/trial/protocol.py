@@ -27,6 +27,12 @@ class TrialRequest(BaseModel):
     mode: Literal["trial", "validate", "reference", "race", "noise"] = "trial"
     lr: LrPlan = Field(default=LrPlan(), description="race: the learning rate to train with")
     warmup_steps: int = Field(default=3, ge=1)
+    whole_cycles: bool = Field(
+        default=False,
+        description="time whole optimizer cycles however long they take (re-runs of finalists); "
+        "else warm-up and window keep to `trial_seconds` each, and a cycle too long for the "
+        "window is timed in parts",
+    )
     trial_seconds: float = Field(default=3.0, gt=0)
     max_measure_steps: int | None = Field(default=None, ge=1)
     seed: int = 0

@@ -1,5 +1,9 @@
 """Parent side of a trial: start an isolated child, enforce the timeout, read its result.
 
+A search trial reports its progress from its warm-up on; the parent projects its samples/s and
+may stop it in any phase (`ProgressCallback`). A child busy in one long micro-step cannot look
+for the stop, so it is killed after `STOP_GRACE_S`: what it measured so far is all there is.
+
 The hardware probe runs in a child too (`probe_isolated`), so that the parent holds no CUDA context.
 The child runs in a new session (its own process group), so killing the group also kills its
 DataLoader workers. Nothing the child does (raise, hang, segfault, get OOM-killed) escapes as an
@@ -18,6 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, cast, get_args
 
@@ -34,9 +39,14 @@ __all__ = ["ProgressCallback", "TrialLaunch", "child_env", "probe_isolated", "ru
 
 GRACE_S = 3.0
 POLL_S = 0.2
+STOP_GRACE_S = 1.0
+# No progress line for this long: the child is inside a long micro-step, and its rate so far is
+# bounded by counting that micro-step as finished now.
+STALL_S = 0.5
 PhaseCallback = Callable[[str], None]
-# Called with the window's elapsed seconds and running samples/s; True ends the window early.
-ProgressCallback = Callable[[float, float], bool]
+# Called with the seconds since the warm-up began and the projected samples/s; a returned reason
+# stops the trial.
+ProgressCallback = Callable[[float, float], str | None]
 
 
 class _Child(Protocol):
@@ -92,13 +102,15 @@ def run_trial(
     *,
     mode: str = "trial",
     lr: LrPlan | None = None,
+    whole_cycles: bool = False,
     on_phase: PhaseCallback | None = None,
     on_progress: ProgressCallback | None = None,
 ) -> TrialResult:
     """Run one trial in a fresh child process and return what it measured (or why it failed).
 
-    `on_progress` sees the timed window's running throughput and may end the window early; the
-    result then measures the shorter window and says `stopped_early`.
+    `on_progress` sees the projected samples/s from the warm-up on and may stop the trial: in
+    its window, the result measures the shorter window and says `stopped_early`; before, its
+    status is `stopped`, with the projection as its samples/s. Either way `reason` says why.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="advisor-trial-") as scratch:
@@ -109,6 +121,7 @@ def run_trial(
             mode=mode,  # type: ignore[arg-type]
             lr=lr or LrPlan(),
             warmup_steps=launch.warmup_steps,
+            whole_cycles=whole_cycles,
             trial_seconds=launch.trial_seconds,
             max_measure_steps=launch.max_measure_steps,
             seed=launch.seed,
@@ -124,7 +137,7 @@ def run_trial(
         watch = _Watch(request, on_phase, on_progress)
         outcome, returncode = _supervise(request, request_path, launch, log_path, watch)
         wall_s = time.perf_counter() - started
-        result = outcome or _read_result(request, returncode, log_path)
+        result = watch.stopped(outcome or _read_result(request, returncode, log_path))
     return result.model_copy(update={"wall_s": wall_s, "log_path": str(log_path)})
 
 
@@ -150,6 +163,8 @@ def _supervise(
         # never reached it. Orphaned loader workers die with the group too.
         with contextlib.suppress(LauncherGoneError):
             _kill_group(process)
+    if timed_out and watch.stop is not None:  # it did not stop in time: it was killed
+        return TrialResult(config=request.config, status="stopped"), process.returncode or 0
     if timed_out:
         return _timed_out(request, launch.timeout_s, phase), process.returncode or 0
     return None, process.returncode or 0
@@ -214,13 +229,26 @@ def _wait(
         watch.read()
         if finished:
             return False, watch.phase
+        if watch.stop is not None:
+            deadline = min(deadline, watch.stop.at + STOP_GRACE_S)
         if time.monotonic() > deadline:
             return True, watch.phase
         time.sleep(POLL_S)
 
 
+@dataclass(frozen=True)
+class _Stop:
+    """The parent's order to stop a trial: why, on what projection, in which phase, when."""
+
+    reason: str
+    samples_per_s: float
+    phase: str
+    at: float  # time.monotonic()
+
+
 class _Watch:
-    """What the parent reads from a running child: its phases and its window's progress."""
+    """What the parent reads from a running child: its phases and its progress, from which it
+    projects the trial's samples/s for `on_progress`."""
 
     def __init__(
         self,
@@ -232,8 +260,11 @@ class _Watch:
         self._on_phase = on_phase
         self._on_progress = on_progress
         self._phases: list[str] = []
-        self._reports = 0
-        self._stopped = False
+        self._progress: list[tuple[float, float]] = []  # (child's seconds, samples)
+        self._last_seen: float | None = None  # parent's clock: warm-up start, then last line
+        self._last_step = -1
+        self._per_micro_step = request.config.batch_size * request.config.world_size
+        self.stop: _Stop | None = None
 
     @property
     def phase(self) -> str:
@@ -242,17 +273,67 @@ class _Watch:
     def read(self) -> None:
         for phase in _new_lines(self._request.phase_path, len(self._phases)):
             self._phases.append(phase)
+            if phase == "warmup":
+                self._last_seen = time.monotonic()
             if self._on_phase is not None:
                 self._on_phase(phase)
-        if self._on_progress is None or self._stopped:
+        if self._on_progress is None or self.stop is not None or self._last_seen is None:
             return
-        for line in _new_lines(self._request.progress_path, self._reports):
-            self._reports += 1
+        fresh = _new_lines(self._request.progress_path, len(self._progress))
+        for line in fresh:
             elapsed_s, samples = (float(field) for field in line.split())
-            if self._on_progress(elapsed_s, samples / elapsed_s):
-                Path(self._request.stop_path or "").touch()
-                self._stopped = True
-                return
+            self._progress.append((elapsed_s, samples))
+        now = time.monotonic()
+        if fresh:
+            self._last_seen = now
+        projection = self._projection(now - self._last_seen)
+        if projection is not None and (fresh or now - self._last_seen > STALL_S):
+            self._report(*projection)
+
+    def _projection(self, stalled_s: float) -> tuple[float, float] | None:
+        """(seconds since the warm-up began, projected samples/s): the rate over the later half
+        of the progress so far (start-up effects fade), bounded, while the child has been quiet
+        for `STALL_S`, by counting its current micro-step as finished now."""
+        elapsed_s, samples = self._progress[-1] if self._progress else (0.0, 0.0)
+        half_s, half_samples = next(
+            ((e, n) for e, n in reversed(self._progress) if e <= elapsed_s / 2), (0.0, 0.0)
+        )
+        rate = (samples - half_samples) / (elapsed_s - half_s) if elapsed_s > half_s else None
+        if stalled_s > STALL_S:
+            elapsed_s += stalled_s
+            bound = (samples + self._per_micro_step - half_samples) / (elapsed_s - half_s)
+            rate = bound if rate is None else min(rate, bound)
+        return None if rate is None else (elapsed_s, rate)
+
+    def _report(self, elapsed_s: float, samples_per_s: float) -> None:
+        assert self._on_progress is not None
+        step = max(self._last_step + 1, round(elapsed_s * 1000))
+        self._last_step = step
+        reason = self._on_progress(step / 1000, samples_per_s)
+        if reason is not None:
+            Path(self._request.stop_path or "").touch()
+            self.stop = _Stop(reason, samples_per_s, self.phase, time.monotonic())
+
+    def stopped(self, result: TrialResult) -> TrialResult:
+        """The child's (or the parent's) result, with why and when the parent stopped it."""
+        stop = self.stop
+        if stop is None or (result.feasible and not result.stopped_early):
+            return result  # not stopped, or its window had ended anyway
+        if result.feasible:  # a shorter window, measured
+            return result.model_copy(update={"reason": stop.reason})
+        if result.status != "stopped":  # it failed on its own before the stop arrived
+            return result
+        return result.model_copy(
+            update={
+                "reason": stop.reason,
+                "samples_per_s": stop.samples_per_s,
+                "failure_phase": result.failure_phase or _phase(stop.phase),
+            }
+        )
+
+
+def _phase(name: str) -> FailurePhase | None:
+    return cast(FailurePhase, name) if name in get_args(FailurePhase) else None
 
 
 def _new_lines(path: str | None, seen: int) -> list[str]:

@@ -1,11 +1,11 @@
-"""Early stopping: Optuna's pruner ends the windows of trials far slower than the best."""
+"""Early stopping: Optuna's pruner stops trials projected far slower than the best, in any phase."""
 
 import optuna
 import pytest
 
 import advisor
 from advisor.knobs import TrialConfig
-from advisor.search.pruning import SlowerThanBestPruner
+from advisor.search.pruning import SlowerThanBestPruner, stop_reason
 from advisor.trial.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY, survivors
 
@@ -42,17 +42,17 @@ def _launch(trial_seconds: float) -> TrialLaunch:
 def test_the_parent_ends_a_window_early_and_keeps_what_it_measured(tmp_path, marked, knobs):
     seen: list[tuple[float, float]] = []
 
-    def stop_after_half_a_second(elapsed_s: float, samples_per_s: float) -> bool:
+    def stop_after_half_a_second(elapsed_s: float, samples_per_s: float) -> str | None:
         seen.append((elapsed_s, samples_per_s))
-        return elapsed_s >= 0.5
+        return "enough seen" if elapsed_s >= 0.5 else None
 
     config = TrialConfig(batch_size=16, **knobs)
     result = run_trial(
         _launch(30.0), config, tmp_path / "t.log", on_progress=stop_after_half_a_second
     )
     assert result.status == "ok", result.reason
-    assert result.stopped_early
-    assert 0.5 <= result.window_s < 5  # not the 30 s asked for
+    assert result.stopped_early and result.reason == "enough seen"
+    assert 0 < result.window_s < 5  # not the 30 s asked for
     assert result.samples_per_s > 0 and result.steps_measured >= 3
     assert all(rate > 0 for _, rate in seen) and seen[0][0] < 0.5
     assert survivors(marked) == []
@@ -60,7 +60,7 @@ def test_the_parent_ends_a_window_early_and_keeps_what_it_measured(tmp_path, mar
 
 def test_a_window_nobody_stops_runs_its_length(tmp_path):
     result = run_trial(_launch(0.5), TrialConfig(batch_size=16), tmp_path / "t.log",
-                       on_progress=lambda elapsed_s, rate: False)  # fmt: skip
+                       on_progress=lambda elapsed_s, rate: None)  # fmt: skip
     assert result.status == "ok" and not result.stopped_early and result.window_s >= 0.5
 
 
@@ -69,6 +69,7 @@ def test_a_tune_stops_the_slow_configurations_early_and_says_so(tmp_path):
     result = advisor.tune(
         f"{TINY}:slow_with_bf16",
         trials=4,
+        knobs="classic,amp",  # searched even where the probe finds bf16 slower than fp32
         objective="throughput",
         sampler="grid",
         batch_sizes="16",
@@ -84,12 +85,62 @@ def test_a_tune_stops_the_slow_configurations_early_and_says_so(tmp_path):
     fast = [t for t in search if t.result.config.amp == "off"]
     assert slow and fast
     # Every bf16 trial ran at a quarter of the best fp32 speed once one fp32 trial finished.
-    assert all(t.result.stopped_early and t.result.window_s < 0.8 for t in slow if t.number > 0)
-    assert not any(t.result.stopped_early for t in fast)
+    stopped = [t for t in slow if t.number > 0]
+    assert stopped and all(_stopped(t.result) for t in stopped)
+    assert all(t.result.reason.startswith("stopped: projected ") for t in stopped)
+    assert not any(_stopped(t.result) for t in fast)
     assert result.recommendation.config.amp == "off"
     study = optuna.load_study(
         study_name="tiny-slow_with_bf16", storage=f"sqlite:///{tmp_path}/study.db"
     )
     reported = study.trials[slow[0].number].intermediate_values
     assert reported and min(reported) < 400  # Optuna holds the running throughput
-    assert "far slower than the best so far" in (tmp_path / "report.md").read_text()
+    assert "x slower than the best" in (tmp_path / "report.md").read_text()
+
+
+def _stopped(result) -> bool:
+    """Stopped in its window (a shorter one, measured) or before it."""
+    return result.stopped_early or result.status == "stopped"
+
+
+def test_a_slow_configuration_is_stopped_during_its_warm_up_with_the_reason(tmp_path, marked):
+    seen: list[float] = []
+
+    def below_a_thousand(elapsed_s: float, samples_per_s: float) -> str | None:
+        seen.append(samples_per_s)
+        return stop_reason(samples_per_s, 1000.0) if samples_per_s < 1000 else None
+
+    config = TrialConfig(batch_size=16, amp="bf16")
+    launch = TrialLaunch(
+        spec=f"{TINY}:very_slow_with_bf16", cwd=ROOT, warmup_steps=3, trial_seconds=2.0,
+        timeout_s=60,
+    )  # fmt: skip
+    result = run_trial(launch, config, tmp_path / "t.log", on_progress=below_a_thousand)
+
+    assert result.status == "stopped" and result.failure_phase == "warmup"
+    assert result.reason == stop_reason(result.samples_per_s, 1000.0)
+    assert result.samples_per_s <= 16 / 0.5  # at most one micro-batch per half second
+    assert result.window_s is None  # it never reached its window
+    assert seen and survivors(marked) == []
+
+
+def test_a_tune_stops_a_configuration_in_warm_up_and_the_report_says_why(tmp_path):
+    result = advisor.tune(
+        f"{TINY}:very_slow_with_bf16",
+        trials=6,  # every configuration: amp x loader workers
+        knobs="classic,amp",
+        objective="throughput",
+        sampler="grid",
+        batch_sizes="16",
+        accumulation_steps="1",
+        max_world_size=1,
+        trial_seconds=1.0,
+        confirm_top=1,
+        out=tmp_path,
+    )
+    bf16 = [t for t in result.trials if t.result.config.amp == "bf16"]
+    assert bf16 and all(t.result.status == "stopped" for t in bf16)
+    assert all(t.result.failure_phase == "warmup" for t in bf16)
+    report = (tmp_path / "report.md").read_text()
+    assert all(t.result.reason in report for t in bf16)
+    assert result.recommendation.config.amp == "off"

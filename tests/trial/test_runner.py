@@ -185,14 +185,15 @@ def test_warm_up_settles_an_fp16_loss_scale():
     trainer = Trainer(task, config, torch.device("cpu"))
     trainer.scaler._init_scale = 2.0**60  # far too high: the scale must back off repeatedly
     scales = []
-    step = trainer.step
+    micro_step = trainer.micro_step
 
     def recording_step():
-        loss = step()
-        scales.append(trainer.scaler.get_scale())
-        return loss
+        stepped = micro_step()
+        if stepped:
+            scales.append(trainer.scaler.get_scale())
+        return stepped
 
-    trainer.step = recording_step
+    trainer.micro_step = recording_step
     warm_up(trainer, steps=1)
     assert scales[0] < 2.0**60 and len(scales) > 40  # it kept warming up while backing off
     assert len(set(scales[-SCALER_STABLE_STEPS - 1 :])) == 1  # and stopped once it held still

@@ -313,6 +313,23 @@ def _four_beats_under_autocast(model: Faulty, features: torch.Tensor) -> None:
 # bf16 runs at a quarter of fp32's speed, whatever the machine.
 slow_with_bf16 = _fault_factory(_four_beats_under_autocast)
 
+MICRO_STEP_S = 0.1
+
+
+def _a_tenth_of_a_second(model: Faulty, features: torch.Tensor) -> None:
+    time.sleep(MICRO_STEP_S)
+
+
+def _half_a_second_under_autocast(model: Faulty, features: torch.Tensor) -> None:
+    if torch.is_autocast_enabled("cpu"):
+        time.sleep(0.5)
+
+
+# Every micro-step takes 0.1 s, whatever the machine: with accumulation, long optimizer cycles.
+slow_micro_steps = _fault_factory(_a_tenth_of_a_second)
+# bf16 micro-steps take half a second: hundreds of times slower than fp32 here.
+very_slow_with_bf16 = _fault_factory(_half_a_second_under_autocast)
+
 
 # --- convolutions: the knobs for 4-D inputs -----------------------------------------------------
 class _TinyConv(nn.Module):

@@ -1,0 +1,51 @@
+"""Every trial keeps to its time budget, whatever its batch: a cycle too long for the window is
+timed in parts, and the estimate agrees with timing whole cycles."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.knobs import TrialConfig
+from advisor.trial.runner import TrialLaunch, run_trial
+from tests.conftest import ROOT, TINY, survivors
+from tests.workloads.tiny import MICRO_STEP_S
+
+WINDOW_S = 0.5
+ACCUMULATION = 8
+CYCLE_S = ACCUMULATION * MICRO_STEP_S  # 0.8 s: longer than the window
+
+
+def _launch() -> TrialLaunch:
+    return TrialLaunch(
+        spec=f"{TINY}:slow_micro_steps", cwd=ROOT, warmup_steps=3, trial_seconds=WINDOW_S,
+        timeout_s=120,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("knobs", [{}, {"parallel_mode": "ddp", "world_size": 2}])
+def test_a_cycle_longer_than_the_window_is_estimated_within_the_budget(tmp_path, marked, knobs):
+    config = TrialConfig(batch_size=16, accumulation_steps=ACCUMULATION, **knobs)
+
+    estimated = run_trial(_launch(), config, tmp_path / "estimated.log")
+    whole = run_trial(_launch(), config, tmp_path / "whole.log", whole_cycles=True)
+
+    assert estimated.status == "ok" and whole.status == "ok", (estimated.reason, whole.reason)
+    assert estimated.estimated and not whole.estimated
+    # Three whole cycles (and a warm-up of three more) take 2.4 s each; the budget is 0.5 s.
+    assert whole.window_s >= 3 * CYCLE_S and whole.steps_measured >= 3
+    assert estimated.window_s < 2 * CYCLE_S and estimated.warmup_s < 2 * CYCLE_S
+    # The parts add up to what whole cycles measure.
+    assert estimated.samples_per_s == pytest.approx(whole.samples_per_s, rel=0.2)
+    assert estimated.step_time_median_s == pytest.approx(whole.step_time_median_s, rel=0.2)
+    assert survivors(marked) == []
+
+
+def test_a_cycle_that_fits_the_window_is_timed_whole(tmp_path):
+    config = TrialConfig(batch_size=16, accumulation_steps=2)
+    launch = _launch()
+    launch.trial_seconds = 1.0  # a cycle of 0.2 s: five fit
+
+    result = run_trial(launch, config, tmp_path / "t.log")
+
+    assert result.status == "ok" and not result.estimated
+    assert result.steps_measured >= 3

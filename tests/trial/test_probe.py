@@ -1,0 +1,54 @@
+"""The probe times low precision against fp32, and the space leaves out what cannot pay off.
+
+The real probe runs in a child process with bf16 simulated (benchmarks/simulate): slow, as on a
+CPU without native bf16, or as fast as fp32, so both kinds of machine are covered on any CPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.search.space import build_space
+from advisor.settings import TuneSettings
+from advisor.trial.runner import probe_isolated
+from tests.conftest import ROOT
+from tests.search.test_space import TASK
+
+
+def _probe_with(monkeypatch: pytest.MonkeyPatch, bf16: str):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "benchmarks" / "simulate"))
+    monkeypatch.setenv("ADVISOR_SIMULATE_BF16", bf16)
+    return probe_isolated()
+
+
+def test_probe_fixes_amp_off_where_bf16_is_slower_and_says_the_measured_rates(monkeypatch):
+    hardware = _probe_with(monkeypatch, "slow:20")
+    peaks = hardware.cpu_peak_flops
+    assert peaks["bf16"] < 0.5 * peaks["fp32"]  # measured with the simulated slow-down
+
+    space = build_space(TuneSettings(spec="a.py:f", device="cpu"), hardware, TASK)
+
+    assert "amp" not in space.domains
+    amp = next(knob for knob in space.fixed if knob.name == "amp")
+    assert amp.value == "off"
+    assert f"{peaks['bf16'] / 1e9:,.1f} GFLOP/s" in amp.reason
+    assert f"against {peaks['fp32'] / 1e9:,.1f} for fp32" in amp.reason
+    assert "--knobs classic,amp" in amp.reason
+
+
+def test_naming_amp_in_knobs_searches_it_anyway(monkeypatch):
+    hardware = _probe_with(monkeypatch, "slow:20")
+    settings = TuneSettings(spec="a.py:f", device="cpu", knobs="classic,amp")
+
+    space = build_space(settings, hardware, TASK)
+
+    assert space.domains["amp"] == ("off", "bf16")
+
+
+def test_bf16_as_fast_as_fp32_stays_in_the_search(monkeypatch):
+    hardware = _probe_with(monkeypatch, "fp32")
+    assert hardware.cpu_peak_flops["bf16"] >= 0.5 * hardware.cpu_peak_flops["fp32"]
+
+    space = build_space(TuneSettings(spec="a.py:f", device="cpu"), hardware, TASK)
+
+    assert space.domains["amp"] == ("off", "bf16")
