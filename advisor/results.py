@@ -207,6 +207,11 @@ class TrialRecord(_Frozen):
                 f"stopped after {self.result.window_s or 0:.1f} s of its window: far slower "
                 "than the best so far"
             )
+        if self.result.estimated:
+            return (
+                "estimated from timed micro-steps and optimizer steps: one optimizer cycle "
+                "did not fit the window"
+            )
         return ""
 
 

@@ -28,6 +28,7 @@ from advisor.results import (
     relative_spread,
     shown_knobs,
 )
+from advisor.search.dominance import Rejected, rejected_values
 from advisor.search.storage import mask_url
 from advisor.settings import TuneSettings
 
@@ -121,6 +122,7 @@ def render_markdown(result: TuneResult) -> str:
             confirmations=result.confirmations,
             counts=_counts(result.trials),
             pruned=_pruned_rows(result.pruned),
+            rejected=_rejected(result.trials),
             hw=rec.hardware,
             settings=result.settings,
             measured=_measured(result.trials),
@@ -155,6 +157,7 @@ def render_html(result: TuneResult) -> str:
         trials=trials,
         counts=_counts(trials),
         pruned=_pruned_rows(result.pruned),
+        rejected=_rejected(trials),
         hw=rec.hardware,
         settings=result.settings,
         measured=_measured(trials),
@@ -205,6 +208,11 @@ def _pruned_rows(pruned: tuple[PrunedProposal, ...]) -> list[tuple[str, str]]:
     for proposal in pruned:
         by_reason[proposal.reason].append(proposal.number)
     return [(reason, ", ".join(map(str, numbers))) for reason, numbers in by_reason.items()]
+
+
+def _rejected(trials: tuple[TrialRecord, ...]) -> list[Rejected]:
+    """The knob values the search stopped proposing, with the trials that ruled them out."""
+    return rejected_values(trials, [row.name for row in KNOBS])
 
 
 def _measured(trials: tuple[TrialRecord, ...]) -> int:

@@ -1,5 +1,9 @@
 """The Optuna search: the baseline first, then sampled configurations, each an isolated trial.
 
+With TPE, the first trials are seeded from the baseline outwards (`advisor.search.seeding`)
+instead of drawn at random; a proposal with a value every trial has ruled out
+(`advisor.search.dominance`) is pruned without running.
+
 A failed or infeasible trial is told to the study as COMPLETE with a violated constraint and a
 penalty value, so the sampler learns to avoid the region (FAIL trials are ignored by samplers).
 `--trials N` counts distinct configurations measured in the study, over all runs of the command:
@@ -19,6 +23,7 @@ from advisor.knobs import BASE_GROUP, KNOBS, TrialConfig
 from advisor.results import TrialRecord
 from advisor.search.checks import known_out_of_memory, memory_problem
 from advisor.search.context import SearchContext
+from advisor.search.dominance import rejected_values
 from advisor.search.pruning import best_value, stop_reason
 from advisor.search.records import (
     StudyKey,
@@ -28,6 +33,7 @@ from advisor.search.records import (
     records_of,
     write_record,
 )
+from advisor.search.seeding import next_seed, seed_count
 from advisor.search.space import SearchSpace
 from advisor.settings import TuneSettings
 from advisor.trial.runner import ProgressCallback, run_trial
@@ -44,8 +50,7 @@ def make_sampler(settings: TuneSettings, space: SearchSpace) -> optuna.samplers.
         return optuna.samplers.RandomSampler(seed=settings.seed)
     if settings.sampler == "grid":
         return optuna.samplers.GridSampler(space.domains, seed=settings.seed)
-    startup = max(3, min(10, settings.trials // 3))
-    return optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=startup)
+    return optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=seed_count(settings))
 
 
 def bind_study(study: optuna.Study, context: SearchContext) -> None:
@@ -148,6 +153,8 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
         if context.numerics is not None:  # measured twins, also those of an earlier run
             for record in measured.values():
                 context.numerics.remember(record.result)
+        if settings.sampler == "tpe" and len(measured) < seed_count(settings):
+            _enqueue_seed(study, context, list(measured.values()))
         _enqueue_neighbours(study, context, list(measured.values()), settings.trials - len(mine))
         # One trial per optimize() call: GridSampler stops the study when exhausted, which Optuna
         # allows only inside optimize(); an interrupt marks the running trial FAIL.
@@ -208,6 +215,9 @@ class _Objective:
                 return f"being measured in trial {other.number} by {who}"
         if trial.user_attrs.get(TrialKey.ROLE) == "baseline":
             return None
+        for rejected in rejected_values(self.measured.values(), self.context.space.domains):
+            if params.get(rejected.knob) == rejected.value:
+                return rejected.reason
         return known_out_of_memory(config, self.measured.values())
 
 
@@ -247,6 +257,17 @@ def _enqueue_neighbours(
     if 0 < left <= room:
         for neighbour in fresh[:left]:
             study.enqueue_trial(neighbour, user_attrs={TrialKey.ROLE: "search"})
+
+
+def _enqueue_seed(study: optuna.Study, context: SearchContext, measured: list[TrialRecord]) -> None:
+    """Queue the next first trial: one step out from the fastest configuration so far."""
+    if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        return
+    space = context.space
+    rejected = rejected_values(measured, space.domains)
+    params = next_seed(space, measured, rejected, turn=max(0, len(measured) - 1))
+    if params is not None:
+        study.enqueue_trial(params, user_attrs={TrialKey.ROLE: "search"})
 
 
 def _enqueue_baseline(study: optuna.Study, space: SearchSpace) -> None:
