@@ -81,7 +81,7 @@ def _compare(spec: str, args: argparse.Namespace) -> dict[str, Any]:
         print(f"{spec} {name}: {methods[name]['chosen']} in {methods[name]['wall_s']:.0f} s")
     baseline = TrialConfig.model_validate(oracle["baseline"])
     chosen = {name: TrialConfig.model_validate(m["config"]) for name, m in methods.items()}
-    rates = _remeasure(spec, {**chosen, "baseline": baseline}, args.repeats)
+    rates = remeasure(spec, {**chosen, "baseline": baseline}, args.repeats)
     best = statistics.median(rates["grid"])
     return {
         "spec": spec,
@@ -141,7 +141,7 @@ def _search(
     }
 
 
-def _remeasure(spec: str, configs: dict[str, TrialConfig], repeats: int) -> dict[str, list[float]]:
+def remeasure(spec: str, configs: dict[str, TrialConfig], repeats: int) -> dict[str, list[float]]:
     """Each chosen configuration re-measured by the same harness, in interleaved rounds; a
     configuration chosen by several methods is measured once per round and shared."""
     launch = TrialLaunch(spec=spec, cwd=Path.cwd(), warmup_steps=3, trial_seconds=3.0,

@@ -195,7 +195,7 @@ def test_a_tune_rejects_a_knob_that_changes_the_maths_and_reports_why(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_last_trials_change_one_newer_knob_of_the_best_configuration(tmp_path):
+def test_every_optimizer_implementation_is_measured_on_the_best_configuration(tmp_path):
     result = advisor.tune(
         f"{TINY}:factory",
         knobs="classic,optimizer",
@@ -210,13 +210,18 @@ def test_the_last_trials_change_one_newer_knob_of_the_best_configuration(tmp_pat
         out=tmp_path,
     )
     search = [t for t in result.trials if t.role in ("baseline", "search")]
-    *earlier, before_last, last = search
-    best = max((t for t in earlier if t.eligible), key=lambda t: t.result.samples_per_s)
-    implementations = {best.result.config.optimizer_impl}
-    for neighbour in (before_last, last):
-        implementations.add(neighbour.result.config.optimizer_impl)
-        same = neighbour.result.config.model_copy(update={"optimizer_impl": "default"})
-        assert same == best.result.config.model_copy(update={"optimizer_impl": "default"})
+    best = max((t for t in search if t.eligible), key=lambda t: t.result.samples_per_s)
+
+    def without_impl(config: TrialConfig) -> TrialConfig:
+        return config.model_copy(update={"optimizer_impl": "default"})
+
+    # The last trials go to the best configuration with one newer knob changed, unless the
+    # sampler measured that already: every implementation runs beside the best's other knobs.
+    implementations = {
+        t.result.config.optimizer_impl
+        for t in search
+        if without_impl(t.result.config) == without_impl(best.result.config)
+    }
     assert implementations == {"default", "foreach", "fused"}
     effects = [e for e in result.recommendation.knob_effects if e.knob == "optimizer_impl"]
     assert any(best.number in pair for e in effects for pair in e.pairs)

@@ -129,7 +129,7 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
         return _converged(request, task, kind, trainer, held_out, memory, phase, state)
     phase.enter("first_step")
     try:
-        first_s = _first_micro_step(trainer)
+        first_s, first_losses = _first_micro_step(trainer)
     finally:  # also when the step fails: the batch it saw explains the failure
         state.summary = _summarise(task, kind, trainer)
     startup_s = time.time() - request.launched_at
@@ -140,7 +140,7 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
     phase.enter("warmup")
     watch = _ParentWatch(request, config, rank) if request.stop_path else None
     warmup = _warm_up(trainer, request, watch)
-    early_losses = tuple(warmup.losses[:EARLY_STEPS])
+    early_losses = tuple((first_losses + warmup.losses)[:EARLY_STEPS])
     if request.mode == "reference":
         trainer.close()
         return TrialResult(config=config, status="ok", early_losses=early_losses, task=summary)
@@ -168,14 +168,19 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
     return result.model_copy(update={"early_losses": early_losses, "first_step_s": first_s})
 
 
-def _first_micro_step(trainer: Trainer) -> float:
+def _first_micro_step(trainer: Trainer) -> tuple[float, list[float]]:
     """The first micro-step, alone: its one-off costs (compilation, lazy initialisation, the
-    loader's first batch) stay out of every rate. Returns its seconds."""
+    loader's first batch) stay out of every rate. Returns its seconds, and the loss of the
+    optimizer step it completed (without accumulation, the micro-step is the whole step)."""
     trainer.synchronize()
     started = time.perf_counter()
-    trainer.micro_step()
+    stepped = trainer.micro_step()
     trainer.synchronize()
-    return time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    losses = [trainer.last_loss.item()] if stepped else []
+    if not all(math.isfinite(loss) for loss in losses):
+        raise DivergedError(f"the loss became non-finite ({losses[0]} at the first step)")
+    return seconds, losses
 
 
 def _warm_up(trainer: Trainer, request: TrialRequest, watch: _ParentWatch | None) -> Window:

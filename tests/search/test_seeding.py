@@ -117,7 +117,7 @@ def test_the_search_prunes_a_proposal_with_a_rejected_value_without_running_it(t
 
     records = run_search(study, context)
 
-    ran = [r.result.config.amp for r in records]
+    ran = [r.result.config.amp for r in records if r.role != "duplicate"]
     assert ran.count("bf16") == 2 and ran[0] == "off"  # the third bf16 proposal never ran
     pruned = study.get_trials(states=(optuna.trial.TrialState.PRUNED,))
     assert pruned and pruned[0].params["amp"] == "bf16"

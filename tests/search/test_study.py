@@ -53,6 +53,7 @@ def test_grid_sampler_measures_ddp_beside_one_process_until_exhausted(tmp_path, 
         f"{TINY}:factory",
         trials=50,
         sampler="grid",
+        knobs="classic,amp",  # searched even where the probe finds bf16 slow
         batch_sizes="32",
         accumulation_steps="1",
         out=tmp_path,
@@ -154,6 +155,7 @@ def test_reports_render_failed_trials_with_their_reasons(tmp_path):
         f"{TINY}:oom_above_64",
         trials=50,
         sampler="grid",
+        knobs="classic,amp",  # searched even where the probe finds bf16 slow
         batch_sizes="32,128",
         accumulation_steps="1",
         max_world_size=1,

@@ -1,0 +1,209 @@
+"""Search cost: what a tune costs, against measuring every configuration of the same space.
+
+    python benchmarks/search_cost.py [--specs examples/mlp.py:factory ...] [--trials 20]
+                                     [--machines slow-forced slow fp32-speed]
+
+Each machine is simulated on this CPU (benchmarks/simulate), so that both kinds are covered
+whatever the CPU computes natively:
+  slow         bf16 matmuls 20x slower than fp32 (a CPU without native bf16): the probe decides;
+  slow-forced  the same machine, with amp forced into the search (--knobs classic,amp): the
+               worst case for the search, every bf16 trial must be stopped;
+  fp32-speed   bf16 as fast as fp32: amp stays in the search, nothing is far slower.
+For each workload and machine:
+  (a) the grid: every configuration of search_quality.py's reduced space, amp included, each
+      measured whole (warm-up steps, then a window of whole optimizer cycles, no early stop),
+      as a tuner without time budgets measures it; cached per machine in
+      benchmarks/results/search_cost_grid.json;
+  (b) advisor.tune over the same space with `--trials` and default settings otherwise.
+It reports wall per trial (median, p95, max), the search's wall (its trials) and the whole
+tune's (re-runs, noise trial and race included), each over the grid's wall; the longest trial
+that was not a finalist against 3 x (window + its start-up); and quality: the chosen
+configuration's samples/s over the grid's best, both re-measured in interleaved rounds.
+Results: benchmarks/results/search_cost.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from search_quality import SPACE, remeasure
+
+import advisor
+from advisor.api import make_settings, validate
+from advisor.knobs import TrialConfig
+from advisor.search.space import build_space
+from advisor.trial.runner import TrialLaunch, probe_isolated, run_trial
+
+RESULTS = Path(__file__).parent / "results"
+GRID_CACHE = RESULTS / "search_cost_grid.json"
+SIMULATE = str(Path(__file__).parent / "simulate")
+MACHINES = {
+    "slow": ("slow:20", ()),
+    "slow-forced": ("slow:20", ("classic", "amp")),
+    "fp32-speed": ("fp32", ()),
+}
+WINDOW_S = 3.0  # advisor's default trial window and warm-up steps, for the grid too
+WARMUP_STEPS = 3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--specs", nargs="*", default=["examples/mlp.py:factory"])
+    parser.add_argument("--machines", nargs="*", default=list(MACHINES), choices=MACHINES)
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=3, help="re-measurements for quality")
+    args = parser.parse_args()
+    rows = []
+    for machine in args.machines:
+        _simulate(machine)
+        for spec in args.specs:
+            rows.append(_compare(spec, machine, args))
+            print(json.dumps(rows[-1]["summary"]))
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "search_cost.json").write_text(json.dumps(rows, indent=2))
+    table = _markdown(rows, args.trials)
+    (RESULTS / "search_cost.md").write_text(table)
+    print(table)
+
+
+def _simulate(machine: str) -> None:
+    """Every child process from here on runs on the simulated machine."""
+    paths = [SIMULATE, *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(filter(None, paths)))
+    os.environ["ADVISOR_SIMULATE_BF16"] = MACHINES[machine][0]
+
+
+def _compare(spec: str, machine: str, args: argparse.Namespace) -> dict[str, Any]:
+    grid = _grid(spec, machine)
+    knobs = MACHINES[machine][1] or ("classic",)
+    with tempfile.TemporaryDirectory() as out:
+        started = time.monotonic()
+        result = advisor.tune(spec, trials=args.trials, knobs=knobs, out=out, **SPACE)
+        tune_s = time.monotonic() - started
+    trials = [t for t in result.trials if t.role in ("baseline", "search")]
+    finalists = {c.number for c in result.confirmations}
+    walls = sorted(t.result.wall_s or 0.0 for t in trials)
+    over = [
+        (t.number, (t.result.wall_s or 0.0) / (WINDOW_S + (t.result.startup_s or 0.0)))
+        for t in trials
+        if t.number not in finalists
+    ]
+    worst = max(over, key=lambda pair: pair[1], default=(None, 0.0))
+    chosen = result.recommendation.config
+    best = TrialConfig.model_validate(grid["best"])
+    rates = remeasure(spec, {"grid best": best, "advisor": chosen}, args.repeats)
+    search_s = sum(walls)
+    summary = {
+        "spec": spec,
+        "machine": machine,
+        "amp": "fixed off"
+        if any(k.name == "amp" for k in result.recommendation.fixed_knobs)
+        else "searched",
+        "grid_configs": grid["configs"],
+        "grid_s": grid["wall_s"],
+        "trials": len(trials),
+        "stopped": sum(t.result.status == "stopped" or t.result.stopped_early for t in trials),
+        "estimated": sum(t.result.estimated for t in trials),
+        "trial_s": {
+            "median": statistics.median(walls),
+            "p95": walls[min(len(walls) - 1, round(0.95 * (len(walls) - 1)))],
+            "max": walls[-1],
+        },
+        "worst_non_finalist": {"trial": worst[0], "x_window_plus_startup": worst[1]},
+        "search_s": search_s,
+        "tune_s": tune_s,
+        "search_over_grid": search_s / grid["wall_s"],
+        "tune_over_grid": tune_s / grid["wall_s"],
+        "chosen": chosen.label(),
+        "grid_best": best.label(),
+        "quality": statistics.median(rates["advisor"]) / statistics.median(rates["grid best"]),
+    }
+    return {"summary": summary, "trials": [_trial_row(t) for t in trials]}
+
+
+def _trial_row(record: Any) -> dict[str, Any]:
+    result = record.result
+    return {
+        "number": record.number,
+        "config": result.config.label(),
+        "status": result.status,
+        "samples_per_s": result.samples_per_s,
+        "wall_s": result.wall_s,
+        "startup_s": result.startup_s,
+        "estimated": result.estimated,
+        "reason": record.note,
+    }
+
+
+def _grid(spec: str, machine: str) -> dict[str, Any]:
+    """Every configuration of the reduced space, amp included, measured whole; cached."""
+    hardware = probe_isolated()
+    settings = make_settings(spec, knobs=("classic", "amp"), **SPACE)
+    space = build_space(settings, hardware, validate(spec).task)
+    terms = [spec, SPACE, machine, WINDOW_S, WARMUP_STEPS, advisor.__version__]
+    terms.append(hardware.model_dump(include={"cpu_model", "cores", "torch_version"}))
+    key = hashlib.sha256(json.dumps(terms, sort_keys=True).encode()).hexdigest()[:16]
+    cache = json.loads(GRID_CACHE.read_text()) if GRID_CACHE.exists() else {}
+    if key not in cache:
+        cache[key] = _measure_grid(spec, space.all_configs())
+        RESULTS.mkdir(exist_ok=True)
+        GRID_CACHE.write_text(json.dumps(cache, indent=2))
+    grid = cache[key]
+    print(f"{spec} on {machine}: grid of {grid['configs']} in {grid['wall_s']:.0f} s")
+    return grid
+
+
+def _measure_grid(spec: str, configs: list[TrialConfig]) -> dict[str, Any]:
+    launch = TrialLaunch(spec=spec, cwd=Path.cwd(), warmup_steps=WARMUP_STEPS,
+                         trial_seconds=WINDOW_S, timeout_s=900)  # fmt: skip
+    measured = []
+    with tempfile.TemporaryDirectory() as logs:
+        for index, config in enumerate(configs):
+            result = run_trial(launch, config, Path(logs) / f"{index}.log", whole_cycles=True)
+            measured.append((config, result.samples_per_s or 0.0, result.wall_s or 0.0))
+            rate, wall = result.samples_per_s or 0.0, result.wall_s or 0.0
+            print(f"  {index + 1}/{len(configs)} {config.label()}: {rate:,.0f}/s, {wall:.1f} s")
+    best = max(measured, key=lambda row: row[1])[0]
+    return {
+        "configs": len(configs),
+        "wall_s": sum(wall for _, _, wall in measured),
+        "best": best.model_dump(mode="json"),
+        "rates": {config.label(): rate for config, rate, _ in measured},
+    }
+
+
+def _markdown(rows: list[dict[str, Any]], trials: int) -> str:
+    lines = [
+        f"Reduced space: batch sizes {SPACE['batch_sizes']}, accumulation "
+        f"{SPACE['accumulation_steps']}, every parallel layout and worker count, amp off/bf16; "
+        f"window {WINDOW_S:g} s; advisor with {trials} trials.",
+        "",
+        "| workload | machine | amp | grid (configs, wall) | trials (stopped, estimated) "
+        "| per trial median / p95 / max | longest non-finalist | search | search ÷ grid "
+        "| whole tune | tune ÷ grid | chosen | quality |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        s = row["summary"]
+        t = s["trial_s"]
+        lines.append(
+            f"| {s['spec']} | {s['machine']} | {s['amp']} | {s['grid_configs']}, "
+            f"{s['grid_s']:.0f} s | {s['trials']} ({s['stopped']}, {s['estimated']}) | "
+            f"{t['median']:.1f} / {t['p95']:.1f} / {t['max']:.1f} s | "
+            f"{s['worst_non_finalist']['x_window_plus_startup']:.2f}x (window + start-up) | "
+            f"{s['search_s']:.0f} s | {s['search_over_grid']:.2f} | {s['tune_s']:.0f} s | "
+            f"{s['tune_over_grid']:.2f} | {s['chosen']} | {s['quality']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
