@@ -14,8 +14,11 @@ optimisation. So, after the throughput search:
    rose again) soonest, by more than the noise; otherwise
    the fastest configuration at B0 wins (`decide_race`).
 
-Each racer is stored in the study as it finishes, so an interrupted tune keeps it and a resumed
-one does not race it again.
+Only the baseline trains the whole race time: it sets the target. Every later racer stops once
+it has trained so long that it can no longer win (`_horizon`), and the best at the user's batch
+also once it reaches the target, so a race costs little more than the baseline's own. Each
+racer is stored in the study as it finishes, so an interrupted tune keeps it and a resumed one
+does not race it again.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ MAX_RACE_BATCHES = 2  # other global batches raced, besides the user's
 RACE_MARGIN = 0.15
 LR_CAP = 8.0  # no rule scales the learning rate by more
 LINEAR_WARMUP_STEPS = 20  # the linear rule's warm-up (Goyal et al. 2017)
+SHORTEST_RACE = 0.05  # of the race time: one of its twenty evaluation intervals
 
 
 def measure_noise_scale(
@@ -243,8 +247,7 @@ def run_race(study: optuna.Study, context: SearchContext, plans: Sequence[RacePl
     configuration, learning rate and race time) is not raced again."""
     seconds = context.settings.race_seconds
     stored = read_racers(study)
-    launch = context.launch.lasting(seconds)
-    racers = []
+    racers: list[Racer] = []
     for index, plan in enumerate(plans):
         earlier = next(
             (
@@ -260,12 +263,15 @@ def run_race(study: optuna.Study, context: SearchContext, plans: Sequence[RacePl
         context.progress.trial_started(
             f"race {index + 1}/{len(plans)}, {plan.lr.label}", plan.config
         )
+        target = _target(racers)
         result = run_trial(
-            launch,
+            context.launch.lasting(_horizon(plan.role, racers, target, seconds)),
             plan.config,
             context.logs_dir / f"race-{plan.trial}-{index + 1}.log",
             mode="race",
             lr=plan.lr,
+            # A candidate's two learning rates train equally long: the one that ends lower ships.
+            race_target=target if plan.role == "your batch" else None,
             on_phase=context.progress.trial_phase,
         )
         racer = Racer(
@@ -281,6 +287,39 @@ def run_race(study: optuna.Study, context: SearchContext, plans: Sequence[RacePl
         context.progress.racer_finished(racer)
         racers.append(racer)
     return racers
+
+
+def _target(racers: Sequence[Racer]) -> float | None:
+    """The loss to reach, once the racer that sets it has run: the baseline's lowest (or, if
+    the baseline failed, the best at the user's batch's), as `decide_race` takes it."""
+    reference = _reference(racers)
+    return reference.curve.best_loss if reference is not None and reference.curve else None
+
+
+def _horizon(role: str, racers: Sequence[Racer], target: float | None, seconds: float) -> float:
+    """How long a racer trains: the whole race until the target is set; after, only as long
+    as it can still win. The best at the user's batch loses to the baseline once it is past the
+    baseline's time by the margin; another batch must beat the pick at the user's batch by it."""
+    if target is None:
+        return seconds
+    timed = [
+        r.model_copy(update={"time_to_target_s": time_to_loss(r.curve, target)})
+        for r in racers
+        if r.curve is not None
+    ]
+    at_batch0 = [r for r in timed if r.role in ("baseline", "your batch")]
+    if role == "your batch":
+        rival = next((r.time_to_target_s for r in at_batch0 if r.role == "baseline"), None)
+        limit = rival / (1 - RACE_MARGIN) if rival is not None else seconds
+    else:
+        rival = timed[_pick_at_batch0(timed)].time_to_target_s if at_batch0 else None
+        limit = rival * (1 - RACE_MARGIN) if rival is not None else seconds
+    return max(min(seconds, limit), SHORTEST_RACE * seconds)
+
+
+def _reference(racers: Sequence[Racer]) -> Racer | None:
+    reference = next((r for r in racers if r.role == "baseline" and r.curve), None)
+    return reference or next((r for r in racers if r.role == "your batch" and r.curve), None)
 
 
 def time_to_loss(curve: RaceCurve, target: float) -> float | None:
@@ -299,8 +338,7 @@ def time_to_loss(curve: RaceCurve, target: float) -> float | None:
 
 def decide_race(racers: Sequence[Racer], seconds: float) -> RaceSummary:
     """Time each racer to the baseline's lowest loss and choose (see the module's doc)."""
-    reference = next((r for r in racers if r.role == "baseline" and r.curve), None)
-    reference = reference or next((r for r in racers if r.role == "your batch" and r.curve), None)
+    reference = _reference(racers)
     if reference is None or reference.curve is None:
         failed = next((r for r in racers if r.role in ("baseline", "your batch")), None)
         why = (failed.result.reason or failed.result.status) if failed else "no racer ran"
@@ -348,7 +386,8 @@ def _pick_at_batch0(racers: Sequence[Racer]) -> int:
 
 def _best_candidate(racers: Sequence[Racer]) -> int | None:
     """Among the other global batches: for each configuration the learning rate that ended at
-    the lower loss, then the configuration that reached the target soonest."""
+    the lower loss (both trained equally long), then the configuration that reached the target
+    soonest."""
     chosen: dict[TrialConfig, int] = {}
     for index, racer in enumerate(racers):
         if racer.role != "candidate" or racer.curve is None:
@@ -398,9 +437,12 @@ def _kept_verdict(racers: Sequence[Racer], kept: int, best: int | None, target: 
 
 
 def _seconds(racer: Racer) -> str:
-    if racer.time_to_target_s is None:
-        return "never within the race"
-    return f"{racer.time_to_target_s:.1f} s"
+    if racer.time_to_target_s is not None:
+        return f"{racer.time_to_target_s:.1f} s"
+    trained = racer.curve.points[-1].seconds if racer.curve and racer.curve.points else 0.0
+    if trained < 0.95 * racer.race_seconds:
+        return f"not within {trained:.1f} s, when it could no longer win"
+    return "never within the race"
 
 
 def race_choice(

@@ -2,11 +2,12 @@
 
 A race trial trains one configuration from the seeded initial weights for a fixed training time
 (`TrialRequest.trial_seconds`) with the learning rate it would ship with, and records the loss as
-it goes. The clock counts training only: it starts as the first step begins, so torch.compile's
-compilation and cuDNN's autotuning count against the racer, and it stops while the loss is
-evaluated. For a map-style dataset the loss is the mean over a fixed held-out slice that no racer
-trains on, evaluated in fp32 with the model in eval mode; for an IterableDataset it is the mean
-training loss between evaluations.
+it goes; given a target loss (`TrialRequest.race_target`), it stops once it reaches it. The
+clock counts training only: it starts as the first step begins, so torch.compile's compilation
+and cuDNN's autotuning count against the racer, and it stops while the loss is evaluated. For a
+map-style dataset the loss is the mean over a fixed held-out slice that no racer trains on,
+evaluated in fp32 with the model in eval mode; for an IterableDataset it is the mean training
+loss between evaluations.
 
 A noise trial records, per optimizer step, the squared norm of one micro-batch's gradient and of
 the whole accumulated (and, under DDP, all-reduced) gradient: the two batch sizes the gradient
@@ -61,10 +62,15 @@ def held_out_split(task: TrainingTask) -> tuple[TrainingTask, Dataset[Any] | Non
 
 
 def run_race(
-    trainer: Trainer, task: TrainingTask, held_out: Dataset[Any] | None, seconds: float
+    trainer: Trainer,
+    task: TrainingTask,
+    held_out: Dataset[Any] | None,
+    seconds: float,
+    target: float | None = None,
 ) -> RaceCurve:
-    """Train for `seconds` of training time; the loss at `EVALUATIONS` evenly spaced points.
-    The trainer applies the learning-rate plan (`Trainer.lr`)."""
+    """Train for `seconds` of training time, or until the loss reaches `target`; the loss at
+    `EVALUATIONS` evenly spaced points. The trainer applies the learning-rate plan
+    (`Trainer.lr`)."""
     evaluate = _HeldOut(trainer, task, held_out) if held_out is not None else None
     points = [RacePoint(seconds=0.0, samples=0, steps=0, loss=evaluate())] if evaluate else []
     per_step = trainer.config.global_batch_size
@@ -84,7 +90,8 @@ def run_race(
         losses = []
         loss = evaluate() if evaluate else train_loss
         points.append(RacePoint(seconds=clock, samples=steps * per_step, steps=steps, loss=loss))
-        if _rank_zero_says(clock >= seconds, trainer):
+        reached = target is not None and loss <= target
+        if _rank_zero_says(clock >= seconds or reached, trainer):
             break
         started = time.perf_counter()
     return RaceCurve(

@@ -221,7 +221,7 @@ def _converged(
     state.startup_s = time.time() - request.launched_at
     try:
         if request.mode == "race":
-            curve = run_race(trainer, task, held_out, request.trial_seconds)
+            curve = run_race(trainer, task, held_out, request.trial_seconds, request.race_target)
             update: dict[str, Any] = {"race": curve}
         else:
             update = {"gradient_norms": measure_gradient_norms(trainer, request.trial_seconds)}

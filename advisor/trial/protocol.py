@@ -26,6 +26,9 @@ class TrialRequest(BaseModel):
     # race: train for `trial_seconds` recording the loss; noise: record gradient norms.
     mode: Literal["trial", "validate", "reference", "race", "noise"] = "trial"
     lr: LrPlan = Field(default=LrPlan(), description="race: the learning rate to train with")
+    race_target: float | None = Field(
+        default=None, description="race: stop once the loss reaches this (None: train on)"
+    )
     warmup_steps: int = Field(default=3, ge=1)
     whole_cycles: bool = Field(
         default=False,

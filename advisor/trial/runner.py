@@ -102,6 +102,7 @@ def run_trial(
     *,
     mode: str = "trial",
     lr: LrPlan | None = None,
+    race_target: float | None = None,
     whole_cycles: bool = False,
     on_phase: PhaseCallback | None = None,
     on_progress: ProgressCallback | None = None,
@@ -120,6 +121,7 @@ def run_trial(
             config=config,
             mode=mode,  # type: ignore[arg-type]
             lr=lr or LrPlan(),
+            race_target=race_target,
             warmup_steps=launch.warmup_steps,
             whole_cycles=whole_cycles,
             trial_seconds=launch.trial_seconds,

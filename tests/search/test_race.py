@@ -13,6 +13,7 @@ from advisor.progress import NullProgress
 from advisor.results import Racer, TrialRecord, TrialResult
 from advisor.search.context import SearchContext
 from advisor.search.race import (
+    RACE_MARGIN,
     RacePlan,
     decide_race,
     lr_rule,
@@ -64,6 +65,13 @@ def test_the_race_keeps_the_small_batch_where_a_big_one_loses(tmp_path):
     assert race.loss_kind == "held-out"
     assert race.racers[race.winner].config == SMALL, race.verdict
     assert "no other global batch" in race.verdict
+    # Past 85 % of the baseline's time to its loss a candidate can no longer win: it stops there.
+    baseline = race.racers[0]
+    assert baseline.curve.points[-1].seconds >= 2.5  # the baseline sets the target: all of it
+    horizon = (1 - RACE_MARGIN) * baseline.time_to_target_s
+    for candidate in race.racers[1:]:
+        assert candidate.time_to_target_s is None
+        assert candidate.curve.points[-1].seconds <= horizon + 0.2 < 2.5
 
 
 def test_the_race_picks_the_big_batch_and_its_lr_where_it_wins(tmp_path):
