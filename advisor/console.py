@@ -64,7 +64,8 @@ class ConsoleProgress:
             self._status.stop()
             self._status = None
         self._best = best or self._best
-        if record.role != "confirm" and not record.eligible:
+        stopped = record.result.status == "stopped"  # far slower than the best: no failure
+        if record.role != "confirm" and not record.eligible and not stopped:
             self._failures["memory" if record.infeasible_reason else record.result.status] += 1
         if self._quiet:
             return
@@ -72,13 +73,15 @@ class ConsoleProgress:
         if record.eligible:
             outcome = f"[green]{result.samples_per_s:>10,.0f} samples/s[/]"
             if result.stopped_early:
-                outcome += (
-                    f" (stopped after {result.window_s or 0:.1f} s: far slower than the best)"
-                )
+                why = result.reason or "far slower than the best"
+                outcome += f" ({escape(why)}; after {result.window_s or 0:.1f} s of its window)"
+        elif stopped:
+            when = "its window" if result.failure_phase == "measure" else "its warm-up"
+            outcome = f"[yellow]{escape(result.reason or 'stopped')}[/] (during {when})"
         else:
             why = record.infeasible_reason or result.reason or ""
             outcome = f"[red]{result.status}[/] {escape(why)}"
-        mark = "[green]✓[/]" if record.eligible else "[red]✗[/]"
+        mark = "[green]✓[/]" if record.eligible else "[yellow]–[/]" if stopped else "[red]✗[/]"
         self._console.print(f"{mark} {self._label}  {outcome}", highlight=False)
 
     def racer_finished(self, racer: Racer) -> None:

@@ -38,7 +38,9 @@ class TuneSettings(BaseModel):
     spec: str = Field(min_length=1, description="factory spec: path/file.py:attr or pkg.mod:attr")
     trials: int = Field(default=20, ge=1, description="distinct configurations to measure")
     timeout: float | None = Field(default=None, gt=0, description="search budget in seconds")
-    trial_seconds: float = Field(default=3.0, gt=0, description="timed window of one trial")
+    trial_seconds: float = Field(
+        default=2.0, gt=0, description="timed window of one trial; its warm-up gets as long"
+    )
     warmup_steps: int = Field(default=3, ge=1, description="optimizer steps before timing")
     trial_timeout: float | None = Field(
         default=None,
@@ -82,7 +84,7 @@ class TuneSettings(BaseModel):
         "batch reaches your loss sooner; throughput: the highest samples/s wins",
     )
     race_seconds: float = Field(
-        default=15.0,
+        default=10.0,
         ge=0,
         description="training time of each racer; 0: no race (your global batch is kept)",
     )

@@ -52,3 +52,20 @@ def test_quiet_prints_nothing():
     buffer = io.StringIO()
     _run(ConsoleProgress(Console(file=buffer, force_terminal=True), quiet=True))
     assert buffer.getvalue() == ""
+
+
+def test_a_stopped_trial_says_why_and_is_no_failure():
+    buffer = io.StringIO()
+    progress = ConsoleProgress(Console(file=buffer, force_terminal=False, width=200))
+    progress.trial_started("trial 2/3", CONFIG)
+    reason = "stopped: projected 31 samples/s, 39.8x slower than the best (1,234)"
+    stopped = _record(1, "stopped", 31.0, reason).model_copy(
+        update={"result": TrialResult(config=CONFIG, status="stopped", samples_per_s=31.0,
+                                      reason=reason, failure_phase="warmup")}
+    )  # fmt: skip
+    progress.trial_finished(stopped, 1234.0)
+    assert buffer.getvalue().splitlines()[-1] == (
+        f"– trial 2/3  bs=32 acc=1 amp=bf16 workers=0  {reason} (during its warm-up)"
+    )
+    progress.trial_started("trial 3/3", CONFIG)
+    assert "failed" not in progress.status_text("measure")
