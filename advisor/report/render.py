@@ -49,6 +49,7 @@ CSV_RESULT_FIELDS = (
     "window_s",
     "steps_measured",
     "stopped_early",
+    "estimated",
     "wall_s",
     "reason",
     "log_path",
