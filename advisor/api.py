@@ -143,7 +143,7 @@ def _conclude(
     racing = racing and any(record.eligible for record in records)  # else nothing can win
     noise, predictions, extra = _race_entrants(study, search, records) if racing else (None, (), [])
     progress.stage("re-measuring the finalists and the baseline")
-    selection = select_winner(records, search, extra)
+    selection = select_winner(records, search, extra, racing=racing)
     race = None
     if racing:
         plans = plan_racers(

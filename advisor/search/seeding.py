@@ -34,12 +34,19 @@ def seed_count(settings: TuneSettings) -> int:
 
 
 def next_seed(
-    space: SearchSpace, records: Iterable[TrialRecord], rejected: Iterable[Rejected], turn: int
+    space: SearchSpace,
+    records: Iterable[TrialRecord],
+    rejected: Iterable[Rejected],
+    turn: int,
+    busy: Iterable[dict[str, Any]] = (),
 ) -> dict[str, Any] | None:
     """The next seed's parameters: the fastest measured configuration with one knob moved one
-    step outwards, the knobs taking turns from `turn`; None when no such move is left."""
+    step outwards, the knobs taking turns from `turn`; None when no such move is left. `busy`
+    proposals (being measured by another worker) count as measured."""
     records = [r for r in records if r.role != "duplicate"]
     measured = {r.result.config for r in records}
+    whole = [p for p in busy if set(space.domains) <= set(p)]  # a proposal may be half-drawn
+    measured |= {space.config_from_params(p) for p in whole if space.problem(p) is None}
     eligible = [r for r in records if r.eligible]
     incumbent = max(eligible, key=lambda r: r.result.samples_per_s or 0.0, default=None)
     start = incumbent.result.config if incumbent is not None else space.baseline

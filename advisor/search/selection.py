@@ -55,6 +55,7 @@ def select_winner(
     records: list[TrialRecord],
     context: SearchContext,
     extra_finalists: list[TrialRecord] | None = None,
+    racing: bool = False,
 ) -> Selection:
     """Re-measure the finalists (and `extra_finalists`, e.g. those a race needs) and choose the
     fastest by the re-runs alone.
@@ -80,7 +81,16 @@ def select_winner(
     for extra in extra_finalists or []:
         if extra.eligible and extra not in finalists:
             finalists.append(extra)
-    reruns = _confirm_adaptively(finalists, baseline, context)
+    # A race may recommend any of its entrants, and the best at your global batch: each keeps
+    # every round of re-runs.
+    entrants = extra_finalists or []
+    batch0 = baseline.result.config.global_batch_size if baseline is not None else None
+    keep = frozenset(
+        r.number
+        for r in finalists
+        if racing and (r in entrants or r.result.config.global_batch_size == batch0)
+    )
+    reruns = _confirm_adaptively(finalists, baseline, context, keep)
     confirmed = [r for r in finalists if all(c.eligible for c in reruns[r.number])]
     if not confirmed:
         failed = [c for runs in reruns.values() for c in runs if not c.eligible]
@@ -108,16 +118,24 @@ def select_winner(
 
 
 def _confirm_adaptively(
-    finalists: list[TrialRecord], baseline: TrialRecord | None, context: SearchContext
+    finalists: list[TrialRecord],
+    baseline: TrialRecord | None,
+    context: SearchContext,
+    keep: frozenset[int] = frozenset(),
 ) -> dict[int, list[TrialRecord]]:
     """Re-run every finalist once, then for the remaining `confirm_repeats - 1` rounds only
-    those that can still win, and the baseline (the reference for the speed-up)."""
+    those that can still win, the baseline (the reference for the speed-up) and those `keep`
+    names (the race's entrants)."""
     repeats = context.settings.confirm_repeats
     reruns = _confirm(finalists, context, 1, label=f"re-run round 1/{repeats},")
     for round_index in range(1, repeats):
         usable = [r for r in finalists if all(c.eligible for c in reruns[r.number])]
         leader = max((_median(reruns[r.number]) for r in usable), default=0.0)
-        contenders = [r for r in finalists if r is baseline or _can_win(reruns[r.number], leader)]
+        contenders = [
+            r
+            for r in finalists
+            if r is baseline or r.number in keep or _can_win(reruns[r.number], leader)
+        ]
         label = f"re-run round {round_index + 1}/{repeats},"
         for number, runs in _confirm(contenders, context, 1, round_index, label).items():
             reruns[number].extend(runs)

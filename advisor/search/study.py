@@ -265,7 +265,9 @@ def _enqueue_seed(study: optuna.Study, context: SearchContext, measured: list[Tr
         return
     space = context.space
     rejected = rejected_values(measured, space.domains)
-    params = next_seed(space, measured, rejected, turn=max(0, len(measured) - 1))
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    busy = [planned_params(trial) for trial in running]  # other workers' trials
+    params = next_seed(space, measured, rejected, turn=max(0, len(measured) - 1), busy=busy)
     if params is not None:
         study.enqueue_trial(params, user_attrs={TrialKey.ROLE: "search"})
 

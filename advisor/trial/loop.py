@@ -335,6 +335,9 @@ class Bounds:
     max_seconds: float | None = None  # a budget: ends it even before the minimums
     cover_worker_cycles: bool = True
     stop_at_once: bool = False  # the monitor's stop ends it even before the minimums
+    # DDP ranks decide after every micro-step, not only after optimizer steps: a budget then
+    # ends a long cycle in its middle on every rank alike.
+    agree_every_micro_step: bool = False
 
 
 def run_window(
@@ -376,7 +379,7 @@ def run_window(
             last_step = now
             window.steps += 1
         stop = monitor is not None and monitor()
-        if agree is not None and not stepped:
+        if agree is not None and not stepped and not bounds.agree_every_micro_step:
             continue
         done = _window_done(window, bounds, min_micro, stop, now - started)
         if agree is not None:
@@ -425,7 +428,12 @@ def warm_up(
     at once. DDP ranks pass `agree`, and end it together after an optimizer step.
     """
     extra = BENCHMARK_EXTRA_STEPS if trainer.config.cudnn_benchmark else 0
-    bounds = Bounds(min_steps=steps + extra, max_seconds=budget_s, stop_at_once=True)
+    bounds = Bounds(
+        min_steps=steps + extra,
+        max_seconds=budget_s,
+        stop_at_once=True,
+        agree_every_micro_step=budget_s is not None,
+    )
     started = time.perf_counter()
     window = run_window(trainer, bounds, agree=agree, monitor=monitor, time_micro=True)
     if not trainer.scaler.is_enabled() or window.stopped_early:
@@ -433,7 +441,10 @@ def warm_up(
     scale, stable = trainer.scaler.get_scale(), 0
     for _ in range(SCALER_MAX_STEPS):
         left = None if budget_s is None else budget_s - (time.perf_counter() - started)
-        if stable >= SCALER_STABLE_STEPS or (left is not None and left <= 0):
+        done = stable >= SCALER_STABLE_STEPS or (left is not None and left <= 0)
+        if agree is not None:  # each rank's clock started apart: they end it together
+            done = agree.all_done(window.steps, done)
+        if done:
             break
         one = Bounds(max_seconds=left, cover_worker_cycles=False, stop_at_once=True)
         if run_window(trainer, one, agree=agree, monitor=monitor).stopped_early:

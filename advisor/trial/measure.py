@@ -264,6 +264,7 @@ def _timed_window(
         min_steps=2 if estimate else 3,
         min_seconds=request.trial_seconds,
         max_steps=request.max_measure_steps,
+        cover_worker_cycles=not estimate,  # a long micro-step times the workers' bursts anyway
     )
     return run_window(trainer, bounds, agree=agree, monitor=watch, time_micro=estimate)
 

@@ -106,7 +106,8 @@ def _best_rate(device: torch.device, dtype: torch.dtype, largest: int) -> float:
     while True:
         left = torch.randn(size, size, device=device).to(dtype)
         right = torch.randn(size, size, device=device).to(dtype)
-        first = _timed_product(left, right, device)  # also the warm-up: kernels, thread pool
+        torch.matmul(left, right)  # warm-up at this size: kernel selection, thread pool
+        first = _timed_product(left, right, device)
         if size >= largest or first >= LONG_ENOUGH_S:
             break
         size *= 2

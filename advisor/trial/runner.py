@@ -165,7 +165,8 @@ def _supervise(
         # never reached it. Orphaned loader workers die with the group too.
         with contextlib.suppress(LauncherGoneError):
             _kill_group(process)
-    if timed_out and watch.stop is not None:  # it did not stop in time: it was killed
+    if timed_out and watch.stop is not None and not Path(request.result_path).exists():
+        # it did not stop in time, and was killed: what it measured so far is all there is
         return TrialResult(config=request.config, status="stopped"), process.returncode or 0
     if timed_out:
         return _timed_out(request, launch.timeout_s, phase), process.returncode or 0
@@ -228,10 +229,10 @@ def _wait(
         finished = finished or (
             result_seen is not None and time.monotonic() - result_seen > GRACE_S
         )
-        watch.read()
+        watch.read(progress=result_seen is None)  # a finished trial is judged no more
         if finished:
             return False, watch.phase
-        if watch.stop is not None:
+        if watch.stop is not None and result_seen is None:
             deadline = min(deadline, watch.stop.at + STOP_GRACE_S)
         if time.monotonic() > deadline:
             return True, watch.phase
@@ -272,14 +273,17 @@ class _Watch:
     def phase(self) -> str:
         return self._phases[-1] if self._phases else "build"
 
-    def read(self) -> None:
+    def read(self, *, progress: bool = True) -> None:
+        """Take in new phases and, with `progress`, new progress lines (which may stop it)."""
         for phase in _new_lines(self._request.phase_path, len(self._phases)):
             self._phases.append(phase)
             if phase == "warmup":
                 self._last_seen = time.monotonic()
             if self._on_phase is not None:
                 self._on_phase(phase)
-        if self._on_progress is None or self.stop is not None or self._last_seen is None:
+        if not progress or self._on_progress is None or self.stop is not None:
+            return
+        if self._last_seen is None:
             return
         fresh = _new_lines(self._request.progress_path, len(self._progress))
         for line in fresh:

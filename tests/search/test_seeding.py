@@ -122,3 +122,13 @@ def test_the_search_prunes_a_proposal_with_a_rejected_value_without_running_it(t
     pruned = study.get_trials(states=(optuna.trial.TrialState.PRUNED,))
     assert pruned and pruned[0].params["amp"] == "bf16"
     assert pruned[0].user_attrs["pruned_reason"].startswith("amp=bf16 rejected: its 2 trials")
+
+
+def test_a_seed_another_worker_is_measuring_is_not_proposed_again():
+    baseline = SPACE.baseline
+    records = [_record(0, baseline, 1000.0)]
+    first = next_seed(SPACE, records, [], turn=0)
+
+    other = next_seed(SPACE, records, [], turn=0, busy=[first, {"batch_size": 8}])
+
+    assert other is not None and other != first  # a half-drawn proposal is ignored
