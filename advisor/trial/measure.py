@@ -31,6 +31,7 @@ from advisor.errors import AdvisorError, BadInputError
 from advisor.knobs import TrialConfig
 from advisor.results import FailurePhase, TaskSummary, TrialResult
 from advisor.task import TrainingTask, build_task, user_batch_size
+from advisor.trial.agreement import EveryStep, ParentWatch, RankAgreement
 from advisor.trial.convergence import held_out_split, measure_gradient_norms, run_race
 from advisor.trial.loop import Bounds, DivergedError, Trainer, Window, run_window, warm_up
 from advisor.trial.memory import PeakMemory
@@ -138,7 +139,7 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
     if request.mode == "validate":
         return _validated(request, trainer, memory, summary, startup_s)
     phase.enter("warmup")
-    watch = _ParentWatch(request, config, rank) if request.stop_path else None
+    watch = ParentWatch(request, config, rank) if request.stop_path else None
     warmup = _warm_up(trainer, request, watch)
     early_losses = tuple((first_losses + warmup.losses)[:EARLY_STEPS])
     if request.mode == "reference":
@@ -183,10 +184,10 @@ def _first_micro_step(trainer: Trainer) -> tuple[float, list[float]]:
     return seconds, losses
 
 
-def _warm_up(trainer: Trainer, request: TrialRequest, watch: _ParentWatch | None) -> Window:
+def _warm_up(trainer: Trainer, request: TrialRequest, watch: ParentWatch | None) -> Window:
     """At least `warmup_steps` optimizer steps (and `EARLY_STEPS`, whose losses the numerics
     check compares), within one window's time unless the request wants whole cycles."""
-    agree = _EveryStep(trainer.device) if trainer.config.world_size > 1 else None
+    agree = EveryStep(trainer.device) if trainer.config.world_size > 1 else None
     budget = None if request.whole_cycles else request.trial_seconds
     steps = max(request.warmup_steps, EARLY_STEPS)
     return warm_up(trainer, steps, budget, agree=agree, monitor=watch)
@@ -242,7 +243,7 @@ def _timed_window(
     trainer: Trainer,
     request: TrialRequest,
     warmup: Window,
-    watch: _ParentWatch | None,
+    watch: ParentWatch | None,
     estimate: bool,
 ) -> Window:
     """The measured window: at least `trial_seconds`, on every DDP rank, unless the parent
@@ -252,11 +253,11 @@ def _timed_window(
     if trainer.config.world_size > 1:
         dist.barrier()  # all windows start together
         step_s = warmup.median_step_s if warmup.step_times_s else request.trial_seconds
-        agree = _RankAgreement(
+        agree = RankAgreement(
             trainer.device,
             request.trial_seconds,
             step_s / trainer.cycle * 2 if estimate else step_s,
-            check_every_s=_ParentWatch.INTERVAL_S if watch else None,
+            check_every_s=ParentWatch.INTERVAL_S if watch else None,
         )
     if estimate:
         trainer.cycle = 2
@@ -267,93 +268,6 @@ def _timed_window(
         cover_worker_cycles=not estimate,  # a long micro-step times the workers' bursts anyway
     )
     return run_window(trainer, bounds, agree=agree, monitor=watch, time_micro=estimate)
-
-
-class _ParentWatch:
-    """Tells the parent how far the trial got, and stops it when the parent asks.
-
-    From the warm-up on, every `INTERVAL_S` rank 0 appends "elapsed_s samples" (all ranks'
-    samples, estimated from its own) to the progress file, and every rank looks for the stop
-    file. DDP ranks then stop at their next agreement check.
-    """
-
-    INTERVAL_S = 0.1
-
-    def __init__(self, request: TrialRequest, config: TrialConfig, rank: int) -> None:
-        self._progress = Path(request.progress_path) if request.progress_path and not rank else None
-        self._stop = Path(request.stop_path) if request.stop_path else None
-        self._samples_per_micro_batch = config.batch_size * config.world_size
-        self._started = time.perf_counter()
-        self._micro_batches = 0
-        self._next_s = self.INTERVAL_S
-        self._stopping = False
-
-    def __call__(self) -> bool:
-        self._micro_batches += 1
-        elapsed_s = time.perf_counter() - self._started
-        if self._stopping or elapsed_s < self._next_s:
-            return self._stopping
-        self._next_s = elapsed_s + self.INTERVAL_S
-        if self._progress is not None:
-            samples = self._micro_batches * self._samples_per_micro_batch
-            with self._progress.open("a") as progress:
-                progress.write(f"{elapsed_s:.4f} {samples}\n")
-        self._stopping = self._stop is not None and self._stop.exists()
-        return self._stopping
-
-
-class _EveryStep:
-    """DDP ranks end a warm-up together: an all-reduce after every optimizer step."""
-
-    def __init__(self, device: torch.device) -> None:
-        self._device = device
-
-    def all_done(self, steps: int, done: bool) -> bool:
-        flag = torch.tensor([int(done)], device=self._device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        return bool(flag.item())
-
-
-class _RankAgreement:
-    """DDP ranks end their windows together, once every rank has run its minimum.
-
-    Each check is an all-reduce, so ranks check rarely, all after the same steps: the first
-    check comes after a quarter of the window as the warm-up predicts it, each later one where
-    the time still missing says (the earliest any rank proposes). A window the parent may end
-    early is checked about every `check_every_s` (an all-reduce of two integers: tens of
-    microseconds over gloo), so that the ranks stop soon after the parent asks.
-    """
-
-    FIRST_CHECK_FRACTION = 4
-
-    def __init__(
-        self, device: torch.device, seconds: float, step_s: float, check_every_s: float | None
-    ) -> None:
-        self._device = device
-        self._seconds = seconds
-        step_s = max(step_s, 1e-9)
-        expected = math.ceil(seconds / step_s)
-        self._max_gap = math.ceil(check_every_s / step_s) if check_every_s else expected
-        first = min(expected // self.FIRST_CHECK_FRACTION, self._max_gap)
-        self._next_check = self._earliest(max(1, first))
-        self._started = time.perf_counter()
-
-    def all_done(self, steps: int, done: bool) -> bool:
-        if steps < self._next_check:
-            return False
-        elapsed = time.perf_counter() - self._started
-        missing_s = max(0.0, self._seconds - elapsed)
-        gap = min(max(1, math.ceil(missing_s * steps / elapsed)), self._max_gap)
-        proposal = steps + gap if not done else steps
-        flags = torch.tensor([int(done), proposal], device=self._device)
-        dist.all_reduce(flags, op=dist.ReduceOp.MIN)
-        self._next_check = max(int(flags[1].item()), steps + 1)
-        return bool(flags[0].item())
-
-    def _earliest(self, proposal: int) -> int:
-        value = torch.tensor([proposal], device=self._device)
-        dist.all_reduce(value, op=dist.ReduceOp.MIN)
-        return int(value.item())
 
 
 def _validated(
