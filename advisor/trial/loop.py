@@ -416,6 +416,7 @@ def warm_up(
     *,
     agree: Agreement | None = None,
     monitor: WindowMonitor | None = None,
+    whole_steps: bool = False,
 ) -> Window:
     """Run past everything that makes early steps unrepresentative; return the warm-up window,
     every micro-step timed.
@@ -424,15 +425,25 @@ def warm_up(
     (autotuning); with fp16, until the GradScaler's scale has settled, since it starts at 2^16
     and skips optimizer steps while it backs off. All of it within `budget_s` seconds: a
     configuration whose steps are that slow ends its warm-up early, even within a step (its
-    window then times the parts of a step: `advisor.trial.measure`). The monitor's stop ends it
-    at once. DDP ranks pass `agree`, and end it together after an optimizer step.
+    window then times the parts of a step: `advisor.trial.measure`). With `whole_steps` the
+    budget ends it only after an optimizer step, and after one at the least. The monitor's stop
+    ends it at once. DDP ranks pass `agree`, and end it together after an optimizer step.
     """
     extra = BENCHMARK_EXTRA_STEPS if trainer.config.cudnn_benchmark else 0
-    bounds = Bounds(
-        min_steps=steps + extra,
-        max_seconds=budget_s,
-        stop_at_once=True,
-        agree_every_micro_step=budget_s is not None,
+    bounds = (
+        Bounds(
+            min_steps=1 + extra,
+            min_seconds=budget_s,
+            max_steps=steps + extra,
+            stop_at_once=True,
+        )
+        if whole_steps and budget_s is not None
+        else Bounds(
+            min_steps=steps + extra,
+            max_seconds=budget_s,
+            stop_at_once=True,
+            agree_every_micro_step=budget_s is not None,
+        )
     )
     started = time.perf_counter()
     window = run_window(trainer, bounds, agree=agree, monitor=monitor, time_micro=True)
@@ -446,8 +457,12 @@ def warm_up(
             done = agree.all_done(window.steps, done)
         if done:
             break
-        one = Bounds(max_seconds=left, cover_worker_cycles=False, stop_at_once=True)
-        if run_window(trainer, one, agree=agree, monitor=monitor).stopped_early:
+        one = Bounds(
+            max_seconds=None if whole_steps else left, cover_worker_cycles=False, stop_at_once=True
+        )
+        settling = run_window(trainer, one, agree=agree, monitor=monitor)
+        window.losses += settling.losses  # every step's loss, in order: the early losses
+        if settling.stopped_early:
             window.stopped_early = True
             break
         previous, scale = scale, trainer.scaler.get_scale()

@@ -7,8 +7,10 @@ exception escaping to the caller.
 Warm-up and window each keep to `trial_seconds` (DESIGN.md §6), whatever the batch: where one
 optimizer cycle (accumulation x micro-steps) does not fit the window, the window times its parts
 instead, micro-steps and optimizer steps apart, and estimates samples/s from them. Re-runs of
-finalists (`whole_cycles`) time whole cycles however long. From the warm-up on, a search trial
-tells the parent how far it got, and the parent may stop it (`advisor.trial.runner`).
+finalists (`whole_cycles`) time whole cycles however long, at least one in the warm-up. A
+window times at least two cycles that take more than half of it each, three otherwise. From the
+warm-up on, a search trial tells the parent how far it got, and the parent may stop it
+(`advisor.trial.runner`).
 """
 
 from __future__ import annotations
@@ -165,6 +167,8 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
         estimate = bool(decision.item())
     window = _timed_window(trainer, request, warmup, watch, estimate)
     trainer.close()
+    if not estimate:  # a short warm-up leaves the first steps' losses to the window
+        early_losses = tuple((first_losses + warmup.losses + window.losses)[:EARLY_STEPS])
     result = _measured(request, window, memory.stop(), summary, startup_s, warmup.elapsed_s)
     return result.model_copy(update={"early_losses": early_losses, "first_step_s": first_s})
 
@@ -185,12 +189,15 @@ def _first_micro_step(trainer: Trainer) -> tuple[float, list[float]]:
 
 
 def _warm_up(trainer: Trainer, request: TrialRequest, watch: ParentWatch | None) -> Window:
-    """At least `warmup_steps` optimizer steps (and `EARLY_STEPS`, whose losses the numerics
-    check compares), within one window's time unless the request wants whole cycles."""
+    """`warmup_steps` optimizer steps (and `EARLY_STEPS`, whose losses the numerics check
+    compares) within one window's time. A search trial's warm-up may end within a step; a
+    re-run's (`whole_cycles`) runs whole steps, at least one; the numerics reference runs all."""
     agree = EveryStep(trainer.device) if trainer.config.world_size > 1 else None
-    budget = None if request.whole_cycles else request.trial_seconds
     steps = max(request.warmup_steps, EARLY_STEPS)
-    return warm_up(trainer, steps, budget, agree=agree, monitor=watch)
+    budget = None if request.mode == "reference" else request.trial_seconds
+    return warm_up(
+        trainer, steps, budget, agree=agree, monitor=watch, whole_steps=request.whole_cycles
+    )
 
 
 def _too_long_for_window(warmup: Window, request: TrialRequest) -> bool:
@@ -261,8 +268,11 @@ def _timed_window(
         )
     if estimate:
         trainer.cycle = 2
+    long_cycles = bool(warmup.step_times_s) and (
+        max(warmup.step_times_s) > WHOLE_CYCLE_FRACTION * request.trial_seconds
+    )
     bounds = Bounds(
-        min_steps=2 if estimate else 3,
+        min_steps=2 if estimate or long_cycles else 3,
         min_seconds=request.trial_seconds,
         max_steps=request.max_measure_steps,
         cover_worker_cycles=not estimate,  # a long micro-step times the workers' bursts anyway

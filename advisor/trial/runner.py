@@ -266,6 +266,7 @@ class _Watch:
         self._progress: list[tuple[float, float]] = []  # (child's seconds, samples)
         self._last_seen: float | None = None  # parent's clock: warm-up start, then last line
         self._last_step = -1
+        self._startup_s: float | None = None  # until the warm-up began, as the parent saw it
         self._per_micro_step = request.config.batch_size * request.config.world_size
         self.stop: _Stop | None = None
 
@@ -279,6 +280,7 @@ class _Watch:
             self._phases.append(phase)
             if phase == "warmup":
                 self._last_seen = time.monotonic()
+                self._startup_s = time.time() - self._request.launched_at
             if self._on_phase is not None:
                 self._on_phase(phase)
         if not progress or self._on_progress is None or self.stop is not None:
@@ -334,6 +336,8 @@ class _Watch:
                 "reason": stop.reason,
                 "samples_per_s": stop.samples_per_s,
                 "failure_phase": result.failure_phase or _phase(stop.phase),
+                # killed before it wrote its result: its start-up as the parent saw it
+                "startup_s": result.startup_s if result.startup_s is not None else self._startup_s,
             }
         )
 

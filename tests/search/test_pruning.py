@@ -124,6 +124,21 @@ def test_a_slow_configuration_is_stopped_during_its_warm_up_with_the_reason(tmp_
     assert seen and survivors(marked) == []
 
 
+def test_a_trial_deaf_to_the_stop_is_killed_and_keeps_its_start_up(tmp_path, marked):
+    """Its third micro-step hangs: the parent's projection falls while it is silent, the stop
+    goes unheard, and the parent kills it; the result it makes says when the warm-up began."""
+    config = TrialConfig(batch_size=16)
+    launch = TrialLaunch(spec=f"{TINY}:hang", cwd=ROOT, warmup_steps=3, trial_seconds=2.0,
+                         timeout_s=60)  # fmt: skip
+    result = run_trial(launch, config, tmp_path / "t.log",
+                       on_progress=lambda _, rate: "too slow" if rate < 1000 else None)  # fmt: skip
+
+    assert result.status == "stopped" and result.reason == "too slow"
+    assert result.failure_phase == "warmup"
+    assert result.startup_s is not None and 0 < result.startup_s < result.wall_s < 30
+    assert survivors(marked) == []
+
+
 def test_a_tune_stops_a_configuration_in_warm_up_and_the_report_says_why(tmp_path):
     result = advisor.tune(
         f"{TINY}:very_slow_with_bf16",
