@@ -60,9 +60,19 @@ def usable_cores() -> int:
 
 def matmul_flops(device: torch.device, dtypes: tuple[torch.dtype, ...]) -> dict[str, float]:
     """Best-of-`REPEATS` FLOP/s of an n x n matmul on `device`, for each dtype by name; n grows
-    to the device's size unless a product already takes `LONG_ENOUGH_S`."""
+    to the device's size unless a product already takes `LONG_ENOUGH_S`. The dtypes' products
+    take turns, so that whatever else loads the machine weighs on each alike."""
     largest = GPU_SIZE if device.type == "cuda" else CPU_SIZE
-    return {_name(dtype): _best_rate(device, dtype, largest) for dtype in dtypes}
+    operands = {dtype: _sized_operands(device, dtype, largest) for dtype in dtypes}
+    best = {dtype: seconds for dtype, (_, _, seconds) in operands.items()}
+    spent = dict(best)
+    for _ in range(REPEATS):
+        for dtype, (left, right, _) in operands.items():
+            if spent[dtype] > REPEATS * LONG_ENOUGH_S:  # a slow dtype: its first products tell
+                continue
+            took = _timed_product(left, right, device)
+            best[dtype], spent[dtype] = min(best[dtype], took), spent[dtype] + took
+    return {_name(dtype): 2 * operands[dtype][0].shape[0] ** 3 / best[dtype] for dtype in dtypes}
 
 
 def _gpu(index: int) -> GpuInfo:
@@ -101,7 +111,11 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _best_rate(device: torch.device, dtype: torch.dtype, largest: int) -> float:
+def _sized_operands(
+    device: torch.device, dtype: torch.dtype, largest: int
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Square operands of the size whose product takes `LONG_ENOUGH_S` (at most `largest`),
+    and the seconds of that product."""
     size = SMALLEST
     while True:
         left = torch.randn(size, size, device=device).to(dtype)
@@ -109,15 +123,8 @@ def _best_rate(device: torch.device, dtype: torch.dtype, largest: int) -> float:
         torch.matmul(left, right)  # warm-up at this size: kernel selection, thread pool
         first = _timed_product(left, right, device)
         if size >= largest or first >= LONG_ENOUGH_S:
-            break
+            return left, right, first
         size *= 2
-    best, spent = first, first
-    for _ in range(REPEATS):
-        if spent > REPEATS * LONG_ENOUGH_S:  # a slow dtype: the first products tell enough
-            break
-        took = _timed_product(left, right, device)
-        best, spent = min(best, took), spent + took
-    return 2 * size**3 / best
 
 
 def _timed_product(left: torch.Tensor, right: torch.Tensor, device: torch.device) -> float:
