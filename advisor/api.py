@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from advisor.convergence import BatchPrediction, NoiseScale
 from advisor.progress import NullProgress, Progress
 from advisor.report.codegen import render_launch_script, render_training_script
+from advisor.report.exports import write_exports
 from advisor.report.outcome import confirmed_recommendation, stored_result
 from advisor.report.render import render_html, render_markdown, render_trials_csv
 from advisor.results import (
@@ -222,8 +223,8 @@ def write_reports(result: TuneResult) -> None:
 
 
 def write_outputs(result: TuneResult) -> None:
-    """Every file of the output folder: the reports, train.py and launch.sh (the last two
-    only for a confirmed recommendation)."""
+    """Every file of the output folder: the reports, then, for a confirmed recommendation,
+    train.py, launch.sh and the exports for HF Trainer, Lightning and accelerate."""
     out = result.out_dir
     write_reports(result)
     if result.recommendation.provisional:
@@ -232,6 +233,7 @@ def write_outputs(result: TuneResult) -> None:
     launcher = out / "launch.sh"
     launcher.write_text(render_launch_script(result.recommendation))
     launcher.chmod(0o755)
+    write_exports(result.recommendation, out)
 
 
 def _summary(checked: TrialResult) -> TaskSummary:

@@ -6,7 +6,7 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import click
 from pydantic import ValidationError
@@ -31,6 +31,7 @@ from advisor.console import (
 from advisor.errors import AdvisorError, BadInputError, SettingsError
 from advisor.knobs import BASE_GROUP, KNOB_GROUPS
 from advisor.report.codegen import launch_command, render_launch_script, render_training_script
+from advisor.report.exports import FRAMEWORKS, Framework, write_exports
 from advisor.report.render import render_html, render_markdown, reproduce_command
 from advisor.results import Recommendation
 from advisor.search.storage import mask_url
@@ -137,7 +138,10 @@ def tune(spec: str | None, config: Path | None, as_json: bool, quiet: bool, **fl
         out.print(f"race: {escape(rec.race.verdict)}", highlight=False, soft_wrap=True)
     for warning in rec.warnings:
         out.print(f"[yellow]note:[/] {escape(warning)}", highlight=False, soft_wrap=True)
-    files = "recommendation.json, trials.csv, report.md, report.html, train.py, launch.sh, logs/"
+    files = (
+        "recommendation.json, trials.csv, report.md, report.html, train.py, launch.sh, logs/, "
+        "exports/ (for HF Trainer, Lightning, accelerate)"
+    )
     out.print(f"wrote {result.out_dir}/: {files}", markup=False, highlight=False, soft_wrap=True)
     command = launch_command(rec.config, (result.out_dir / "train.py").as_posix())
     out.print(f"train with it: {command} --epochs 1", markup=False, highlight=False, soft_wrap=True)
@@ -169,21 +173,7 @@ def validate_command(spec: str, device: str) -> None:
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("train.py"))
 def codegen(recommendation: Path, output: Path) -> None:
     """Write the training script for a recommendation.json."""
-    try:
-        rec = Recommendation.model_validate_json(recommendation.read_text())
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        problem = f"{where}: {first['msg']}" if where else first["msg"]
-        raise BadInputError(
-            f"{recommendation} is not a recommendation.json advisor can read ({problem}): "
-            "pass the file `advisor tune` wrote"
-        ) from exc
-    if rec.provisional:
-        raise BadInputError(
-            f"{recommendation} is provisional (its tune was interrupted before the finalists were "
-            "re-measured): resume the tune with its command, then run codegen on the new file"
-        )
+    rec = _confirmed_recommendation(recommendation, "codegen")
     output.write_text(render_training_script(rec, output.parent))
     launcher = output.parent / "launch.sh"
     launcher.write_text(render_launch_script(rec))
@@ -194,6 +184,49 @@ def codegen(recommendation: Path, output: Path) -> None:
         markup=False,
         highlight=False,
     )
+
+
+@cli.command()
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--to",
+    "target",
+    type=click.Choice(["all", *FRAMEWORKS]),
+    default="all",
+    help="hf: TrainingArguments keywords (JSON); lightning: a Trainer snippet; accelerate: its "
+    "config file; all: the three [default].",
+)
+def export(folder: Path, target: str) -> None:
+    """Write FOLDER's recommendation for HF Trainer, Lightning or accelerate to FOLDER/exports/."""
+    rec = _confirmed_recommendation(folder / "recommendation.json", "export")
+    frameworks = FRAMEWORKS if target == "all" else (cast(Framework, target),)
+    for path in write_exports(rec, folder, frameworks):
+        out.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _confirmed_recommendation(path: Path, command: str) -> Recommendation:
+    """The recommendation.json at `path`, confirmed by re-runs; else a one-line error."""
+    if not path.is_file():
+        raise BadInputError(
+            f"{path} does not exist: pass the folder (or file) `advisor tune` wrote, "
+            "e.g. reports/mlp-factory"
+        )
+    try:
+        rec = Recommendation.model_validate_json(path.read_text())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        problem = f"{where}: {first['msg']}" if where else first["msg"]
+        raise BadInputError(
+            f"{path} is not a recommendation.json advisor can read ({problem}): "
+            "pass the file `advisor tune` wrote"
+        ) from exc
+    if rec.provisional:
+        raise BadInputError(
+            f"{path} is provisional (its tune was interrupted before the finalists were "
+            f"re-measured): resume the tune with its command, then run {command} on the new file"
+        )
+    return rec
 
 
 @cli.command()
@@ -238,7 +271,7 @@ def report(
         write_outputs(result)
         files = "recommendation.json, trials.csv, report.md, report.html"
         if not result.recommendation.provisional:
-            files += ", train.py, launch.sh"
+            files += ", train.py, launch.sh, exports/"
         out.print(
             f"wrote {result.out_dir}/: {files}", markup=False, highlight=False, soft_wrap=True
         )

@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 
 from advisor.knobs import TrialConfig
-from advisor.report.templating import template_environment
+from advisor.report.templating import docstring_safe, template_environment
 from advisor.results import Recommendation
 from advisor.task import is_file_spec
 
@@ -22,7 +22,7 @@ def render_training_script(recommendation: Recommendation, script_dir: Path) -> 
     config = recommendation.config
     script_path = f"{script_dir.as_posix().rstrip('/')}/train.py"
     # Every user string becomes a valid, inert Python literal (JSON strings are Python strings).
-    environment = template_environment(py=json.dumps, doc=_docstring_safe)
+    environment = template_environment(py=json.dumps, doc=docstring_safe)
     return environment.get_template("train.py.j2").render(
         spec=recommendation.spec,
         version=recommendation.advisor_version,
@@ -78,12 +78,6 @@ def _relative_root(workdir: str, script_dir: Path) -> str | None:
     if not script.is_relative_to(Path(workdir)):
         return None
     return os.path.relpath(workdir, script)
-
-
-def _docstring_safe(text: str) -> str:
-    """Text that cannot end a triple-quoted docstring or start a new line of code."""
-    one_line = " ".join(str(text).split())
-    return one_line.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
 
 
 def _lr_note(recommendation: Recommendation) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-__all__ = ["template_environment"]
+__all__ = ["docstring_safe", "template_environment"]
 
 
 def template_environment(*, autoescape: bool = False, **filters: Callable[..., Any]) -> Environment:
@@ -26,3 +26,10 @@ def template_environment(*, autoescape: bool = False, **filters: Callable[..., A
     )
     environment.filters.update(filters)
     return environment
+
+
+def docstring_safe(text: str) -> str:
+    """Text on one line that cannot end a triple-quoted docstring or start a new line of code
+    (or of YAML)."""
+    one_line = " ".join(str(text).split())
+    return one_line.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')

@@ -63,6 +63,12 @@ class TrialKey:
     PROCESS: Final = "advisor_process"  # host:pid:start time of the process measuring it
     PRUNED_REASON: Final = "pruned_reason"
     FEASIBLE: Final = "feasible"  # the constraint samplers read: <= 0 is feasible
+    # Short copies of the result's main figures, as columns of optuna-dashboard's trial table
+    # (it cuts every attribute at 1,024 characters, which the whole result passes).
+    CONFIG: Final = "config"  # TrialConfig.label()
+    STATUS: Final = "status"
+    SAMPLES_PER_S: Final = "samples_per_s"
+    REASON: Final = "reason"
 
 
 class StudyKey:
@@ -85,11 +91,22 @@ def write_record(trial: optuna.Trial, record: TrialRecord) -> None:
     """Store a measured (or repeated) trial's record; an ineligible one violates the constraint."""
     trial.set_user_attr(TrialKey.ROLE, record.role)
     trial.set_user_attr(TrialKey.RESULT, record.result.model_dump(mode="json"))
+    _write_summary(trial, record.result)
     if record.infeasible_reason:
         trial.set_user_attr(TrialKey.INFEASIBLE_REASON, record.infeasible_reason)
     if record.duplicate_of is not None:
         trial.set_user_attr(TrialKey.DUPLICATE_OF, record.duplicate_of)
     trial.set_constraint(TrialKey.FEASIBLE, 0.0 if record.eligible else 1.0)
+
+
+def _write_summary(trial: optuna.Trial, result: TrialResult) -> None:
+    """The result's main figures as short attributes, for the dashboard."""
+    trial.set_user_attr(TrialKey.CONFIG, result.config.label())
+    trial.set_user_attr(TrialKey.STATUS, result.status)
+    if result.samples_per_s is not None:
+        trial.set_user_attr(TrialKey.SAMPLES_PER_S, round(result.samples_per_s, 1))
+    if result.reason:
+        trial.set_user_attr(TrialKey.REASON, result.reason[:1000])
 
 
 def records_of(study: optuna.Study) -> list[TrialRecord]:

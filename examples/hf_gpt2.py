@@ -1,0 +1,62 @@
+"""A small GPT-2 from Hugging Face transformers, on synthetic token sequences.
+
+    pip install -e ".[integrations]"
+    advisor tune examples/hf_gpt2.py:factory
+
+The model is built from a `GPT2Config` (nothing is downloaded). Batches are dicts of
+`input_ids` and `labels`, and the model returns its own loss (`.loss`), as with the Hugging Face
+`Trainer`. advisor writes `exports/hf_training_args.json` beside the recommendation: the
+`TrainingArguments` keywords that apply it.
+"""
+
+import torch
+from torch.utils.data import Dataset
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from advisor import TrainingTask
+
+VOCAB = 512
+CONTEXT = 64
+SEQUENCES = 4096
+
+
+class MarkovTokens(Dataset):
+    """Token sequences drawn from a fixed random Markov chain: a next-token task a small model
+    learns, with a loss floor it can approach. Deterministic: the same sequences every time."""
+
+    def __init__(self, sequences: int = SEQUENCES, seed: int = 0) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        # Each token has 4 likely successors: about 2 bits of entropy per step.
+        successors = torch.randint(VOCAB, (VOCAB, 4), generator=generator)
+        tokens = torch.empty(sequences, CONTEXT, dtype=torch.long)
+        tokens[:, 0] = torch.randint(VOCAB, (sequences,), generator=generator)
+        for position in range(1, CONTEXT):
+            choice = torch.randint(4, (sequences,), generator=generator)
+            tokens[:, position] = successors[tokens[:, position - 1], choice]
+        self.tokens = tokens
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        sequence = self.tokens[index]
+        return {"input_ids": sequence, "labels": sequence}  # the model shifts the labels
+
+
+def factory() -> TrainingTask:
+    config = GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=CONTEXT,
+        n_embd=128,
+        n_layer=2,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    return TrainingTask(
+        model=GPT2LMHeadModel(config),
+        dataset=MarkovTokens(),
+        loss_fn=None,  # GPT2LMHeadModel returns .loss when given labels
+        batch_size=16,  # the optimizer is advisor's default, AdamW(lr=1e-3)
+    )

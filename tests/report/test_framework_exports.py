@@ -1,0 +1,207 @@
+"""The recommendation as HF TrainingArguments, a Lightning Trainer and an accelerate config: each
+export says what was measured, carries the learning-rate rule, names the knobs its framework
+cannot set, and loads into the real library (`pip install -e ".[integrations]"`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from advisor.convergence import LrPlan
+from advisor.knobs import TrialConfig
+from advisor.report.exports import EXPORT_FILES, render_export, write_exports
+from advisor.results import FixedKnob, GpuInfo, HardwareProfile, Recommendation, TaskSummary
+from tests.conftest import run_advisor
+
+_GPU = GpuInfo(name="A100", memory_bytes=80 * 2**30, capability="8.0", bf16=True)
+CPU_DDP = TrialConfig(
+    parallel_mode="ddp", world_size=2, batch_size=512, accumulation_steps=4, amp="bf16",
+    num_workers=1, prefetch_factor=4,
+)  # fmt: skip
+CUDA_DDP = TrialConfig(
+    device="cuda", parallel_mode="ddp", world_size=2, batch_size=64, amp="fp16",
+    num_workers=4, pin_memory=True, cudnn_benchmark=True, compile="default",
+    channels_last=True, matmul_precision="high", optimizer_impl="foreach",
+)  # fmt: skip
+CUDA_DP = TrialConfig(device="cuda", parallel_mode="dp", batch_size=128, amp="bf16")
+ONE_PROCESS = TrialConfig(batch_size=32)
+CONFIGS = {"cpu-ddp": CPU_DDP, "cuda-ddp": CUDA_DDP, "cuda-dp": CUDA_DP, "one": ONE_PROCESS}
+
+
+def _recommendation(config: TrialConfig, lr: LrPlan | None = None, **update) -> Recommendation:
+    gpus = (_GPU, _GPU) if config.device == "cuda" else ()
+    fields = dict(
+        advisor_version="test", spec="examples/mlp.py:factory", workdir="/w", config=config,
+        samples_per_s=30000.0, peak_memory_bytes=None, baseline_config=ONE_PROCESS,
+        baseline_samples_per_s=10000.0, speedup=3.0, chosen_from_trial=7,
+        confirm_runs=(30000.0,), baseline_runs=(10000.0,),
+        global_batch_changed=config.global_batch_size != 32, lr=lr or LrPlan(),
+        hardware=HardwareProfile(
+            cpu_model="x", cores=8, memory_bytes=2**34, cpu_capability="AVX2", cpu_bf16=False,
+            python_version="3.11", torch_version="2.13.0", gpus=gpus,
+        ),
+        task=TaskSummary(
+            return_kind="tuple", model_class="MLP", num_parameters=1000, dataset_class="T",
+            dataset_size=4096, iterable=False, batch_kind="pair", batch_description="?",
+            loss_from_model=False, custom_optimizer=False, custom_collate=False,
+            user_batch_size=32,
+        ),
+        storage="sqlite:///x.db", study_name="mlp-factory", created_at="2026-11-24T00:00:00",
+    )  # fmt: skip
+    return Recommendation(**{**fields, **update})
+
+
+def _hf(rec: Recommendation) -> dict:
+    return json.loads(render_export(rec, "hf"))
+
+
+def test_hf_arguments_are_the_measured_knobs_and_ddp_gets_its_launch_line():
+    document = _hf(_recommendation(CPU_DDP))
+    args = document["training_args"]
+    assert args["per_device_train_batch_size"] == 512 and args["gradient_accumulation_steps"] == 4
+    assert args["bf16"] is True and args["fp16"] is False and args["use_cpu"] is True
+    assert args["dataloader_num_workers"] == 1 and args["dataloader_prefetch_factor"] == 4
+    assert args["torch_compile"] is False  # and torchrun's environment picks gloo for DDP
+    assert document["launch"] == (
+        "OMP_NUM_THREADS=3 torchrun --standalone --nproc_per_node=2 your_script.py"
+    )  # (8 cores - 2 ranks x 1 worker) / 2 ranks, as advisor measured it
+    assert "3.00x your baseline" in document["about"][1] and "mlp-factory" in document["about"][0]
+
+
+def test_knobs_a_framework_cannot_set_are_named_with_how_to_apply_them():
+    rec = _recommendation(CUDA_DDP)
+    hf = _hf(rec)
+    assert any(line.startswith("channels_last:") for line in hf["not_in_training_args"])
+    assert any(line.startswith("optimizer_impl=foreach") for line in hf["not_in_training_args"])
+    assert hf["training_args"]["torch_compile_mode"] == "default" and hf["training_args"]["tf32"]
+    lightning = render_export(rec, "lightning")
+    assert "# - compile=default: model = torch.compile" in lightning
+    assert 'torch.set_float32_matmul_precision("high")' in lightning
+    accelerate = render_export(rec, "accelerate")
+    assert "# - cudnn.benchmark: torch.backends.cudnn.benchmark = True" in accelerate
+    assert yaml.safe_load(accelerate)["dynamo_config"] == {
+        "dynamo_backend": "INDUCTOR",
+        "dynamo_mode": "default",
+    }
+
+
+def test_data_parallel_is_said_to_have_no_lightning_or_accelerate_counterpart():
+    rec = _recommendation(CUDA_DP)
+    assert "Lightning 2 has no DataParallel strategy" in render_export(rec, "lightning")
+    assert "DataParallel: accelerate has none" in render_export(rec, "accelerate")
+    assert "Trainer uses DataParallel on its own" in _hf(rec)["launch"]
+
+
+def test_one_process_on_a_machine_with_several_gpus_keeps_to_one():
+    config = TrialConfig(device="cuda", batch_size=64)
+    assert _hf(_recommendation(config))["launch"] == "CUDA_VISIBLE_DEVICES=0 python your_script.py"
+
+
+def test_a_changed_global_batch_carries_the_learning_rate_rule_everywhere():
+    lr = LrPlan(scale=8.0, warmup_steps=50, rule="linear")
+    rec = _recommendation(CPU_DDP, lr=lr)
+    advice = "multiply your learning rate by 8 (linear rule, global batch 4096 against your 32)"
+    assert _hf(rec)["learning_rate"].startswith(advice)
+    assert _hf(rec)["training_args"]["warmup_steps"] == 50
+    for framework in ("lightning", "accelerate"):
+        assert advice in " ".join(render_export(rec, framework).split())
+    same_batch = _recommendation(ONE_PROCESS)
+    assert "multiply" not in render_export(same_batch, "lightning")
+
+
+def test_a_measured_optimizer_implementation_becomes_hf_optim_and_a_fixed_one_does_not():
+    fused = TrialConfig(batch_size=32, optimizer_impl="fused")
+    assert _hf(_recommendation(fused))["training_args"]["optim"] == "adamw_torch_fused"
+    fixed = (FixedKnob(name="optimizer_impl", value="default", reason="your optimizer"),)
+    assert "optim" not in _hf(_recommendation(ONE_PROCESS, fixed_knobs=fixed))["training_args"]
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_the_lightning_snippet_is_lint_and_format_clean(name, tmp_path):
+    path = write_exports(_recommendation(CONFIGS[name]), tmp_path, ("lightning",))[0]
+    ruff = [sys.executable, "-m", "ruff"]
+    for command in (
+        ["check", "--select", "E,F,W,I,B,UP", "--line-length", "100"],
+        ["format", "--check", "--line-length", "100"],
+    ):
+        completed = subprocess.run([*ruff, *command, str(path)], capture_output=True, text=True)
+        assert completed.returncode == 0, completed.stdout + completed.stderr
+
+
+def test_user_strings_stay_in_comments_and_strings(tmp_path):
+    rec = _recommendation(CPU_DDP, spec='evil.py:f"""\nimport os\n# x', study_name="a\nb: c")
+    folder = tmp_path / "out"
+    for path in write_exports(rec, folder):
+        text = path.read_text()
+        if path.suffix == ".py":
+            compile(text, str(path), "exec")
+            assert "\nimport os" not in text
+        elif path.suffix == ".yaml":
+            assert yaml.safe_load(text)["num_processes"] == 2  # no key injected
+        else:
+            assert json.loads(text)["about"][0].startswith("advisor test, study a\nb: c")
+
+
+# --- against the real libraries -----------------------------------------------------------------
+@pytest.mark.parametrize("name", CONFIGS)
+def test_hf_arguments_build_real_training_arguments(name, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    rec = _recommendation(CONFIGS[name])
+    path = write_exports(rec, tmp_path, ("hf",))[0]
+    kwargs = json.loads(path.read_text())["training_args"]
+    if rec.config.device == "cuda":  # this machine has no GPU: the rest must still be accepted
+        kwargs.update(use_cpu=True, bf16=False, fp16=False, tf32=False, torch_compile=False)
+        kwargs.pop("torch_compile_mode", None)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "o"), **kwargs)
+    assert args.per_device_train_batch_size == rec.config.batch_size
+    assert args.gradient_accumulation_steps == rec.config.accumulation_steps
+    assert args.dataloader_num_workers == rec.config.num_workers
+
+
+def _load_snippet(path: Path):
+    spec = importlib.util.spec_from_file_location("advisor_lightning_export", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["cpu-ddp", "one"])
+def test_the_lightning_snippet_builds_a_real_trainer(name, tmp_path):
+    pytest.importorskip("lightning")
+    rec = _recommendation(CONFIGS[name])
+    snippet = _load_snippet(write_exports(rec, tmp_path, ("lightning",))[0])
+    trainer = snippet.make_trainer(logger=False, enable_checkpointing=False, max_epochs=1)
+    assert trainer.accumulate_grad_batches == rec.config.accumulation_steps
+    assert trainer.num_devices == rec.config.world_size
+    assert str(trainer.precision) == snippet.TRAINER_KWARGS["precision"]
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_the_accelerate_config_loads_in_accelerate(name, tmp_path):
+    pytest.importorskip("accelerate")
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    rec = _recommendation(CONFIGS[name])
+    path = write_exports(rec, tmp_path, ("accelerate",))[0]
+    config = ClusterConfig.from_yaml_file(str(path))
+    assert config.num_processes == rec.config.world_size
+    assert config.mixed_precision == {"off": "no"}.get(rec.config.amp, rec.config.amp)
+
+
+def test_advisor_export_writes_the_asked_files_and_refuses_a_folder_without_a_result(tmp_path):
+    folder = tmp_path / "study"
+    folder.mkdir()
+    (folder / "recommendation.json").write_text(_recommendation(CPU_DDP).model_dump_json())
+    written = run_advisor("export", str(folder), "--to", "hf", timeout=120)
+    assert written.returncode == 0, written.stderr
+    assert sorted(p.name for p in (folder / "exports").iterdir()) == [EXPORT_FILES["hf"]]
+    missing = run_advisor("export", str(tmp_path / "nowhere"), timeout=120)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert missing.stderr.strip().startswith("error: ") and "does not exist" in missing.stderr
