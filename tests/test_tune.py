@@ -2,11 +2,15 @@
 
 import contextlib
 import csv
+import json
+import socket
 import sqlite3
 import statistics
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import optuna
@@ -34,7 +38,10 @@ SETTINGS = {
 }
 
 
-OUTPUTS = ("recommendation.json", "trials.csv", "report.md", "report.html", "train.py", "launch.sh")
+OUTPUTS = (
+    "recommendation.json", "trials.csv", "report.md", "report.html", "train.py", "launch.sh",
+    "exports/hf_training_args.json", "exports/lightning.py", "exports/accelerate_config.yaml",
+)  # fmt: skip
 
 
 def _cli_tune(out, *flags: str) -> subprocess.CompletedProcess[str]:
@@ -173,7 +180,7 @@ def test_ctrl_c_keeps_finished_trials_and_the_same_command_resumes(tmp_path):
         "tune",
         f"{TINY}:factory",
         "--trials",
-        "8",
+        "5",
         "--out",
         str(tmp_path),
         "--trial-seconds",
@@ -217,7 +224,7 @@ def test_ctrl_c_keeps_finished_trials_and_the_same_command_resumes(tmp_path):
         for t in study.trials
         if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs["role"] != "duplicate"
     ]
-    assert len(measured) == 8
+    assert len(measured) == 5
 
 
 def _check_provisional_reports(out, stderr: str) -> None:
@@ -243,8 +250,10 @@ def _check_provisional_reports(out, stderr: str) -> None:
     assert "the tune did not finish: these reports are provisional" in rendered.stdout
     assert "Provisional: this tune was interrupted." in (out / "report.md").read_text()
     assert not (out / "train.py").exists()
-    refused = run_advisor("codegen", str(out / "recommendation.json"))
-    assert refused.returncode == 2 and "recommendation.json is provisional" in refused.stderr
+    assert not (out / "exports").exists()
+    for command in (("codegen", str(out / "recommendation.json")), ("export", str(out))):
+        refused = run_advisor(*command)
+        assert refused.returncode == 2 and "recommendation.json is provisional" in refused.stderr
 
 
 def test_a_killed_parent_leaves_no_trial_running_after_resume(tmp_path):
@@ -252,7 +261,8 @@ def test_a_killed_parent_leaves_no_trial_running_after_resume(tmp_path):
 
     from advisor.search.storage import STALE_AFTER_S
 
-    flags = ("--trials", "3", "--trial-seconds", "1", "--confirm-top", "1", "--max-world-size", "1")
+    flags = ("--trials", "3", "--trial-seconds", "1", "--confirm-top", "1", "--max-world-size", "1",
+             "--race-seconds", "1")  # fmt: skip
     command = [sys.executable, "-m", "advisor", "tune", f"{TINY}:factory", "--out", str(tmp_path)]
     process = subprocess.Popen([*command, *flags], cwd=ROOT, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
@@ -385,3 +395,57 @@ def test_a_race_from_the_same_weights_decides_and_the_reports_show_it(first_run)
         study_name="tiny-factory", storage=f"sqlite:///{first_run.out_dir}/study.db"
     )
     assert len(study.user_attrs["advisor_racers"]) >= len(race.racers)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _strict_json(text: str):  # NaN or Infinity is not JSON: a browser's JSON.parse rejects it
+    def refuse(constant: str):
+        raise ValueError(f"{constant} in the dashboard's JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _get(url: str, until: float):
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return _strict_json(response.read().decode())
+        except (urllib.error.URLError, ConnectionError):
+            if time.monotonic() > until:
+                raise
+            time.sleep(0.2)
+
+
+def test_the_optuna_dashboard_serves_the_study_with_each_trials_figures(first_run):
+    pytest.importorskip("optuna_dashboard")
+    port = _free_port()
+    storage = f"sqlite:///{first_run.out_dir / 'study.db'}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "optuna_dashboard._cli", storage, "--port", str(port), "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}/api/studies"
+        studies = _get(base, until=time.monotonic() + 60)["study_summaries"]
+        assert [s["study_name"] for s in studies] == [first_run.settings.resolved_study_name]
+        detail = _get(f"{base}/{studies[0]['study_id']}?after=0", until=time.monotonic() + 30)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    study = optuna.load_study(study_name=None, storage=storage)
+    assert len(detail["trials"]) == len(study.trials)
+    for shown, stored in zip(detail["trials"], study.trials, strict=True):
+        attrs = {attr["key"]: attr["value"] for attr in shown["user_attrs"]}
+        if "result" not in stored.user_attrs:
+            continue  # a proposal pruned before it ran: its reason only
+        assert attrs["role"] == stored.user_attrs["role"]
+        assert attrs["config"] == stored.user_attrs["config"]
+        assert attrs["status"] == stored.user_attrs["status"]
+        if "samples_per_s" in stored.user_attrs:
+            assert float(attrs["samples_per_s"]) == stored.user_attrs["samples_per_s"]

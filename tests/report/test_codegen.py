@@ -5,15 +5,16 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from advisor.api import validate
 from advisor.convergence import LrPlan
 from advisor.knobs import TrialConfig
 from advisor.report.codegen import render_launch_script, render_training_script
 from advisor.results import HardwareProfile, Recommendation
+from advisor.search.checks import preflight
 from advisor.trial.probe import probe
 from advisor.trial.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY
@@ -25,7 +26,8 @@ def _hardware() -> HardwareProfile:
 
 
 def _recommendation(spec: str, config: TrialConfig) -> Recommendation:
-    checked = validate(spec)
+    # The validation `advisor tune` runs, without its hardware probe (`_hardware` has one).
+    checked = preflight(spec, ROOT, "cpu", 300, Path(tempfile.mkdtemp()) / "validate.log")
     return Recommendation(
         advisor_version="test",
         spec=spec,
