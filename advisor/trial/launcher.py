@@ -32,6 +32,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,6 +49,11 @@ class LaunchOrder(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     number: int = Field(description="echoed in the launcher's answers, to pair them with orders")
+    job: Literal["trial", "probe"] = Field(
+        default="trial",
+        description="trial: run the TrialRequest at request_path; probe: write the "
+        "HardwareProfile there",
+    )
     request_path: str
     log_path: str
     cwd: str
@@ -113,7 +119,12 @@ def _run_child(order: LaunchOrder) -> None:
         from advisor.trial import worker
 
         worker.exit_with_parent()
-        code = worker.main([order.request_path])
+        if order.job == "probe":
+            from advisor.trial.probe import write_profile
+
+            code = write_profile(order.request_path)
+        else:
+            code = worker.main([order.request_path])
     except BaseException:  # a fork must never return into the launcher's loop
         traceback.print_exc()
     finally:
@@ -184,8 +195,11 @@ class Launcher:
     def alive(self) -> bool:
         return self._process.poll() is None
 
-    def fork(self, request_path: str, log_path: str, cwd: str) -> ForkedTrial:
-        """Start a trial child; raises `LauncherGoneError` if the launcher is not there.
+    def fork(
+        self, request_path: str, log_path: str, cwd: str, job: Literal["trial", "probe"] = "trial"
+    ) -> ForkedTrial:
+        """Start a trial child (or the hardware probe's); raises `LauncherGoneError` if the
+        launcher is not there.
 
         Anything that stops this call half-way (Ctrl-C, a timeout) kills the launcher: a child
         it started unwatched then dies with it (`advisor.trial.worker.exit_with_parent`), and
@@ -193,7 +207,12 @@ class Launcher:
         """
         self._orders += 1
         order = LaunchOrder(
-            number=self._orders, request_path=request_path, log_path=log_path, cwd=cwd, env=self.env
+            number=self._orders,
+            job=job,
+            request_path=request_path,
+            log_path=log_path,
+            cwd=cwd,
+            env=self.env,
         )
         try:
             return self._fork(order)

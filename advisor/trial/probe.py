@@ -22,15 +22,16 @@ import torch
 
 from advisor.results import GpuInfo, HardwareProfile
 
-__all__ = ["matmul_flops", "probe", "usable_cores"]
+__all__ = ["matmul_flops", "probe", "usable_cores", "write_profile"]
 
 CPU_SIZE = 2048  # 17 GFLOP a product: tens of ms on a core
 GPU_SIZE = 8192  # 1.1 TFLOP a product: about a millisecond on a current GPU
 REPEATS = 5
+MIN_PRODUCTS = 3  # timed products of each dtype at the least; more until REPEATS x LONG_ENOUGH_S
 # The size doubles from here until one product takes `LONG_ENOUGH_S` (or the size above is
-# reached): an emulated bf16 product of 2048 takes seconds on two cores, one of 512 tens of ms.
+# reached): an emulated bf16 product of 2048 takes seconds on two cores, one of 256 tens of ms.
 SMALLEST = 256
-LONG_ENOUGH_S = 0.05
+LONG_ENOUGH_S = 0.02
 
 
 def probe() -> HardwareProfile:
@@ -51,6 +52,16 @@ def probe() -> HardwareProfile:
     )
 
 
+def write_profile(path: str) -> int:
+    """Probe and write the profile as JSON to `path` (the launcher's probe job); exit code 0."""
+    profile = probe()
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "w") as out:
+        out.write(profile.model_dump_json())
+    os.replace(temporary, path)
+    return 0
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its affinity mask), not the machine's total."""
     if hasattr(os, "sched_getaffinity"):
@@ -66,10 +77,10 @@ def matmul_flops(device: torch.device, dtypes: tuple[torch.dtype, ...]) -> dict[
     operands = {dtype: _sized_operands(device, dtype, largest) for dtype in dtypes}
     best = {dtype: seconds for dtype, (_, _, seconds) in operands.items()}
     spent = dict(best)
-    for _ in range(REPEATS):
+    for round_ in range(1, REPEATS):
         for dtype, (left, right, _) in operands.items():
-            if spent[dtype] > REPEATS * LONG_ENOUGH_S:  # a slow dtype: its first products tell
-                continue
+            if round_ >= MIN_PRODUCTS and spent[dtype] > REPEATS * LONG_ENOUGH_S:
+                continue  # a slow product: the first ones tell enough
             took = _timed_product(left, right, device)
             best[dtype], spent[dtype] = min(best[dtype], took), spent[dtype] + took
     return {_name(dtype): 2 * operands[dtype][0].shape[0] ** 3 / best[dtype] for dtype in dtypes}

@@ -4,10 +4,11 @@ A search trial reports its progress from its warm-up on; the parent projects its
 may stop it in any phase (`ProgressCallback`). A child busy in one long micro-step cannot look
 for the stop, so it is killed after `STOP_GRACE_S`: what it measured so far is all there is.
 
-The hardware probe runs in a child too (`probe_isolated`), so that the parent holds no CUDA context.
-The child runs in a new session (its own process group), so killing the group also kills its
-DataLoader workers. Nothing the child does (raise, hang, segfault, get OOM-killed) escapes as an
-exception here: it comes back as a `TrialResult` with a status.
+The hardware probe runs in a child too (`probe_isolated`), a fork of the pre-imported launcher as
+trials are, so that the parent holds no CUDA context. The child runs in a new session (its own
+process group), so killing the group also kills its DataLoader workers. Nothing the child does
+(raise, hang, segfault, get OOM-killed) escapes as an exception here: it comes back as a
+`TrialResult` with a status.
 """
 
 from __future__ import annotations
@@ -413,19 +414,46 @@ def _died(request: TrialRequest, code: int, log_path: Path) -> TrialResult:
 
 
 def probe_isolated() -> HardwareProfile:
-    """`advisor.trial.probe.probe()` in a fresh interpreter; its JSON comes back on stdout."""
+    """`advisor.trial.probe.probe()` in a child process: a fork of the pre-imported trial
+    launcher (the child then measures as trials run), else a fresh interpreter."""
+    env = child_env()
+    if _json_safe(env):
+        with contextlib.suppress(LauncherGoneError), tempfile.TemporaryDirectory() as scratch:
+            return _probe_forked(env, Path(scratch))
+    return _probe_subprocess(env)
+
+
+def _probe_forked(env: dict[str, str], scratch: Path) -> HardwareProfile:
+    out, log = scratch / "hardware.json", scratch / "probe.log"
+    cwd = Path.cwd()
+    child = shared_launcher(env, cwd).fork(str(out), str(log), str(cwd), job="probe")
+    try:
+        code = child.wait()
+    except BaseException:  # Ctrl-C: the probe goes too
+        _signal_group(child.pid, signal.SIGKILL)
+        raise
+    if code != 0 or not out.exists():
+        last = (log.read_text().strip().splitlines() or [f"exit code {code}"])[-1]
+        raise _probe_failed(last)
+    return HardwareProfile.model_validate_json(out.read_text())
+
+
+def _probe_subprocess(env: dict[str, str]) -> HardwareProfile:
     code = "from advisor.trial.probe import probe; print(probe().model_dump_json())"
     completed = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=False, env=child_env()
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env
     )
     lines = completed.stdout.strip().splitlines()
     if completed.returncode != 0 or not lines:
-        last = (completed.stderr.strip().splitlines() or ["no output"])[-1]
-        raise AdvisorError(
-            f"probing the hardware failed ({last}): check that torch imports "
-            f"with {sys.executable} -c 'import torch'"
-        )
+        raise _probe_failed((completed.stderr.strip().splitlines() or ["no output"])[-1])
     return HardwareProfile.model_validate_json(lines[-1])
+
+
+def _probe_failed(last_line: str) -> AdvisorError:
+    return AdvisorError(
+        f"probing the hardware failed ({last_line}): check that torch imports "
+        f"with {sys.executable} -c 'import torch'"
+    )
 
 
 def child_env() -> dict[str, str]:

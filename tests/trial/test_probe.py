@@ -52,3 +52,16 @@ def test_bf16_as_fast_as_fp32_stays_in_the_search(monkeypatch):
     space = build_space(TuneSettings(spec="a.py:f", device="cpu"), hardware, TASK)
 
     assert space.domains["amp"] == ("off", "bf16")
+
+
+def test_the_probe_runs_as_a_fork_of_the_launcher_or_else_in_a_fresh_interpreter(monkeypatch):
+    forked = probe_isolated()  # the launcher's fork: torch already imported
+    monkeypatch.setenv("ADVISOR_TEST_LATIN1", "caf\udce9")  # no UTF-8: the orders' JSON cannot
+    fresh = probe_isolated()  # carry it, so a fresh interpreter probes instead
+    assert forked.model_dump(exclude={"cpu_peak_flops"}) == fresh.model_dump(
+        exclude={"cpu_peak_flops"}
+    )
+    assert set(forked.cpu_peak_flops) == set(fresh.cpu_peak_flops) == {"fp32", "bf16"}
+    assert all(
+        rate > 0 for rate in (*forked.cpu_peak_flops.values(), *fresh.cpu_peak_flops.values())
+    )
