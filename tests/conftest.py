@@ -39,6 +39,7 @@ def run_advisor(*args: str, timeout: float = 600) -> subprocess.CompletedProcess
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _group_by_module_fixture(items)
     import torch
 
     if torch.cuda.is_available():
@@ -47,6 +48,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _group_by_module_fixture(items: list[pytest.Item]) -> None:
+    """Tests that share a module-scoped fixture (a whole tune) run on one xdist worker, so
+    that it is built once (`--dist loadgroup`); the others go wherever a worker is free."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        shared = sorted(
+            name
+            for name, definitions in (info.name2fixturedefs.items() if info else ())
+            if definitions and definitions[-1].scope == "module"
+        )
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{','.join(shared)}"))
 
 
 @pytest.fixture(autouse=True)
