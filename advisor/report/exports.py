@@ -33,6 +33,7 @@ _LIGHTNING_PRECISION = {"off": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixe
 _ACCELERATE_PRECISION = {"off": "no", "bf16": "bf16", "fp16": "fp16"}
 _SCRIPT = "your_script.py"
 LINE_LENGTH = 100
+_CUDNN_BENCHMARK = "cudnn.benchmark: torch.backends.cudnn.benchmark = True before training"
 
 
 @dataclass
@@ -140,6 +141,14 @@ def _common_by_hand(config: TrialConfig) -> list[str]:
     return lines
 
 
+def _optimizer_by_hand(rec: Recommendation, where: str = "") -> list[str]:
+    """The measured foreach or fused implementation of advisor's AdamW, as a line to apply."""
+    impl = rec.config.optimizer_impl
+    if not _measured(rec, "optimizer_impl") or impl == "default":
+        return []
+    return [f"optimizer_impl={impl}: torch.optim.AdamW(..., {impl}=True){where}"]
+
+
 def _threads(rec: Recommendation) -> str:
     """The launch line's thread setting for CPU processes, as advisor measured them."""
     if rec.config.device != "cpu":
@@ -188,7 +197,7 @@ def _hf(rec: Recommendation) -> str:
     if rec.lr.warmup_steps:
         args["warmup_steps"] = rec.lr.warmup_steps
     if config.cudnn_benchmark:
-        by_hand.append("cudnn.benchmark: torch.backends.cudnn.benchmark = True before training")
+        by_hand.append(_CUDNN_BENCHMARK)
     advice = _advice(rec, by_hand)
     document = {
         "about": advice.headline,
@@ -233,11 +242,7 @@ def _lightning(rec: Recommendation) -> dict[str, Any]:
         )
     if config.compile != "off":
         by_hand.append(f"compile={config.compile}: model = torch.compile(model, mode=...)")
-    if _measured(rec, "optimizer_impl") and config.optimizer_impl != "default":
-        by_hand.append(
-            f"optimizer_impl={config.optimizer_impl}: torch.optim.AdamW(..., "
-            f"{config.optimizer_impl}=True) in configure_optimizers"
-        )
+    by_hand += _optimizer_by_hand(rec, " in configure_optimizers")
     return {
         "advice": _advice(rec, by_hand),
         "trainer": trainer,
@@ -279,14 +284,10 @@ def _accelerate(rec: Recommendation) -> dict[str, Any]:
             "`with accelerator.accumulate(model):`",
         )
     if config.cudnn_benchmark:
-        by_hand.append("cudnn.benchmark: torch.backends.cudnn.benchmark = True before training")
+        by_hand.append(_CUDNN_BENCHMARK)
     if config.matmul_precision != "highest":
         by_hand.append(f'torch.set_float32_matmul_precision("{config.matmul_precision}")')
-    if _measured(rec, "optimizer_impl") and config.optimizer_impl != "default":
-        by_hand.append(
-            f"optimizer_impl={config.optimizer_impl}: torch.optim.AdamW(..., "
-            f"{config.optimizer_impl}=True)"
-        )
+    by_hand += _optimizer_by_hand(rec)
     if config.parallel_mode == "dp":
         by_hand.append(
             "DataParallel: accelerate has none; wrap the model in torch.nn.DataParallel yourself"
