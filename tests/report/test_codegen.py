@@ -3,6 +3,7 @@
 import functools
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -100,17 +101,16 @@ def _logged_losses(stdout: str) -> list[float]:
 def test_generated_script_reproduces_the_trials_losses(spec, knobs, tmp_path):
     config = TrialConfig(batch_size=32, **knobs)
     rec = _recommendation(spec, config)
-    folder = ROOT / "reports" / f"test-codegen-{tmp_path.name}"  # inside the project
-    folder.mkdir(parents=True, exist_ok=True)
+    # Inside the project, named uniquely: xdist workers give their tests the same tmp_path names.
+    (ROOT / "reports").mkdir(exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="test-codegen-", dir=ROOT / "reports"))
     try:
         completed = _write_and_run(rec, folder, "--max-steps", "3", "--log-every", "1")
         assert completed.returncode == 0, completed.stderr
         assert "done: 3 steps; with warm-up" in completed.stdout
         assert (folder / "ckpt.pt").exists()
     finally:
-        for path in folder.iterdir():
-            path.unlink()
-        folder.rmdir()
+        shutil.rmtree(folder)
     # The script and the trial loop are two implementations of one loop: the same seed, weights,
     # batches and arithmetic give the same loss at every step.
     expected = _trial_losses(spec, config, tmp_path)
