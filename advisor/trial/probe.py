@@ -13,9 +13,11 @@ fp32, and the search space leaves out what the measurement says cannot pay off
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import time
+from collections.abc import Iterator
 
 import psutil
 import torch
@@ -26,8 +28,11 @@ __all__ = ["matmul_flops", "probe", "usable_cores", "write_profile"]
 
 CPU_SIZE = 2048  # 17 GFLOP a product: tens of ms on a core
 GPU_SIZE = 8192  # 1.1 TFLOP a product: about a millisecond on a current GPU
-REPEATS = 5
-MIN_PRODUCTS = 3  # timed products of each dtype at the least; more until REPEATS x LONG_ENOUGH_S
+# Timed products of each dtype: at least MIN_PRODUCTS, more until they add up to TIMED_S (at most
+# MAX_PRODUCTS). The fastest counts: on a loaded machine most short products lose time to it.
+MIN_PRODUCTS = 3
+MAX_PRODUCTS = 50
+TIMED_S = 0.1
 # The size doubles from here until one product takes `LONG_ENOUGH_S` (or the size above is
 # reached): an emulated bf16 product of 2048 takes seconds on two cores, one of 256 tens of ms.
 SMALLEST = 256
@@ -70,20 +75,74 @@ def usable_cores() -> int:
 
 
 def matmul_flops(device: torch.device, dtypes: tuple[torch.dtype, ...]) -> dict[str, float]:
-    """Best-of-`REPEATS` FLOP/s of an n x n matmul on `device`, for each dtype by name; n grows
-    to the device's size unless a product already takes `LONG_ENOUGH_S`. The dtypes' products
-    take turns, so that whatever else loads the machine weighs on each alike."""
+    """The fastest FLOP/s of an n x n matmul on `device`, for each dtype by name.
+
+    The first dtype is the yardstick: its rate is timed on all of the device, n growing to the
+    device's size unless a product already takes `LONG_ENOUGH_S`. Every other dtype's rate is the
+    yardstick's times its speed ratio to it (`_speed_ratios`), timed on one thread on a CPU: a
+    short product on several threads can lose most of its time to whatever else keeps the
+    machine's cores busy (one thread waits for another), one on a single thread only its share.
+    """
     largest = GPU_SIZE if device.type == "cuda" else CPU_SIZE
-    operands = {dtype: _sized_operands(device, dtype, largest) for dtype in dtypes}
+    yardstick = dtypes[0]
+    operands = _sized_operands(device, yardstick, largest)
+    seconds = _best_seconds({yardstick: operands}, device)[yardstick]
+    peak = 2 * operands[0].shape[0] ** 3 / seconds
+    with _one_cpu_thread(device):
+        speed = _speed_ratios(device, dtypes, largest)
+    return {_name(dtype): peak * speed[dtype] for dtype in dtypes}
+
+
+def _speed_ratios(
+    device: torch.device, dtypes: tuple[torch.dtype, ...], largest: int
+) -> dict[torch.dtype, float]:
+    """Each dtype's speed over the first's, timed at the smaller of their two sizes (so that a
+    small size's lower efficiency weighs on both), their products taking turns."""
+    yardstick = dtypes[0]
+    speed = {yardstick: 1.0}
+    for dtype in dtypes[1:]:
+        operands = _sized_operands(device, dtype, largest)
+        reference = _sized_operands(device, yardstick, operands[0].shape[0])
+        common = reference[0].shape[0]
+        if operands[0].shape[0] > common:
+            operands = _operands(device, dtype, common)
+        timed = _best_seconds({yardstick: reference, dtype: operands}, device)
+        speed[dtype] = timed[yardstick] / timed[dtype]
+    return speed
+
+
+@contextlib.contextmanager
+def _one_cpu_thread(device: torch.device) -> Iterator[None]:
+    if device.type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _best_seconds(
+    operands: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor, float]], device: torch.device
+) -> dict[torch.dtype, float]:
+    """The fastest product of each dtype's operands (their first already timed), the dtypes
+    taking turns, each until its products add up to `TIMED_S` (see `MIN_PRODUCTS`)."""
     best = {dtype: seconds for dtype, (_, _, seconds) in operands.items()}
     spent = dict(best)
-    for round_ in range(1, REPEATS):
-        for dtype, (left, right, _) in operands.items():
-            if round_ >= MIN_PRODUCTS and spent[dtype] > REPEATS * LONG_ENOUGH_S:
-                continue  # a slow product: the first ones tell enough
+    for products in range(1, MAX_PRODUCTS):
+        wanted = {
+            dtype: ops
+            for dtype, ops in operands.items()
+            if products < MIN_PRODUCTS or spent[dtype] < TIMED_S
+        }
+        if not wanted:
+            break
+        for dtype, (left, right, _) in wanted.items():
             took = _timed_product(left, right, device)
             best[dtype], spent[dtype] = min(best[dtype], took), spent[dtype] + took
-    return {_name(dtype): 2 * operands[dtype][0].shape[0] ** 3 / best[dtype] for dtype in dtypes}
+    return best
 
 
 def _gpu(index: int) -> GpuInfo:
@@ -129,13 +188,21 @@ def _sized_operands(
     and the seconds of that product."""
     size = SMALLEST
     while True:
-        left = torch.randn(size, size, device=device).to(dtype)
-        right = torch.randn(size, size, device=device).to(dtype)
-        torch.matmul(left, right)  # warm-up at this size: kernel selection, thread pool
-        first = _timed_product(left, right, device)
+        left, right, first = _operands(device, dtype, size)
         if size >= largest or first >= LONG_ENOUGH_S:
             return left, right, first
         size *= 2
+
+
+def _operands(
+    device: torch.device, dtype: torch.dtype, size: int
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Random square operands of `size`, and the seconds of their product after a warm-up one
+    (kernel selection, the thread pool)."""
+    left = torch.randn(size, size, device=device).to(dtype)
+    right = torch.randn(size, size, device=device).to(dtype)
+    torch.matmul(left, right)
+    return left, right, _timed_product(left, right, device)
 
 
 def _timed_product(left: torch.Tensor, right: torch.Tensor, device: torch.device) -> float:

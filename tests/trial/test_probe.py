@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from advisor.knobs import SLOW_PRECISION
 from advisor.search.space import build_space
 from advisor.settings import TuneSettings
 from advisor.trial.runner import probe_isolated
@@ -24,7 +25,7 @@ def _probe_with(monkeypatch: pytest.MonkeyPatch, bf16: str):
 def test_probe_fixes_amp_off_where_bf16_is_slower_and_says_the_measured_rates(monkeypatch):
     hardware = _probe_with(monkeypatch, "slow:20")
     peaks = hardware.cpu_peak_flops
-    assert peaks["bf16"] < 0.5 * peaks["fp32"]  # measured with the simulated slow-down
+    assert peaks["bf16"] < SLOW_PRECISION * peaks["fp32"]  # measured with the simulated slow-down
 
     space = build_space(TuneSettings(spec="a.py:f", device="cpu"), hardware, TASK)
 
@@ -47,7 +48,7 @@ def test_naming_amp_in_knobs_searches_it_anyway(monkeypatch):
 
 def test_bf16_as_fast_as_fp32_stays_in_the_search(monkeypatch):
     hardware = _probe_with(monkeypatch, "fp32")
-    assert hardware.cpu_peak_flops["bf16"] >= 0.5 * hardware.cpu_peak_flops["fp32"]
+    assert hardware.cpu_peak_flops["bf16"] >= SLOW_PRECISION * hardware.cpu_peak_flops["fp32"]
 
     space = build_space(TuneSettings(spec="a.py:f", device="cpu"), hardware, TASK)
 
