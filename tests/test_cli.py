@@ -76,8 +76,8 @@ def test_probe_json_describes_this_machine():
         "SVE256",
     )
     assert isinstance(profile["gpus"], list)
-    peaks = profile["cpu_peak_flops"]  # measured: a 2048^2 matmul reaches GFLOP/s on any CPU
-    assert peaks["fp32"] > 1e9
+    peaks = profile["cpu_peak_flops"]  # measured: a matmul reaches GFLOP/s on any CPU
+    assert peaks["fp32"] > 1e8  # 1.4e9 on two cores under four busy processes
     assert peaks["bf16"] > 0  # timed on every CPU, native bf16 or not
 
 

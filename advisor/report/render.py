@@ -10,13 +10,6 @@ from collections import Counter, defaultdict
 from advisor.knobs import KNOBS
 from advisor.report.analysis import param_importances
 from advisor.report.codegen import launch_command
-from advisor.report.plots import (
-    batch_amp_svg,
-    history_svg,
-    importance_svg,
-    memory_svg,
-    race_svg,
-)
 from advisor.report.race import race_view
 from advisor.report.templating import template_environment
 from advisor.results import (
@@ -135,6 +128,16 @@ def render_markdown(result: TuneResult) -> str:
 
 def render_html(result: TuneResult) -> str:
     """One self-contained HTML file: inline CSS and SVG plots, no script, no URL."""
+    # matplotlib takes 0.4 s to import: imported here, the commands that draw nothing
+    # (validate, probe, a bad input's one-line error) start without it.
+    from advisor.report.plots import (
+        batch_amp_svg,
+        history_svg,
+        importance_svg,
+        memory_svg,
+        race_svg,
+    )
+
     rec, trials = result.recommendation, result.trials
     figures = (
         ("Optimisation history: samples/s by trial, best so far", history_svg(trials)),
