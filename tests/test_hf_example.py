@@ -9,11 +9,13 @@ import pytest
 from tests.conftest import run_advisor
 
 pytestmark = pytest.mark.slow
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("lightning")
 
 
 def test_the_hf_example_tunes_and_its_exports_load_in_the_real_libraries(tmp_path):
+    # Imported here, not at collection: every xdist worker collects this module, and the two
+    # libraries take 3.7 s to import.
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("lightning")
     # Throughput alone: the race has tests of its own; this one is for the model and the exports.
     completed = run_advisor(
         "tune", "examples/hf_gpt2.py:factory", "--out", str(tmp_path), "--trials", "3",

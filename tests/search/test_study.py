@@ -8,6 +8,7 @@ from advisor.api import validate
 from advisor.knobs import TrialConfig
 from advisor.progress import NullProgress
 from advisor.results import TrialRecord, TrialResult
+from advisor.search import selection as selection_module
 from advisor.search.checks import memory_problem
 from advisor.search.context import SearchContext
 from advisor.search.selection import failure_summary, select_winner
@@ -172,7 +173,13 @@ def test_reports_render_failed_trials_with_their_reasons(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_tie_within_noise_is_re_run_then_goes_to_the_config_with_fewer_changes(tmp_path):
+def test_a_tie_within_noise_is_re_run_then_goes_to_the_config_with_fewer_changes(
+    tmp_path, monkeypatch
+):
+    # Two configurations on one beat are a tie, but a loaded machine makes some steps late: under
+    # three test workers on two cores, re-runs of one of them differed by up to 6 %. The floor
+    # says how close counts as a tie, here above what this machine's load adds.
+    monkeypatch.setattr(selection_module, "NOISE_FLOOR", 0.15)
     context = _selection_context("paced", 2, tmp_path)
     baseline, bf16 = TrialConfig(batch_size=32), TrialConfig(batch_size=32, amp="bf16")
     records = [  # as the search left them: bf16 looked faster in its single window
