@@ -287,25 +287,35 @@ rank1_sigkill = _fault_factory(_on_rank_1(_sigkill))
 
 
 # --- a step time set by the clock, not the arithmetic --------------------------------------
-BEAT_S = 0.1
+PACE_S = 0.1
 
 
-def _on_the_beat(model: Faulty, features: torch.Tensor) -> None:
+def _paced_step(model: Faulty, features: torch.Tensor) -> None:
     """Start each forward at least 100 ms after the last one started.
 
-    Whatever the arithmetic costs (it is far below the beat), every configuration then trains
+    Whatever the arithmetic costs (it is far below the pace), every configuration then trains
     at the same number of steps per second, so two of them are a tie by construction. A step
     that a busy machine makes late is not caught up by rushing the next ones: a window that
-    began with such a rush would measure faster than the beat.
+    began with such a rush would measure faster than the pace.
     """
-    last = getattr(model, "last_beat", None)
+    last = getattr(model, "last_start", None)
     if last is not None:
-        time.sleep(max(0.0, last + BEAT_S - time.perf_counter()))
-    model.last_beat = time.perf_counter()
+        time.sleep(max(0.0, last + PACE_S - time.perf_counter()))
+    model.last_start = time.perf_counter()
 
 
 # Configurations that change only the arithmetic (amp) run at the same speed.
-paced = _fault_factory(_on_the_beat)
+paced = _fault_factory(_paced_step)
+
+BEAT_S = 0.02
+
+
+def _on_the_beat(model: Faulty, features: torch.Tensor) -> None:
+    """Start each forward on a fixed 20 ms beat; a late step is caught up by the next ones, so
+    that the average speed holds on a busy machine."""
+    beat = getattr(model, "next_beat", None) or time.perf_counter()
+    time.sleep(max(0.0, beat - time.perf_counter()))
+    model.next_beat = beat + BEAT_S
 
 
 def _four_beats_under_autocast(model: Faulty, features: torch.Tensor) -> None:
