@@ -18,8 +18,9 @@ def test_the_hf_example_tunes_and_its_exports_load_in_the_real_libraries(tmp_pat
     pytest.importorskip("lightning")
     # Throughput alone: the race has tests of its own; this one is for the model and the exports.
     completed = run_advisor(
-        "tune", "examples/hf_gpt2.py:factory", "--out", str(tmp_path), "--trials", "3",
+        "tune", "examples/hf_gpt2.py:factory", "--out", str(tmp_path), "--trials", "2",
         "--trial-seconds", "0.3", "--warmup-steps", "1", "--confirm-top", "1",
+        "--confirm-repeats", "1",
         "--max-world-size", "1", "--objective", "throughput",
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr[-3000:]
