@@ -85,7 +85,8 @@ def cli(debug: bool) -> None:
 @click.option(
     "--early-stop",
     type=float,
-    help="Stop a search trial early below this fraction of the best so far; 0: never [0.5].",
+    help="Stop a search trial early below this fraction of the best so far; 0: never, and no "
+    "knob value is rejected either [0.5].",
 )
 @click.option(
     "--objective",

@@ -71,7 +71,7 @@ class TuneSettings(BaseModel):
         ge=0,
         lt=1,
         description="end a search trial's window after 30% of it when its throughput is below "
-        "this fraction of the best so far; 0 never ends one early",
+        "this fraction of the best so far; 0 never ends one early, nor rejects a knob value",
     )
     knobs: tuple[str, ...] = Field(
         default=(BASE_GROUP,),

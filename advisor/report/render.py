@@ -21,7 +21,7 @@ from advisor.results import (
     relative_spread,
     shown_knobs,
 )
-from advisor.search.dominance import Rejected, rejected_values
+from advisor.search.dominance import Rejected, rejected_in_search
 from advisor.search.storage import mask_url
 from advisor.settings import TuneSettings
 
@@ -116,7 +116,7 @@ def render_markdown(result: TuneResult) -> str:
             confirmations=result.confirmations,
             counts=_counts(result.trials),
             pruned=_pruned_rows(result.pruned),
-            rejected=_rejected(result.trials),
+            rejected=_rejected(result),
             hw=rec.hardware,
             settings=result.settings,
             measured=_measured(result.trials),
@@ -161,7 +161,7 @@ def render_html(result: TuneResult) -> str:
         trials=trials,
         counts=_counts(trials),
         pruned=_pruned_rows(result.pruned),
-        rejected=_rejected(trials),
+        rejected=_rejected(result),
         hw=rec.hardware,
         settings=result.settings,
         measured=_measured(trials),
@@ -214,9 +214,10 @@ def _pruned_rows(pruned: tuple[PrunedProposal, ...]) -> list[tuple[str, str]]:
     return [(reason, ", ".join(map(str, numbers))) for reason, numbers in by_reason.items()]
 
 
-def _rejected(trials: tuple[TrialRecord, ...]) -> list[Rejected]:
+def _rejected(result: TuneResult) -> list[Rejected]:
     """The knob values the search stopped proposing, with the trials that ruled them out."""
-    return rejected_values(trials, [row.name for row in KNOBS])
+    knobs = [row.name for row in KNOBS]
+    return rejected_in_search(result.trials, knobs, result.settings.early_stop)
 
 
 def _measured(trials: tuple[TrialRecord, ...]) -> int:

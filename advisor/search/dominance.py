@@ -18,7 +18,7 @@ from typing import Any
 
 from advisor.results import TrialRecord
 
-__all__ = ["MIN_TRIALS", "REJECT_BELOW", "Rejected", "rejected_values"]
+__all__ = ["MIN_TRIALS", "REJECT_BELOW", "Rejected", "rejected_in_search", "rejected_values"]
 
 MIN_TRIALS = 2
 REJECT_BELOW = 0.25  # 4x slower than the best: beyond a window's noise (about 12 %) many times
@@ -41,6 +41,14 @@ class Rejected:
             f"{self.knob}={self.value} rejected: its {len(self.trials)} trials ({trials}) ran "
             f"at most {self.fraction:.2f}x the best (trial {self.best_trial})"
         )
+
+
+def rejected_in_search(
+    records: Iterable[TrialRecord], knobs: Iterable[str], early_stop: float
+) -> list[Rejected]:
+    """The values the search stops proposing: `rejected_values`, or none under `--early-stop 0`,
+    which asks for every proposal to be measured whole."""
+    return rejected_values(records, knobs) if early_stop > 0 else []
 
 
 def rejected_values(records: Iterable[TrialRecord], knobs: Iterable[str]) -> list[Rejected]:

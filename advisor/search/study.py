@@ -23,7 +23,7 @@ from advisor.knobs import BASE_GROUP, KNOBS, TrialConfig
 from advisor.results import TrialRecord
 from advisor.search.checks import known_out_of_memory, memory_problem
 from advisor.search.context import SearchContext
-from advisor.search.dominance import rejected_values
+from advisor.search.dominance import rejected_in_search
 from advisor.search.pruning import best_value, stop_reason
 from advisor.search.records import (
     StudyKey,
@@ -215,7 +215,8 @@ class _Objective:
                 return f"being measured in trial {other.number} by {who}"
         if trial.user_attrs.get(TrialKey.ROLE) == "baseline":
             return None
-        for rejected in rejected_values(self.measured.values(), self.context.space.domains):
+        settings, domains = self.context.settings, self.context.space.domains
+        for rejected in rejected_in_search(self.measured.values(), domains, settings.early_stop):
             if params.get(rejected.knob) == rejected.value:
                 return rejected.reason
         return known_out_of_memory(config, self.measured.values())
@@ -264,7 +265,7 @@ def _enqueue_seed(study: optuna.Study, context: SearchContext, measured: list[Tr
     if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         return
     space = context.space
-    rejected = rejected_values(measured, space.domains)
+    rejected = rejected_in_search(measured, space.domains, context.settings.early_stop)
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     busy = [planned_params(trial) for trial in running]  # other workers' trials
     params = next_seed(space, measured, rejected, turn=max(0, len(measured) - 1), busy=busy)

@@ -9,7 +9,7 @@ from advisor.knobs import TrialConfig
 from advisor.progress import NullProgress
 from advisor.results import TrialRecord, TrialResult
 from advisor.search.context import SearchContext
-from advisor.search.dominance import rejected_values
+from advisor.search.dominance import rejected_in_search, rejected_values
 from advisor.search.seeding import next_seed
 from advisor.search.space import build_space
 from advisor.search.study import run_search
@@ -68,6 +68,16 @@ def test_seeds_skip_rejected_values_and_measured_configurations():
         seed = next_seed(SPACE, records, rejected, turn)
         assert seed is not None and seed["amp"] == "off"
         assert SPACE.config_from_params(seed) not in {r.result.config for r in records}
+
+
+def test_early_stop_0_measures_every_proposal_and_rejects_no_value():
+    records = [
+        _record(0, SPACE.baseline, 1000.0),
+        *(_record(n, SPACE.baseline.model_copy(update={"amp": "bf16", "batch_size": b}), 40.0)
+          for n, b in ((1, 32), (2, 64))),
+    ]  # fmt: skip
+    assert [r.value for r in rejected_in_search(records, ["amp"], early_stop=0.5)] == ["bf16"]
+    assert rejected_in_search(records, ["amp"], early_stop=0.0) == []
 
 
 def test_a_value_is_rejected_only_on_enough_evidence_near_the_best():

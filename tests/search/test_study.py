@@ -57,6 +57,7 @@ def test_grid_sampler_measures_ddp_beside_one_process_until_exhausted(tmp_path, 
         knobs="classic,amp",  # searched even where the probe finds bf16 slow
         batch_sizes="32",
         accumulation_steps="1",
+        early_stop=0,  # every configuration measured whole, none rejected, however slow
         out=tmp_path,
         **FAST,
     )
