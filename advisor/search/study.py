@@ -141,6 +141,9 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
         }
         if len(mine) >= settings.trials or len(measured) >= space.size:
             return records
+        if len(measured.keys() | _ruled_out(study, space)) >= space.size:
+            context.progress.stage("every configuration is measured or ruled out")
+            return records
         if deadline is not None and time.monotonic() > deadline:
             context.progress.stage(f"--timeout {settings.timeout:g} s reached")
             return records
@@ -159,6 +162,17 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
         # One trial per optimize() call: GridSampler stops the study when exhausted, which Optuna
         # allows only inside optimize(); an interrupt marks the running trial FAIL.
         study.optimize(objective, n_trials=1)
+
+
+def _ruled_out(study: optuna.Study, space: SearchSpace) -> set[TrialConfig]:
+    """Configurations pruned without running: a rejected value, a batch known to run out of
+    memory, or one another worker is measuring. Once these and the measured ones cover the
+    space, a sampler can only propose repeats (an exhausted GridSampler draws visited points)."""
+    return {
+        space.config_from_params(trial.params)
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
+        if trial.params.keys() >= space.domains.keys() and space.problem(trial.params) is None
+    }
 
 
 class _Objective:

@@ -12,7 +12,7 @@ from advisor.search.context import SearchContext
 from advisor.search.dominance import rejected_in_search, rejected_values
 from advisor.search.seeding import next_seed
 from advisor.search.space import build_space
-from advisor.search.study import run_search
+from advisor.search.study import make_sampler, run_search
 from advisor.settings import TuneSettings
 from advisor.trial.runner import TrialLaunch
 from tests.conftest import CPU_PROFILE, ROOT, TINY
@@ -132,6 +132,29 @@ def test_the_search_prunes_a_proposal_with_a_rejected_value_without_running_it(t
     pruned = study.get_trials(states=(optuna.trial.TrialState.PRUNED,))
     assert pruned and pruned[0].params["amp"] == "bf16"
     assert pruned[0].user_attrs["pruned_reason"].startswith("amp=bf16 rejected: its 2 trials")
+
+
+def test_a_grid_ends_once_every_configuration_is_measured_or_ruled_out(tmp_path):
+    """An exhausted GridSampler proposes visited points again: a grid with a rejected value must
+    not spend its budget on repeats of what it has already settled."""
+    settings = TuneSettings(
+        spec=f"{TINY}:very_slow_with_bf16", trials=50, knobs="classic,amp", max_world_size=1,
+        batch_sizes=(16,), accumulation_steps=(1,), trial_seconds=0.5, sampler="grid",
+    )  # fmt: skip
+    task = TASK.model_copy(update={"user_batch_size": 16, "dataset_size": 256})
+    space = build_space(settings, CPU_PROFILE, task)
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(settings, space))
+    launch = TrialLaunch(spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=0.5,
+                         timeout_s=120)  # fmt: skip
+    context = SearchContext(settings, space, CPU_PROFILE, launch, tmp_path, NullProgress())
+
+    records = run_search(study, context)
+
+    measured = {r.result.config for r in records if r.role != "duplicate"}
+    pruned = study.get_trials(states=(optuna.trial.TrialState.PRUNED,))
+    assert pruned and all(t.params["amp"] == "bf16" for t in pruned)  # 2 bf16 trials ruled it out
+    assert len(measured) + len(pruned) == space.size
+    assert len(study.trials) <= space.size + 1  # the enqueued baseline, then each point once
 
 
 def test_a_seed_another_worker_is_measuring_is_not_proposed_again():
