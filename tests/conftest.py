@@ -44,6 +44,9 @@ def run_advisor(*args: str, timeout: float = 600) -> subprocess.CompletedProcess
     )
 
 
+# First: xdist's own hook reads the groups off the items on each worker, and a conftest's hook would
+# otherwise run after it (the worker's plugin registers later), too late to be seen.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _group_by_module_fixture(items)
     import torch
