@@ -46,6 +46,25 @@ def test_a_trial_cannot_change_the_state_the_next_one_starts_from(tmp_path):
     assert clean.task.batch_description == "(float32[16, 8], int64[16])"
 
 
+def test_each_test_s_variable_reaches_the_children_of_one_launcher(tmp_path, monkeypatch):
+    """pytest sets PYTEST_CURRENT_TEST anew for every test: that needs no new launcher, but the
+    children get the new value; any other change does need one (torch read it at import)."""
+
+    def seen() -> tuple[int, str]:
+        reason = _trial(_launch(), "says_its_environment", tmp_path).reason
+        return shared_launcher(child_env(), ROOT).pid, reason
+
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "first")
+    first, reason = seen()
+    assert "'PYTEST_CURRENT_TEST': 'first', 'ADVISOR_ECHO': None" in reason
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "second")
+    second, reason = seen()
+    assert second == first and "'PYTEST_CURRENT_TEST': 'second'" in reason
+    monkeypatch.setenv("ADVISOR_ECHO", "on")
+    third, reason = seen()
+    assert third != first and "'ADVISOR_ECHO': 'on'" in reason
+
+
 def test_a_crashing_trial_leaves_the_launcher_serving(tmp_path, marked):
     launch = _launch()
     crashed = _trial(launch, "abort", tmp_path)

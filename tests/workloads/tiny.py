@@ -242,6 +242,12 @@ sigkill = _fault_factory(_sigkill)
 hog_device_memory = _fault_factory(_hog_device_memory)
 
 
+def says_its_environment():
+    """Fails with the values its process got of the variables the launcher tests change."""
+    seen = {name: os.environ.get(name) for name in ("PYTEST_CURRENT_TEST", "ADVISOR_ECHO")}
+    raise RuntimeError(f"environment: {seen}")
+
+
 def says_what_was_imported():
     """Fails with a message saying whether torch._dynamo (which only advisor's launcher and an
     optimizer import) was loaded before this module."""
