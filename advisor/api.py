@@ -48,7 +48,8 @@ from advisor.search.storage import mask_url, open_study
 from advisor.search.study import bind_study, make_sampler, run_search
 from advisor.settings import TuneSettings, settings_error
 from advisor.task import callable_to_spec, check_spec
-from advisor.trial.runner import TrialLaunch, probe_isolated
+from advisor.trial.probe_runner import probe_isolated
+from advisor.trial.runner import TrialLaunch
 
 __all__ = [
     "VERSION",

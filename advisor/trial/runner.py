@@ -4,18 +4,15 @@ A search trial reports its progress from its warm-up on; the parent projects its
 may stop it in any phase (`ProgressCallback`). A child busy in one long micro-step cannot look
 for the stop, so it is killed after `STOP_GRACE_S`: what it measured so far is all there is.
 
-The hardware probe runs in a child too (`probe_isolated`), a fork of the pre-imported launcher as
-trials are, so that the parent holds no CUDA context. The child runs in a new session (its own
-process group), so killing the group also kills its DataLoader workers. Nothing the child does
-(raise, hang, segfault, get OOM-killed) escapes as an exception here: it comes back as a
-`TrialResult` with a status.
+The child runs in a new session (its own process group), so killing the group also kills its
+DataLoader workers. Nothing the child does (raise, hang, segfault, get OOM-killed) escapes as an
+exception here: it comes back as a `TrialResult` with a status.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
 import signal
 import subprocess
@@ -30,13 +27,12 @@ from typing import Protocol, cast, get_args
 import psutil
 
 from advisor.convergence import LrPlan
-from advisor.errors import AdvisorError
 from advisor.knobs import TrialConfig
-from advisor.results import FailurePhase, HardwareProfile, TrialResult
-from advisor.trial.launcher import LauncherGoneError, shared_launcher
+from advisor.results import FailurePhase, TrialResult
+from advisor.trial.launcher import LauncherGoneError, child_env, json_safe, shared_launcher
 from advisor.trial.protocol import TrialRequest, died_without_result
 
-__all__ = ["ProgressCallback", "TrialLaunch", "child_env", "probe_isolated", "run_trial"]
+__all__ = ["ProgressCallback", "TrialLaunch", "run_trial"]
 
 GRACE_S = 3.0
 POLL_S = 0.2
@@ -177,7 +173,7 @@ def _supervise(
 def _start_child(request_path: Path, launch: TrialLaunch, log_path: Path) -> _Child:
     """A trial child leading a session of its own, its output going to `log_path`."""
     env = child_env()
-    if launch.preloaded and _json_safe(env):
+    if launch.preloaded and json_safe(env):
         launcher = shared_launcher(env, launch.cwd)
         return launcher.fork(str(request_path), str(log_path), str(launch.cwd))
     with log_path.open("w") as log:
@@ -190,16 +186,6 @@ def _start_child(request_path: Path, launch: TrialLaunch, log_path: Path) -> _Ch
             start_new_session=True,
             env=env,
         )
-
-
-def _json_safe(env: dict[str, str]) -> bool:
-    """Whether the environment survives the launcher's JSON orders (a value that is no valid
-    UTF-8 does not; such an environment gets a fresh interpreter per trial instead)."""
-    try:
-        json.dumps(env, ensure_ascii=False).encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _launcher_failed(request: TrialRequest, exc: LauncherGoneError) -> TrialResult:
@@ -411,54 +397,3 @@ def _read_result(request: TrialRequest, returncode: int, log_path: Path) -> Tria
 
 def _died(request: TrialRequest, code: int, log_path: Path) -> TrialResult:
     return died_without_result(request.config, "the trial process", code, f"; see {log_path}")
-
-
-def probe_isolated() -> HardwareProfile:
-    """`advisor.trial.probe.probe()` in a child process: a fork of the pre-imported trial
-    launcher (the child then measures as trials run), else a fresh interpreter."""
-    env = child_env()
-    if _json_safe(env):
-        with contextlib.suppress(LauncherGoneError), tempfile.TemporaryDirectory() as scratch:
-            return _probe_forked(env, Path(scratch))
-    return _probe_subprocess(env)
-
-
-def _probe_forked(env: dict[str, str], scratch: Path) -> HardwareProfile:
-    out, log = scratch / "hardware.json", scratch / "probe.log"
-    cwd = Path.cwd()
-    child = shared_launcher(env, cwd).fork(str(out), str(log), str(cwd), job="probe")
-    try:
-        code = child.wait()
-    except BaseException:  # Ctrl-C: the probe goes too
-        _signal_group(child.pid, signal.SIGKILL)
-        raise
-    if code != 0 or not out.exists():
-        last = (log.read_text().strip().splitlines() or [f"exit code {code}"])[-1]
-        raise _probe_failed(last)
-    return HardwareProfile.model_validate_json(out.read_text())
-
-
-def _probe_subprocess(env: dict[str, str]) -> HardwareProfile:
-    code = "from advisor.trial.probe import probe; print(probe().model_dump_json())"
-    completed = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env
-    )
-    lines = completed.stdout.strip().splitlines()
-    if completed.returncode != 0 or not lines:
-        raise _probe_failed((completed.stderr.strip().splitlines() or ["no output"])[-1])
-    return HardwareProfile.model_validate_json(lines[-1])
-
-
-def _probe_failed(last_line: str) -> AdvisorError:
-    return AdvisorError(
-        f"probing the hardware failed ({last_line}): check that torch imports "
-        f"with {sys.executable} -c 'import torch'"
-    )
-
-
-def child_env() -> dict[str, str]:
-    """The environment for advisor's child processes: unbuffered, importing this advisor."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    package_root = str(Path(__file__).resolve().parent.parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-    return env

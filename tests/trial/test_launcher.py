@@ -9,8 +9,8 @@ import time
 import psutil
 
 from advisor.knobs import TrialConfig
-from advisor.trial.launcher import shared_launcher
-from advisor.trial.runner import TrialLaunch, child_env, run_trial
+from advisor.trial.launcher import child_env, shared_launcher
+from advisor.trial.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY, survivors
 
 
