@@ -28,13 +28,13 @@ from advisor.search.checks import NumericsCheck, preflight
 from advisor.search.context import SearchContext
 from advisor.search.pruning import make_pruner
 from advisor.search.race import (
-    decide_race,
     measure_noise_scale,
     plan_racers,
     predict_batches,
     race_finalists,
     run_race,
 )
+from advisor.search.race_verdict import decide_race
 from advisor.search.records import (
     fail_abandoned,
     pruned_of,

@@ -24,7 +24,7 @@ from pathlib import Path
 import advisor
 from advisor.convergence import LrPlan, RaceCurve
 from advisor.knobs import TrialConfig
-from advisor.search.race import time_to_loss
+from advisor.search.race_verdict import time_to_loss
 from advisor.trial.runner import TrialLaunch, run_trial
 
 RESULTS = Path(__file__).parent / "results"

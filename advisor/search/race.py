@@ -12,7 +12,7 @@ optimisation. So, after the throughput search:
    optimizer family's scaling rule (`plan_racers`, `run_race`);
 3. the winner reaches the baseline's lowest loss in the race (its end-of-race loss, unless it
    rose again) soonest, by more than the noise; otherwise
-   the fastest configuration at B0 wins (`decide_race`).
+   the fastest configuration at B0 wins (`advisor.search.race_verdict`).
 
 Only the baseline trains the whole race time: it sets the target. Every later racer stops once
 it has trained so long that it can no longer win (`_horizon`), and the best at the user's batch
@@ -29,19 +29,18 @@ from dataclasses import dataclass
 
 import optuna
 
-from advisor.convergence import BatchPrediction, LrPlan, NoiseScale, RaceCurve
+from advisor.convergence import BatchPrediction, LrPlan, NoiseScale
 from advisor.knobs import TrialConfig
 from advisor.results import Racer, RaceSummary, TrialRecord
 from advisor.search.context import SearchContext
+from advisor.search.race_verdict import RACE_MARGIN, pick_at_batch0, reference_racer, time_to_loss
 from advisor.search.records import read_noise, read_racers, write_noise, write_racer
 from advisor.search.selection import Selection
 from advisor.trial.noise_scale import estimate_noise_scale, samples_ratio
 from advisor.trial.runner import run_trial
 
 __all__ = [
-    "RACE_MARGIN",
     "RacePlan",
-    "decide_race",
     "lr_rule",
     "measure_noise_scale",
     "plan_racers",
@@ -50,15 +49,11 @@ __all__ = [
     "race_finalists",
     "rerun_rates",
     "run_race",
-    "time_to_loss",
 ]
 
 NOISE_ACCUMULATION = 8  # the noise trial's big batch is this many of the user's micro-batches
 NOISE_SECONDS = 3.0
 MAX_RACE_BATCHES = 2  # other global batches raced, besides the user's
-# A racer must reach the loss this much sooner than the best at the user's batch to win:
-# benchmarks/machine_drift.py measured 12 % between two processes of the same configuration.
-RACE_MARGIN = 0.15
 LR_CAP = 8.0  # no rule scales the learning rate by more
 LINEAR_WARMUP_STEPS = 20  # the linear rule's warm-up (Goyal et al. 2017)
 SHORTEST_RACE = 0.05  # of the race time: one of its twenty evaluation intervals
@@ -292,7 +287,7 @@ def run_race(study: optuna.Study, context: SearchContext, plans: Sequence[RacePl
 def _target(racers: Sequence[Racer]) -> float | None:
     """The loss to reach, once the racer that sets it has run: the baseline's lowest (or, if
     the baseline failed, the best at the user's batch's), as `decide_race` takes it."""
-    reference = _reference(racers)
+    reference = reference_racer(racers)
     return reference.curve.best_loss if reference is not None and reference.curve else None
 
 
@@ -312,137 +307,9 @@ def _horizon(role: str, racers: Sequence[Racer], target: float | None, seconds: 
         rival = next((r.time_to_target_s for r in at_batch0 if r.role == "baseline"), None)
         limit = rival / (1 - RACE_MARGIN) if rival is not None else seconds
     else:
-        rival = timed[_pick_at_batch0(timed)].time_to_target_s if at_batch0 else None
+        rival = timed[pick_at_batch0(timed)].time_to_target_s if at_batch0 else None
         limit = rival * (1 - RACE_MARGIN) if rival is not None else seconds
     return max(min(seconds, limit), SHORTEST_RACE * seconds)
-
-
-def _reference(racers: Sequence[Racer]) -> Racer | None:
-    reference = next((r for r in racers if r.role == "baseline" and r.curve), None)
-    return reference or next((r for r in racers if r.role == "your batch" and r.curve), None)
-
-
-def time_to_loss(curve: RaceCurve, target: float) -> float | None:
-    """Training time until the curve first reaches `target`, interpolated between its points;
-    None if it never does."""
-    previous = None
-    for point in curve.points:
-        if point.loss <= target:
-            if previous is None or previous.loss == point.loss:
-                return point.seconds
-            fraction = (previous.loss - target) / (previous.loss - point.loss)
-            return previous.seconds + fraction * (point.seconds - previous.seconds)
-        previous = point
-    return None
-
-
-def decide_race(racers: Sequence[Racer], seconds: float) -> RaceSummary:
-    """Time each racer to the baseline's lowest loss and choose (see the module's doc)."""
-    reference = _reference(racers)
-    if reference is None or reference.curve is None:
-        failed = next((r for r in racers if r.role in ("baseline", "your batch")), None)
-        why = (failed.result.reason or failed.result.status) if failed else "no racer ran"
-        return RaceSummary(
-            seconds=seconds,
-            loss_kind="train",
-            target_loss=None,
-            racers=tuple(racers),
-            winner=None,
-            verdict=f"the race at your global batch failed ({why}): advisor keeps it",
-        )
-    target = reference.curve.best_loss
-    timed = tuple(
-        r.model_copy(
-            update={"time_to_target_s": time_to_loss(r.curve, target) if r.curve else None}
-        )
-        for r in racers
-    )
-    at_batch0 = _pick_at_batch0(timed)
-    best = _best_candidate(timed)
-    winner, verdict = at_batch0, _kept_verdict(timed, at_batch0, best, target)
-    if best is not None and _beats(timed[best], timed[at_batch0]):
-        winner, verdict = best, _won_verdict(timed, best, at_batch0, target)
-    return RaceSummary(
-        seconds=seconds,
-        loss_kind=reference.curve.loss_kind,
-        target_loss=target,
-        racers=timed,
-        winner=winner,
-        verdict=verdict,
-    )
-
-
-def _pick_at_batch0(racers: Sequence[Racer]) -> int:
-    """The fastest configuration at the user's batch, unless it reached the loss clearly later
-    than the baseline (its numerics cost more than its speed gains): then the baseline."""
-    baseline = next(i for i, r in enumerate(racers) if r.role in ("baseline", "your batch"))
-    faster = next((i for i, r in enumerate(racers) if r.role == "your batch"), None)
-    if faster is None or racers[baseline].role != "baseline":
-        return faster if faster is not None else baseline
-    if _beats(racers[baseline], racers[faster]):
-        return baseline
-    return faster
-
-
-def _best_candidate(racers: Sequence[Racer]) -> int | None:
-    """Among the other global batches: for each configuration the learning rate that ended at
-    the lower loss (both trained equally long), then the configuration that reached the target
-    soonest."""
-    chosen: dict[TrialConfig, int] = {}
-    for index, racer in enumerate(racers):
-        if racer.role != "candidate" or racer.curve is None:
-            continue
-        other = chosen.get(racer.config)
-        if other is None or racer.curve.final_loss < _final(racers[other]):
-            chosen[racer.config] = index
-    timed = [i for i in chosen.values() if racers[i].time_to_target_s is not None]
-    return min(timed, key=lambda i: racers[i].time_to_target_s or 0.0, default=None)
-
-
-def _final(racer: Racer) -> float:
-    return racer.curve.final_loss if racer.curve else math.inf
-
-
-def _beats(first: Racer, second: Racer) -> bool:
-    """Whether `first` reached the target more than the noise sooner than `second`."""
-    if first.time_to_target_s is None:
-        return False
-    if second.time_to_target_s is None:
-        return True
-    return first.time_to_target_s < second.time_to_target_s * (1 - RACE_MARGIN)
-
-
-def _won_verdict(racers: Sequence[Racer], winner: int, kept: int, target: float) -> str:
-    won, other = racers[winner], racers[kept]
-    return (
-        f"{won.label} (global batch {won.config.global_batch_size}) reached your best race "
-        f"loss {target:.4g} after {won.time_to_target_s:.1f} s of training, against "
-        f"{_seconds(other)} for the best at your global batch {other.config.global_batch_size}"
-    )
-
-
-def _kept_verdict(racers: Sequence[Racer], kept: int, best: int | None, target: float) -> str:
-    chosen = racers[kept]
-    text = (
-        f"the best at your global batch {chosen.config.global_batch_size} ({chosen.label}) "
-        f"reached your best race loss {target:.4g} after {_seconds(chosen)}"
-    )
-    if best is None:
-        return text + "; no other global batch reached it"
-    other = racers[best]
-    return (
-        f"{text}; no other global batch did more than {RACE_MARGIN:.0%} sooner (best: "
-        f"{other.label}, {_seconds(other)})"
-    )
-
-
-def _seconds(racer: Racer) -> str:
-    if racer.time_to_target_s is not None:
-        return f"{racer.time_to_target_s:.1f} s"
-    trained = racer.curve.points[-1].seconds if racer.curve and racer.curve.points else 0.0
-    if trained < 0.95 * racer.race_seconds:
-        return f"not within {trained:.1f} s, when it could no longer win"
-    return "never within the race"
 
 
 def race_choice(

@@ -6,11 +6,9 @@ The generated `train.py` (templates/train.py.j2) does the same steps; keep the t
 from __future__ import annotations
 
 import contextlib
-import statistics
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -31,37 +29,9 @@ from advisor.trial.batches import (
 )
 from advisor.trial.probe import usable_cores
 
-__all__ = [
-    "Agreement",
-    "Bounds",
-    "DivergedError",
-    "Trainer",
-    "Window",
-    "WindowMonitor",
-    "apply_lr",
-    "run_window",
-    "warm_up",
-    "wrap_model",
-]
+__all__ = ["DivergedError", "Trainer", "apply_lr", "wrap_model"]
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-BENCHMARK_EXTRA_STEPS = 5  # cudnn.benchmark autotunes every new shape on its first calls
-SCALER_STABLE_STEPS = 3  # fp16: the loss scale must have stopped backing off
-SCALER_MAX_STEPS = 50
-
-
-class Agreement(Protocol):
-    """How DDP ranks decide together when a window ends."""
-
-    def all_done(self, steps: int, done: bool) -> bool:
-        """Whether every rank is done; each rank calls it after the same steps."""
-        ...
-
-
-class WindowMonitor(Protocol):
-    """Watches a trial as it runs; called after every micro-step, True once it should stop."""
-
-    def __call__(self) -> bool: ...
 
 
 class DivergedError(ArithmeticError):
@@ -295,183 +265,3 @@ def _build_loader(
         drop_last=True,  # a partial last batch would change shapes mid-window
         collate_fn=task.collate_fn,
     )
-
-
-@dataclass
-class Window:
-    """Micro-steps run back to back, timed between device synchronisations."""
-
-    steps: int = 0  # optimizer steps completed
-    micro_batches: int = 0
-    elapsed_s: float = 0.0
-    data_wait_s: float = 0.0
-    stopped_early: bool = False  # the monitor ended it
-    step_times_s: list[float] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)
-    # With `time_micro`: each micro-step's seconds, and whether it ended with the optimizer step.
-    micro_times_s: list[tuple[float, bool]] = field(default_factory=list)
-
-    def percentile(self, q: float) -> float:
-        ordered = sorted(self.step_times_s)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    @property
-    def median_step_s(self) -> float:
-        return statistics.median(self.step_times_s)
-
-    def median_micro_s(self, *, stepped: bool) -> float | None:
-        """The median seconds of the timed micro-steps that did (or did not) end a step."""
-        times = [seconds for seconds, final in self.micro_times_s if final == stepped]
-        return statistics.median(times) if times else None
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """When a window may end: the minimums, and the limits that end it regardless."""
-
-    min_steps: int = 1
-    min_seconds: float = 0.0
-    max_steps: int | None = None
-    max_seconds: float | None = None  # a budget: ends it even before the minimums
-    cover_worker_cycles: bool = True
-    stop_at_once: bool = False  # the monitor's stop ends it even before the minimums
-    # DDP ranks decide after every micro-step, not only after optimizer steps: a budget then
-    # ends a long cycle in its middle on every rank alike.
-    agree_every_micro_step: bool = False
-
-
-def run_window(
-    trainer: Trainer,
-    bounds: Bounds,
-    *,
-    agree: Agreement | None = None,
-    monitor: WindowMonitor | None = None,
-    time_micro: bool = False,
-) -> Window:
-    """Run micro-steps until the bounds say, then check the losses.
-
-    The window also spans at least two full worker cycles (`num_workers × prefetch_factor`
-    micro-batches): loaders with workers deliver batches in bursts. A `monitor` may end the
-    window before `min_seconds`, never before the other minimums unless `stop_at_once`. DDP
-    ranks pass `agree` and decide only after optimizer steps: they stop together, once every
-    rank is done (one waiting for the others would hang). `time_micro` times every micro-step,
-    synchronising the device after each.
-    """
-    config = trainer.config
-    min_micro = 2 * config.num_workers * config.prefetch_factor if bounds.cover_worker_cycles else 0
-    window = Window()
-    loss_tensors = []
-    trainer.synchronize()
-    wait_before = trainer.data_wait_s
-    started = last_step = last_micro = time.perf_counter()
-    while True:
-        stepped = trainer.micro_step()
-        if time_micro:
-            trainer.synchronize()
-        now = time.perf_counter()
-        window.micro_batches += 1
-        if time_micro:
-            window.micro_times_s.append((now - last_micro, stepped))
-        last_micro = now
-        if stepped:
-            loss_tensors.append(trainer.last_loss)
-            window.step_times_s.append(now - last_step)
-            last_step = now
-            window.steps += 1
-        stop = monitor is not None and monitor()
-        if agree is not None and not stepped and not bounds.agree_every_micro_step:
-            continue
-        done = _window_done(window, bounds, min_micro, stop, now - started)
-        if agree is not None:
-            done = agree.all_done(window.steps, done)
-        if done or (stepped and window.steps == bounds.max_steps):
-            window.stopped_early = stop and (
-                bounds.stop_at_once or now - started < bounds.min_seconds
-            )
-            break
-    trainer.synchronize()
-    window.elapsed_s = time.perf_counter() - started
-    window.data_wait_s = trainer.data_wait_s - wait_before
-    window.losses = torch.stack(loss_tensors).cpu().tolist() if loss_tensors else []
-    if not all(torch.isfinite(torch.tensor(window.losses))):
-        raise DivergedError(f"the loss became non-finite ({_first_bad(window.losses)})")
-    return window
-
-
-def _window_done(
-    window: Window, bounds: Bounds, min_micro: int, stop: bool, elapsed: float
-) -> bool:
-    if (stop and bounds.stop_at_once) or (
-        bounds.max_seconds is not None and elapsed >= bounds.max_seconds
-    ):
-        return True
-    minimums = window.steps >= bounds.min_steps and window.micro_batches >= min_micro
-    return minimums and (stop or elapsed >= bounds.min_seconds)
-
-
-def warm_up(
-    trainer: Trainer,
-    steps: int,
-    budget_s: float | None = None,
-    *,
-    agree: Agreement | None = None,
-    monitor: WindowMonitor | None = None,
-    whole_steps: bool = False,
-) -> Window:
-    """Run past everything that makes early steps unrepresentative; return the warm-up window,
-    every micro-step timed.
-
-    At least `steps` optimizer steps and two loader worker cycles; more with cudnn.benchmark
-    (autotuning); with fp16, until the GradScaler's scale has settled, since it starts at 2^16
-    and skips optimizer steps while it backs off. All of it within `budget_s` seconds: a
-    configuration whose steps are that slow ends its warm-up early, even within a step (its
-    window then times the parts of a step: `advisor.trial.measure`). With `whole_steps` the
-    budget ends it only after an optimizer step, and after one at the least. The monitor's stop
-    ends it at once. DDP ranks pass `agree`, and end it together after an optimizer step.
-    """
-    extra = BENCHMARK_EXTRA_STEPS if trainer.config.cudnn_benchmark else 0
-    bounds = (
-        Bounds(
-            min_steps=1 + extra,
-            min_seconds=budget_s,
-            max_steps=steps + extra,
-            stop_at_once=True,
-        )
-        if whole_steps and budget_s is not None
-        else Bounds(
-            min_steps=steps + extra,
-            max_seconds=budget_s,
-            stop_at_once=True,
-            agree_every_micro_step=budget_s is not None,
-        )
-    )
-    started = time.perf_counter()
-    window = run_window(trainer, bounds, agree=agree, monitor=monitor, time_micro=True)
-    if not trainer.scaler.is_enabled() or window.stopped_early:
-        return window
-    scale, stable = trainer.scaler.get_scale(), 0
-    for _ in range(SCALER_MAX_STEPS):
-        left = None if budget_s is None else budget_s - (time.perf_counter() - started)
-        done = stable >= SCALER_STABLE_STEPS or (left is not None and left <= 0)
-        if agree is not None:  # each rank's clock started apart: they end it together
-            done = agree.all_done(window.steps, done)
-        if done:
-            break
-        one = Bounds(
-            max_seconds=None if whole_steps else left, cover_worker_cycles=False, stop_at_once=True
-        )
-        settling = run_window(trainer, one, agree=agree, monitor=monitor)
-        window.losses += settling.losses  # every step's loss, in order: the early losses
-        if settling.stopped_early:
-            window.stopped_early = True
-            break
-        previous, scale = scale, trainer.scaler.get_scale()
-        stable = stable + 1 if scale == previous else 0
-    return window
-
-
-def _first_bad(losses: list[float]) -> str:
-    for index, value in enumerate(losses):
-        if value != value or value in (float("inf"), float("-inf")):
-            return f"{value} at step {index + 1} of the window"
-    return "unknown"

@@ -35,9 +35,10 @@ from advisor.results import FailurePhase, TaskSummary, TrialResult
 from advisor.task import TrainingTask, build_task, user_batch_size
 from advisor.trial.agreement import EveryStep, ParentWatch, RankAgreement
 from advisor.trial.convergence import held_out_split, measure_gradient_norms, run_race
-from advisor.trial.loop import Bounds, DivergedError, Trainer, Window, run_window, warm_up
+from advisor.trial.loop import DivergedError, Trainer
 from advisor.trial.memory import PeakMemory
 from advisor.trial.protocol import TrialRequest
+from advisor.trial.window import Bounds, Window, run_window, warm_up
 
 __all__ = ["EARLY_STEPS", "measure_request"]
 

@@ -12,16 +12,8 @@ from advisor.knobs import TrialConfig
 from advisor.progress import NullProgress
 from advisor.results import Racer, TrialRecord, TrialResult
 from advisor.search.context import SearchContext
-from advisor.search.race import (
-    RACE_MARGIN,
-    RacePlan,
-    decide_race,
-    lr_rule,
-    predict_batches,
-    race_finalists,
-    run_race,
-    time_to_loss,
-)
+from advisor.search.race import RacePlan, lr_rule, predict_batches, race_finalists, run_race
+from advisor.search.race_verdict import RACE_MARGIN, decide_race, time_to_loss
 from advisor.search.records import read_racers
 from advisor.search.space import build_space
 from advisor.settings import TuneSettings

@@ -1,0 +1,154 @@
+"""The race's verdict: time each racer to the loss the baseline reached, and choose.
+
+The target is the baseline's lowest loss in the race (the best at the user's batch's, if the
+baseline failed). The winner reaches it soonest, by more than `RACE_MARGIN`; otherwise the
+fastest configuration at the user's global batch B0 is kept, unless it reached the loss
+clearly later than the baseline (its numerics cost more than its speed gains). Pure functions
+of the racers, so the race (`advisor.search.race`) can also ask, while it runs, how long a
+racer may still train before it can no longer win.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from advisor.convergence import RaceCurve
+from advisor.knobs import TrialConfig
+from advisor.results import Racer, RaceSummary
+
+__all__ = ["RACE_MARGIN", "decide_race", "pick_at_batch0", "reference_racer", "time_to_loss"]
+
+# A racer must reach the loss this much sooner than the best at the user's batch to win:
+# benchmarks/machine_drift.py measured 12 % between two processes of the same configuration.
+RACE_MARGIN = 0.15
+
+
+def reference_racer(racers: Sequence[Racer]) -> Racer | None:
+    """The racer whose lowest loss is the target: the baseline, else the best at the user's
+    batch; None if neither has a curve."""
+    reference = next((r for r in racers if r.role == "baseline" and r.curve), None)
+    return reference or next((r for r in racers if r.role == "your batch" and r.curve), None)
+
+
+def time_to_loss(curve: RaceCurve, target: float) -> float | None:
+    """Training time until the curve first reaches `target`, interpolated between its points;
+    None if it never does."""
+    previous = None
+    for point in curve.points:
+        if point.loss <= target:
+            if previous is None or previous.loss == point.loss:
+                return point.seconds
+            fraction = (previous.loss - target) / (previous.loss - point.loss)
+            return previous.seconds + fraction * (point.seconds - previous.seconds)
+        previous = point
+    return None
+
+
+def decide_race(racers: Sequence[Racer], seconds: float) -> RaceSummary:
+    """Time each racer to the baseline's lowest loss and choose (see the module's doc)."""
+    reference = reference_racer(racers)
+    if reference is None or reference.curve is None:
+        failed = next((r for r in racers if r.role in ("baseline", "your batch")), None)
+        why = (failed.result.reason or failed.result.status) if failed else "no racer ran"
+        return RaceSummary(
+            seconds=seconds,
+            loss_kind="train",
+            target_loss=None,
+            racers=tuple(racers),
+            winner=None,
+            verdict=f"the race at your global batch failed ({why}): advisor keeps it",
+        )
+    target = reference.curve.best_loss
+    timed = tuple(
+        r.model_copy(
+            update={"time_to_target_s": time_to_loss(r.curve, target) if r.curve else None}
+        )
+        for r in racers
+    )
+    at_batch0 = pick_at_batch0(timed)
+    best = _best_candidate(timed)
+    winner, verdict = at_batch0, _kept_verdict(timed, at_batch0, best, target)
+    if best is not None and _beats(timed[best], timed[at_batch0]):
+        winner, verdict = best, _won_verdict(timed, best, at_batch0, target)
+    return RaceSummary(
+        seconds=seconds,
+        loss_kind=reference.curve.loss_kind,
+        target_loss=target,
+        racers=timed,
+        winner=winner,
+        verdict=verdict,
+    )
+
+
+def pick_at_batch0(racers: Sequence[Racer]) -> int:
+    """The fastest configuration at the user's batch, unless it reached the loss clearly later
+    than the baseline (its numerics cost more than its speed gains): then the baseline."""
+    baseline = next(i for i, r in enumerate(racers) if r.role in ("baseline", "your batch"))
+    faster = next((i for i, r in enumerate(racers) if r.role == "your batch"), None)
+    if faster is None or racers[baseline].role != "baseline":
+        return faster if faster is not None else baseline
+    if _beats(racers[baseline], racers[faster]):
+        return baseline
+    return faster
+
+
+def _best_candidate(racers: Sequence[Racer]) -> int | None:
+    """Among the other global batches: for each configuration the learning rate that ended at
+    the lower loss (both trained equally long), then the configuration that reached the target
+    soonest."""
+    chosen: dict[TrialConfig, int] = {}
+    for index, racer in enumerate(racers):
+        if racer.role != "candidate" or racer.curve is None:
+            continue
+        other = chosen.get(racer.config)
+        if other is None or racer.curve.final_loss < _final(racers[other]):
+            chosen[racer.config] = index
+    timed = [i for i in chosen.values() if racers[i].time_to_target_s is not None]
+    return min(timed, key=lambda i: racers[i].time_to_target_s or 0.0, default=None)
+
+
+def _final(racer: Racer) -> float:
+    return racer.curve.final_loss if racer.curve else math.inf
+
+
+def _beats(first: Racer, second: Racer) -> bool:
+    """Whether `first` reached the target more than the noise sooner than `second`."""
+    if first.time_to_target_s is None:
+        return False
+    if second.time_to_target_s is None:
+        return True
+    return first.time_to_target_s < second.time_to_target_s * (1 - RACE_MARGIN)
+
+
+def _won_verdict(racers: Sequence[Racer], winner: int, kept: int, target: float) -> str:
+    won, other = racers[winner], racers[kept]
+    return (
+        f"{won.label} (global batch {won.config.global_batch_size}) reached your best race "
+        f"loss {target:.4g} after {won.time_to_target_s:.1f} s of training, against "
+        f"{_seconds(other)} for the best at your global batch {other.config.global_batch_size}"
+    )
+
+
+def _kept_verdict(racers: Sequence[Racer], kept: int, best: int | None, target: float) -> str:
+    chosen = racers[kept]
+    text = (
+        f"the best at your global batch {chosen.config.global_batch_size} ({chosen.label}) "
+        f"reached your best race loss {target:.4g} after {_seconds(chosen)}"
+    )
+    if best is None:
+        return text + "; no other global batch reached it"
+    other = racers[best]
+    return (
+        f"{text}; no other global batch did more than {RACE_MARGIN:.0%} sooner (best: "
+        f"{other.label}, {_seconds(other)})"
+    )
+
+
+def _seconds(racer: Racer) -> str:
+    if racer.time_to_target_s is not None:
+        return f"{racer.time_to_target_s:.1f} s"
+    trained = racer.curve.points[-1].seconds if racer.curve and racer.curve.points else 0.0
+    if trained < 0.95 * racer.race_seconds:
+        return f"not within {trained:.1f} s, when it could no longer win"
+    return "never within the race"
