@@ -59,7 +59,11 @@ def cli(debug: bool) -> None:
 )
 @click.option("--trials", type=int, help="Distinct configurations to measure [20].")
 @click.option("--timeout", type=float, help="Search budget in seconds (re-measurements follow).")
-@click.option("--trial-seconds", type=float, help="Timed window of each trial [3].")
+@click.option(
+    "--trial-seconds",
+    type=float,
+    help="Timed window of each trial [2]; a search trial's ends sooner once its rate is precise.",
+)
 @click.option("--trial-timeout", type=float, help="Hard limit per trial in seconds.")
 @click.option("--warmup-steps", type=int, help="Optimizer steps before timing [3].")
 @click.option("--global-batch-size", type=int, help="Keep batch x accumulation at this value.")

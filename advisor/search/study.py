@@ -305,8 +305,10 @@ def _measure(
         config,
         log_path,
         on_phase=context.progress.trial_phase,
-        # The baseline is the reference for every speed-up: always its whole window.
+        # The baseline is never stopped: it is the first best, and the reference for every
+        # speed-up (which its whole-window re-runs measure).
         on_progress=_pruning(trial) if role != "baseline" else None,
+        precise_window=True,
     )
     problem = memory_problem(result, context.hardware, context.settings.memory_headroom)
     if problem is None and context.numerics is not None:

@@ -47,6 +47,7 @@ EARLY_STEPS = 3
 # A window times whole cycles when a cycle takes at most this fraction of it, so that its three
 # steps take at most 1.5 windows; else it times a cycle's parts.
 WHOLE_CYCLE_FRACTION = 0.5
+PRECISE_AFTER_FRACTION = 0.125  # of `trial_seconds`: the shortest a precise window may be
 
 
 class _Phase:
@@ -255,8 +256,9 @@ def _timed_window(
     estimate: bool,
 ) -> Window:
     """The measured window: at least `trial_seconds`, on every DDP rank, unless the parent
-    watching it ends it early. Estimating, it runs cycles of two micro-steps, one without and
-    one with the optimizer step, and times each."""
+    watching it ends it early or, with `precise_window`, its rate is precise from an eighth of
+    that on. Estimating, it runs cycles of two micro-steps, one without and one with the
+    optimizer step, and times each."""
     agree = None
     if trainer.config.world_size > 1:
         dist.barrier()  # all windows start together
@@ -277,6 +279,9 @@ def _timed_window(
         min_seconds=request.trial_seconds,
         max_steps=request.max_measure_steps,
         cover_worker_cycles=not estimate,  # a long micro-step times the workers' bursts anyway
+        precise_after_s=PRECISE_AFTER_FRACTION * request.trial_seconds
+        if request.precise_window and not estimate
+        else None,
     )
     return run_window(trainer, bounds, agree=agree, monitor=watch, time_micro=estimate)
 

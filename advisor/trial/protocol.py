@@ -37,6 +37,11 @@ class TrialRequest(BaseModel):
         "window is timed in parts",
     )
     trial_seconds: float = Field(default=3.0, gt=0)
+    precise_window: bool = Field(
+        default=False,
+        description="a search trial's window may end from an eighth of `trial_seconds` on, once "
+        "the rate it measures is precise (advisor.trial.window.PRECISE_RELATIVE_ERROR)",
+    )
     max_measure_steps: int | None = Field(default=None, ge=1)
     seed: int = 0
     launched_at: float = Field(description="time.time() when the parent started the child")

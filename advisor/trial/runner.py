@@ -101,6 +101,7 @@ def run_trial(
     lr: LrPlan | None = None,
     race_target: float | None = None,
     whole_cycles: bool = False,
+    precise_window: bool = False,
     on_phase: PhaseCallback | None = None,
     on_progress: ProgressCallback | None = None,
 ) -> TrialResult:
@@ -121,6 +122,7 @@ def run_trial(
             race_target=race_target,
             warmup_steps=launch.warmup_steps,
             whole_cycles=whole_cycles,
+            precise_window=precise_window,
             trial_seconds=launch.trial_seconds,
             max_measure_steps=launch.max_measure_steps,
             seed=launch.seed,

@@ -3,11 +3,13 @@
 Both run a `Trainer` (`advisor.trial.loop`) and are bounded in seconds as well as steps. Under
 DDP the ranks decide together when either ends (`Agreement`), so that a long optimizer cycle can
 be cut in its middle on every rank alike; a search trial's parent may stop it after any
-micro-step (`WindowMonitor`).
+micro-step (`WindowMonitor`). A search trial's window may also end before its time once the
+rate it measures is precise (`Bounds.precise_after_s`, `relative_error`).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -29,6 +31,14 @@ __all__ = [
 BENCHMARK_EXTRA_STEPS = 5  # cudnn.benchmark autotunes every new shape on its first calls
 SCALER_STABLE_STEPS = 3  # fp16: the loss scale must have stopped backing off
 SCALER_MAX_STEPS = 50
+# A window that may end once precise: its mean step time from batch means of consecutive steps
+# (loaders and allocators make neighbouring steps alike, so single steps overstate precision).
+PRECISE_BATCHES = 8
+# The standard error of the mean step time over the mean: half the spread from one run to the
+# next (a coefficient of variation of 9-17 % on a 2-core VM, benchmarks/measurement_noise.py),
+# which a longer window does not reduce.
+PRECISE_RELATIVE_ERROR = 0.05
+PRECISE_CHECK_EVERY_S = 0.05
 
 
 class Agreement(Protocol):
@@ -72,6 +82,18 @@ class Window:
         times = [seconds for seconds, final in self.micro_times_s if final == stepped]
         return statistics.median(times) if times else None
 
+    def relative_error(self) -> float:
+        """The standard error of the mean step time over the mean, from the means of
+        `PRECISE_BATCHES` runs of consecutive steps; infinite below that many steps."""
+        if len(self.step_times_s) < PRECISE_BATCHES:
+            return math.inf
+        size = len(self.step_times_s) // PRECISE_BATCHES
+        times = self.step_times_s[len(self.step_times_s) - size * PRECISE_BATCHES :]
+        means = [sum(times[i : i + size]) / size for i in range(0, len(times), size)]
+        mean = sum(means) / len(means)
+        variance = sum((m - mean) ** 2 for m in means) / (len(means) - 1)
+        return math.sqrt(variance / len(means)) / mean
+
 
 @dataclass(frozen=True)
 class Bounds:
@@ -83,6 +105,9 @@ class Bounds:
     max_seconds: float | None = None  # a budget: ends it even before the minimums
     cover_worker_cycles: bool = True
     stop_at_once: bool = False  # the monitor's stop ends it even before the minimums
+    # From then on, a window past its other minimums ends once `Window.relative_error` is at
+    # most PRECISE_RELATIVE_ERROR, even before `min_seconds`.
+    precise_after_s: float | None = None
     # DDP ranks decide after every micro-step, not only after optimizer steps: a budget then
     # ends a long cycle in its middle on every rank alike.
     agree_every_micro_step: bool = False
@@ -103,7 +128,8 @@ def run_window(
     window before `min_seconds`, never before the other minimums unless `stop_at_once`. DDP
     ranks pass `agree` and decide only after optimizer steps: they stop together, once every
     rank is done (one waiting for the others would hang). `time_micro` times every micro-step,
-    synchronising the device after each.
+    synchronising the device after each. With `bounds.precise_after_s`, the window is checked
+    every PRECISE_CHECK_EVERY_S from then on and ends once its rate is precise.
     """
     config = trainer.config
     min_micro = 2 * config.num_workers * config.prefetch_factor if bounds.cover_worker_cycles else 0
@@ -112,6 +138,7 @@ def run_window(
     trainer.synchronize()
     wait_before = trainer.data_wait_s
     started = last_step = last_micro = time.perf_counter()
+    precise = _PreciseYet(bounds.precise_after_s)
     while True:
         stepped = trainer.micro_step()
         if time_micro:
@@ -129,7 +156,8 @@ def run_window(
         stop = monitor is not None and monitor()
         if agree is not None and not stepped and not bounds.agree_every_micro_step:
             continue
-        done = _window_done(window, bounds, min_micro, stop, now - started)
+        ended = stop or precise(window, now - started)
+        done = _window_done(window, bounds, min_micro, stop, ended, now - started)
         if agree is not None:
             done = agree.all_done(window.steps, done)
         if done or (stepped and window.steps == bounds.max_steps):
@@ -147,14 +175,30 @@ def run_window(
 
 
 def _window_done(
-    window: Window, bounds: Bounds, min_micro: int, stop: bool, elapsed: float
+    window: Window, bounds: Bounds, min_micro: int, stop: bool, ended: bool, elapsed: float
 ) -> bool:
+    """Whether the window ends now; `stop`: the monitor's, `ended`: it or a precise rate."""
     if (stop and bounds.stop_at_once) or (
         bounds.max_seconds is not None and elapsed >= bounds.max_seconds
     ):
         return True
     minimums = window.steps >= bounds.min_steps and window.micro_batches >= min_micro
-    return minimums and (stop or elapsed >= bounds.min_seconds)
+    return minimums and (ended or elapsed >= bounds.min_seconds)
+
+
+class _PreciseYet:
+    """Whether a window's rate is precise enough to end it: checked from `after_s` on, every
+    PRECISE_CHECK_EVERY_S (each check reads every step time), once it is it stays so."""
+
+    def __init__(self, after_s: float | None) -> None:
+        self._next_s = math.inf if after_s is None else after_s
+        self._precise = False
+
+    def __call__(self, window: Window, elapsed_s: float) -> bool:
+        if not self._precise and elapsed_s >= self._next_s:
+            self._next_s = elapsed_s + PRECISE_CHECK_EVERY_S
+            self._precise = window.relative_error() <= PRECISE_RELATIVE_ERROR
+        return self._precise
 
 
 def warm_up(

@@ -51,3 +51,37 @@ def test_a_cycle_that_fits_the_window_is_timed_whole(tmp_path):
 
     assert result.status == "ok" and not result.estimated
     assert result.steps_measured >= 3
+
+
+def _beat_launch(spec: str) -> TrialLaunch:
+    return TrialLaunch(
+        spec=f"{TINY}:{spec}", cwd=ROOT, warmup_steps=3, trial_seconds=PRECISE_WINDOW_S,
+        timeout_s=120,
+    )  # fmt: skip
+
+
+PRECISE_WINDOW_S = 2.0
+
+
+@pytest.mark.parametrize("knobs", [{}, {"parallel_mode": "ddp", "world_size": 2}])
+def test_a_search_window_ends_once_its_rate_is_precise(tmp_path, knobs):
+    config = TrialConfig(batch_size=16, **knobs)
+    launch = _beat_launch("on_the_beat")  # a step every 20 ms, however busy the machine
+
+    precise = run_trial(launch, config, tmp_path / "precise.log", precise_window=True)
+    whole = run_trial(launch, config, tmp_path / "whole.log")
+
+    assert precise.status == "ok" and whole.status == "ok", (precise.reason, whole.reason)
+    assert whole.window_s >= PRECISE_WINDOW_S
+    # Not before an eighth of the window; soon after, as the beat's rate is known within 5 %.
+    assert PRECISE_WINDOW_S / 8 <= precise.window_s < PRECISE_WINDOW_S / 2
+    assert precise.samples_per_s == pytest.approx(whole.samples_per_s, rel=0.1)
+
+
+def test_a_window_whose_rate_drifts_runs_its_whole_time(tmp_path):
+    launch = _beat_launch("drifting")  # each step 1 ms slower than the last
+
+    result = run_trial(launch, TrialConfig(batch_size=16), tmp_path / "t.log", precise_window=True)
+
+    assert result.status == "ok", result.reason
+    assert result.window_s >= PRECISE_WINDOW_S

@@ -331,6 +331,17 @@ def _four_beats_under_autocast(model: Faulty, features: torch.Tensor) -> None:
 
 # bf16 runs at a quarter of fp32's speed, whatever the machine.
 slow_with_bf16 = _fault_factory(_four_beats_under_autocast)
+# One step every 20 ms on average, however busy the machine: a rate a short window pins down.
+on_the_beat = _fault_factory(_on_the_beat)
+
+
+def _slower_every_step(model: Faulty, features: torch.Tensor) -> None:
+    """Each step 1 ms slower than the one before (2 ms, 3 ms, ...), as on a machine slowing
+    down: no rate holds for long."""
+    time.sleep(0.001 * (1 + model.calls))
+
+
+drifting = _fault_factory(_slower_every_step)
 
 MICRO_STEP_S = 0.1
 

@@ -1,0 +1,35 @@
+"""How precise a window's rate is, from the step times it timed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from advisor.trial.window import PRECISE_BATCHES, Window
+
+
+def _window(step_times: list[float]) -> Window:
+    return Window(steps=len(step_times), step_times_s=step_times)
+
+
+def test_steady_steps_are_precise():
+    assert _window([0.01] * 40).relative_error() == pytest.approx(0.0, abs=1e-12)
+
+
+def test_too_few_steps_are_never_precise():
+    assert _window([0.01] * (PRECISE_BATCHES - 1)).relative_error() == math.inf
+
+
+def test_the_error_comes_from_batch_means_of_the_latest_steps():
+    # Two levels, half the batches each: means 1,1,1,1,3,3,3,3 around 2; the oldest step
+    # (17 steps into 8 batches of 2) is left out.
+    times = [100.0] + [1.0] * 8 + [3.0] * 8
+    expected = math.sqrt(8 / 7 / 8) / 2
+
+    assert _window(times).relative_error() == pytest.approx(expected)
+
+
+def test_alternating_steps_average_out_within_a_batch():
+    # A loader burst every other step: each batch of 4 steps holds two of each.
+    assert _window([0.001, 0.003] * 16).relative_error() == pytest.approx(0.0, abs=1e-12)
