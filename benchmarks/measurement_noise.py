@@ -1,12 +1,17 @@
-"""Measurement noise: the same configuration measured 5 times, as isolated trials, in one run.
+"""Measurement noise: the same configuration measured several times, as isolated trials.
 
-    python benchmarks/measurement_noise.py [--repeats 5] [--trial-seconds 3]
+    python benchmarks/measurement_noise.py [--repeats 5] [--trial-seconds 2]
 
-For each example workload, two configurations (the baseline, batch 32, and batch 256 with
-bf16 autocast where the CPU has it) are measured `--repeats` times each, interleaved so that
-drift of the machine spreads over both. Prints and writes the coefficient of variation of
-samples/s (benchmarks/results/measurement_noise.json): the spread a single trial window
-carries, which decides how close two configurations can be and still be told apart.
+For each example workload, three configurations (the baseline, batch 32; batch 256 with bf16
+autocast where the CPU has it; two DDP processes at batch 128) are measured `--repeats` times
+each, two ways, all interleaved so that drift of the machine spreads over every one:
+  whole    the window lasts `--trial-seconds`, as finalists' re-runs measure;
+  precise  a search trial's window, which may end from an eighth of that on once its rate is
+           precise (advisor.trial.window.PRECISE_RELATIVE_ERROR).
+Prints and writes (benchmarks/results/measurement_noise.json) the coefficient of variation of
+samples/s across the repeats, the mean window and the two ways' mean rates: the spread a single
+trial carries, which decides how close two configurations can be and still be told apart, and
+whether a shorter window adds to it.
 """
 
 from __future__ import annotations
@@ -23,30 +28,39 @@ from advisor.trial.runner import TrialLaunch, run_trial
 
 RESULTS = Path(__file__).parent / "results"
 EXAMPLES = ("examples/mlp.py:factory", "examples/cnn.py:factory", "examples/data_bound.py:factory")
+WAYS = ("whole", "precise")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--trial-seconds", type=float, default=3.0)
+    parser.add_argument("--trial-seconds", type=float, default=2.0)
     parser.add_argument("--specs", nargs="*", default=list(EXAMPLES))
     args = parser.parse_args()
     amp = "bf16" if probe().cpu_bf16 else "off"
-    configs = (TrialConfig(batch_size=32), TrialConfig(batch_size=256, amp=amp))
+    configs = (
+        TrialConfig(batch_size=32),
+        TrialConfig(batch_size=256, amp=amp),
+        TrialConfig(batch_size=128, parallel_mode="ddp", world_size=2),
+    )
     rows = []
     for spec in args.specs:
         launch = TrialLaunch(
             spec=spec, cwd=Path.cwd(), warmup_steps=3, trial_seconds=args.trial_seconds,
             timeout_s=300,
         )  # fmt: skip
-        rates: dict[TrialConfig, list[float]] = {config: [] for config in configs}
+        runs: dict[tuple[TrialConfig, str], list[tuple[float, float]]] = {}
         with tempfile.TemporaryDirectory() as logs:
             for index in range(args.repeats):
                 for config in configs:
-                    result = run_trial(launch, config, Path(logs) / f"{index}.log")
-                    rates[config].append(result.samples_per_s or 0.0)
-        for config, values in rates.items():
-            rows.append(_row(spec, config, values))
+                    for way in WAYS:
+                        log = Path(logs) / f"{index}.log"
+                        result = run_trial(launch, config, log, precise_window=way == "precise")
+                        runs.setdefault((config, way), []).append(
+                            (result.samples_per_s or 0.0, result.window_s or 0.0)
+                        )
+        for (config, way), values in runs.items():
+            rows.append(_row(spec, config, way, values))
             print(_line(rows[-1]))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "measurement_noise.json").write_text(
@@ -54,20 +68,29 @@ def main() -> None:
     )
 
 
-def _row(spec: str, config: TrialConfig, values: list[float]) -> dict[str, object]:
-    mean = statistics.fmean(values)
+def _row(
+    spec: str, config: TrialConfig, way: str, values: list[tuple[float, float]]
+) -> dict[str, object]:
+    rates = [rate for rate, _ in values]
+    mean = statistics.fmean(rates)
     return {
         "spec": spec,
         "config": config.label(),
-        "samples_per_s": values,
+        "way": way,
+        "samples_per_s": rates,
+        "window_s": [window for _, window in values],
         "mean": mean,
-        "cv": statistics.stdev(values) / mean if mean and len(values) > 1 else None,
+        "cv": statistics.stdev(rates) / mean if mean and len(rates) > 1 else None,
     }
 
 
 def _line(row: dict[str, object]) -> str:
-    values = ", ".join(f"{v:,.0f}" for v in row["samples_per_s"])  # type: ignore[attr-defined]
-    return f"{row['spec']:34} {row['config']:32} CV {row['cv']:.1%}  ({values})"
+    rates = ", ".join(f"{v:,.0f}" for v in row["samples_per_s"])  # type: ignore[attr-defined]
+    window = statistics.fmean(row["window_s"])  # type: ignore[arg-type]
+    return (
+        f"{row['spec']:32} {row['config']:28} {row['way']:7} window {window:.2f} s "
+        f"mean {row['mean']:,.0f} CV {row['cv']:.1%}  ({rates})"
+    )
 
 
 if __name__ == "__main__":
