@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
+from torch.utils.data._utils import signal_handling
 
 from advisor.convergence import LrPlan
 from advisor.errors import ContractError
@@ -84,6 +85,7 @@ class Trainer:
         self.last_loss = torch.zeros((), device=device)  # of the last optimizer step
         self._micro_done = 0  # of the current cycle
         self._cycle_loss = torch.zeros((), device=device)
+        self._iterator: Iterator[Any] | None = None  # over the loader's current epoch
         self._batches = self._endless_batches()
 
     def step(self, on_backward: Callable[[int], None] | None = None) -> torch.Tensor:
@@ -124,11 +126,19 @@ class Trainer:
         return True
 
     def close(self) -> None:
-        """Stop the loader's worker processes now rather than at garbage collection."""
+        """Stop the loader's worker processes now rather than at garbage collection.
+
+        They are killed: asked to stop, a worker first finishes the batch it is building (0.6 s
+        of every trial at 512 decoded images, examples/data_bound.py).
+        """
+        persistent = getattr(self.loader, "_iterator", None)  # kept alive by persistent_workers
+        for iterator in {
+            id(it): it for it in (self._iterator, persistent) if it is not None
+        }.values():
+            _kill_workers(iterator)
         self._batches.close()
-        iterator = getattr(self.loader, "_iterator", None)  # kept alive by persistent_workers
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
+        if persistent is not None and hasattr(persistent, "_shutdown_workers"):
+            persistent._shutdown_workers()
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -154,7 +164,7 @@ class Trainer:
                 self.sampler.set_epoch(epoch)  # a new shuffle per epoch, the same on every rank
             epoch += 1
             yielded = False
-            iterator = iter(self.loader)
+            iterator = self._iterator = iter(self.loader)
             while True:
                 started = time.perf_counter()
                 try:
@@ -173,6 +183,19 @@ class Trainer:
                     f"the loader yields no full batch of {self.config.batch_size}: "
                     "the dataset is smaller than the batch size"
                 )
+
+
+def _kill_workers(iterator: Iterator[Any]) -> None:
+    """SIGKILL a loader iterator's workers, once the loader no longer watches them: its SIGCHLD
+    handler would take their deaths for crashes."""
+    workers = getattr(iterator, "_workers", ())
+    if getattr(iterator, "_worker_pids_set", False):
+        signal_handling._remove_worker_pids(id(iterator))
+        iterator._worker_pids_set = False  # type: ignore[attr-defined]
+    for worker in workers:
+        worker.kill()
+    for worker in workers:
+        worker.join()
 
 
 def apply_lr(optimizer: torch.optim.Optimizer, plan: LrPlan) -> LambdaLR | None:

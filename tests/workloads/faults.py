@@ -3,6 +3,7 @@ mix of faults spread over the search space (tests of the fault matrix, issue #5)
 
 import ctypes
 import os
+import signal
 import time
 
 import torch
@@ -41,12 +42,28 @@ def _hang_in_worker(index: int) -> None:
     time.sleep(3600)
 
 
+_items_served = 0  # in this loader worker
+
+
+def _stuck_after_a_batch(index: int) -> None:
+    """Serves one batch of 16, then hangs, deaf to SIGTERM (as a blocked native read can be)."""
+    global _items_served
+    _items_served += 1
+    if _items_served > 16:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(3600)
+
+
 def worker_raises():
     return _model(), LoaderFault(_raise_in_worker), nn.CrossEntropyLoss()
 
 
 def worker_hangs():
     return _model(), LoaderFault(_hang_in_worker), nn.CrossEntropyLoss()
+
+
+def worker_stuck_after_a_batch():
+    return _model(), LoaderFault(_stuck_after_a_batch), nn.CrossEntropyLoss()
 
 
 def _null_dereference(model: Faulty, features: torch.Tensor) -> None:
