@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from search_quality import SPACE, remeasure
+from search_quality import HARNESS, SPACE, remeasure
 
 import advisor
 from advisor.api import make_settings, validate
@@ -64,6 +64,7 @@ def main() -> None:
     parser.add_argument("--machines", nargs="*", default=list(MACHINES), choices=MACHINES)
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3, help="re-measurements for quality")
+    parser.add_argument("--early-stop", type=float, default=None, help="advisor's --early-stop")
     args = parser.parse_args()
     rows = []
     for machine in args.machines:
@@ -72,17 +73,17 @@ def main() -> None:
             rows.append(_compare(spec, machine, args))
             print(json.dumps(rows[-1]["summary"]))
     RESULTS.mkdir(exist_ok=True)
-    rows = _with_earlier_rows(rows)
-    (RESULTS / "search_cost.json").write_text(json.dumps(rows, indent=2))
+    name = "search_cost" if args.early_stop is None else f"search_cost.early_stop_{args.early_stop}"
+    rows = _with_earlier_rows(rows, RESULTS / f"{name}.json")
+    (RESULTS / f"{name}.json").write_text(json.dumps(rows, indent=2))
     table = _markdown(rows, args.trials)
-    (RESULTS / "search_cost.md").write_text(table)
+    (RESULTS / f"{name}.md").write_text(table)
     print(table)
 
 
-def _with_earlier_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _with_earlier_rows(rows: list[dict[str, Any]], path: Path) -> list[dict[str, Any]]:
     """These rows, and the last run's for other workloads or machines (so that one can be
     measured again on its own)."""
-    path = RESULTS / "search_cost.json"
     fresh = {(row["summary"]["spec"], row["summary"]["machine"]) for row in rows}
     earlier = json.loads(path.read_text()) if path.exists() else []
     kept = [r for r in earlier if (r["summary"]["spec"], r["summary"]["machine"]) not in fresh]
@@ -102,7 +103,8 @@ def _compare(spec: str, machine: str, args: argparse.Namespace) -> dict[str, Any
     knobs = MACHINES[machine][1] or ("classic",)
     with tempfile.TemporaryDirectory() as out:
         started = time.monotonic()
-        result = advisor.tune(spec, trials=args.trials, knobs=knobs, out=out, **SPACE)
+        stop = {} if args.early_stop is None else {"early_stop": args.early_stop}
+        result = advisor.tune(spec, trials=args.trials, knobs=knobs, out=out, **SPACE, **stop)
         tune_s = time.monotonic() - started
     trials = [t for t in result.trials if t.role in ("baseline", "search")]
     finalists = {c.number for c in result.confirmations}
@@ -174,6 +176,7 @@ def _grid(spec: str, machine: str) -> dict[str, Any]:
     settings = make_settings(spec, knobs=("classic", "amp"), **SPACE)
     space = build_space(settings, hardware, validate(spec).task)
     terms = [spec, SPACE, MACHINES[machine][0], WINDOW_S, WARMUP_STEPS, advisor.__version__]
+    terms.append(HARNESS)
     terms.append(hardware.model_dump(include={"cpu_model", "cores", "torch_version"}))
     key = hashlib.sha256(json.dumps(terms, sort_keys=True).encode()).hexdigest()[:16]
     cache = json.loads(GRID_CACHE.read_text()) if GRID_CACHE.exists() else {}
