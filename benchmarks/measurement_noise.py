@@ -2,16 +2,18 @@
 
     python benchmarks/measurement_noise.py [--repeats 5] [--trial-seconds 2]
 
-For each example workload, three configurations (the baseline, batch 32; batch 256 with bf16
-autocast where the CPU has it; two DDP processes at batch 128) are measured `--repeats` times
-each, two ways, all interleaved so that drift of the machine spreads over every one:
-  whole    the window lasts `--trial-seconds`, as finalists' re-runs measure;
-  precise  a search trial's window, which may end from an eighth of that on once its rate is
-           precise (advisor.trial.window.PRECISE_RELATIVE_ERROR).
+For each example workload, five configurations (the baseline, batch 32; batch 256 with bf16
+autocast where the CPU has it; two DDP processes at batch 128; batch 512 with two loader
+workers, whose batches arrive in bursts; batch 512 with 4 accumulation steps, a cycle a search
+trial estimates from its parts) are measured `--repeats` times each, two ways, all interleaved
+so that drift of the machine spreads over every one:
+  whole    warm-up steps, then a window of `--trial-seconds`, as finalists' re-runs measure;
+  precise  a search trial: its warm-up settles from an eighth of that on, and its window may
+           end from then on once its rate is precise (advisor.trial.window).
 Prints and writes (benchmarks/results/measurement_noise.json) the coefficient of variation of
-samples/s across the repeats, the mean window and the two ways' mean rates: the spread a single
-trial carries, which decides how close two configurations can be and still be told apart, and
-whether a shorter window adds to it.
+samples/s across the repeats, the mean window, the mean wall of a trial and the two ways' mean
+rates: the spread a single trial carries, which decides how close two configurations can be and
+still be told apart, and whether a shorter measurement adds to it or biases it.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def main() -> None:
         TrialConfig(batch_size=32),
         TrialConfig(batch_size=256, amp=amp),
         TrialConfig(batch_size=128, parallel_mode="ddp", world_size=2),
+        TrialConfig(batch_size=512, num_workers=2),
+        TrialConfig(batch_size=512, accumulation_steps=4),
     )
     rows = []
     for spec in args.specs:
@@ -49,7 +53,7 @@ def main() -> None:
             spec=spec, cwd=Path.cwd(), warmup_steps=3, trial_seconds=args.trial_seconds,
             timeout_s=300,
         )  # fmt: skip
-        runs: dict[tuple[TrialConfig, str], list[tuple[float, float]]] = {}
+        runs: dict[tuple[TrialConfig, str], list[tuple[float, float, float]]] = {}
         with tempfile.TemporaryDirectory() as logs:
             for index in range(args.repeats):
                 for config in configs:
@@ -57,7 +61,11 @@ def main() -> None:
                         log = Path(logs) / f"{index}.log"
                         result = run_trial(launch, config, log, precise_window=way == "precise")
                         runs.setdefault((config, way), []).append(
-                            (result.samples_per_s or 0.0, result.window_s or 0.0)
+                            (
+                                result.samples_per_s or 0.0,
+                                result.window_s or 0.0,
+                                result.wall_s or 0.0,
+                            )
                         )
         for (config, way), values in runs.items():
             rows.append(_row(spec, config, way, values))
@@ -69,16 +77,17 @@ def main() -> None:
 
 
 def _row(
-    spec: str, config: TrialConfig, way: str, values: list[tuple[float, float]]
+    spec: str, config: TrialConfig, way: str, values: list[tuple[float, float, float]]
 ) -> dict[str, object]:
-    rates = [rate for rate, _ in values]
+    rates = [rate for rate, _, _ in values]
     mean = statistics.fmean(rates)
     return {
         "spec": spec,
         "config": config.label(),
         "way": way,
         "samples_per_s": rates,
-        "window_s": [window for _, window in values],
+        "window_s": [window for _, window, _ in values],
+        "wall_s": [wall for _, _, wall in values],
         "mean": mean,
         "cv": statistics.stdev(rates) / mean if mean and len(rates) > 1 else None,
     }
@@ -87,8 +96,10 @@ def _row(
 def _line(row: dict[str, object]) -> str:
     rates = ", ".join(f"{v:,.0f}" for v in row["samples_per_s"])  # type: ignore[attr-defined]
     window = statistics.fmean(row["window_s"])  # type: ignore[arg-type]
+    wall = statistics.fmean(row["wall_s"])  # type: ignore[arg-type]
     return (
         f"{row['spec']:32} {row['config']:28} {row['way']:7} window {window:.2f} s "
+        f"wall {wall:.2f} s "
         f"mean {row['mean']:,.0f} CV {row['cv']:.1%}  ({rates})"
     )
 

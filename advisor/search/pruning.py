@@ -2,9 +2,10 @@
 
 From its warm-up on, a search trial reports its projected samples/s about every 0.1 s (the step
 is the milliseconds since its warm-up began; `advisor.trial.runner` projects it). Once
-`CHECK_AFTER` of a window's time has passed, a trial projected below `fraction` of the best
-finished trial is told to stop, in whatever phase: in its window, it keeps the shorter
-measurement; before, its projection. Far below the best, the shorter measurement cannot change
+`CHECK_AFTER` of a window's time has passed (when a search trial's warm-up may have settled and
+its window may end, `advisor.trial.measure`), a trial projected below `fraction` of the best
+finished trial is told to stop, in whatever phase: in its window, it keeps the steps it timed;
+before its first, its projection. Far below the best, the shorter measurement cannot change
 the choice (single windows vary by about 12 % on the project's VM:
 benchmarks/measurement_noise.py), and the time goes to configurations that can win.
 """
@@ -14,9 +15,11 @@ from __future__ import annotations
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from advisor.trial.protocol import PRECISE_AFTER_FRACTION
+
 __all__ = ["SlowerThanBestPruner", "best_value", "make_pruner", "stop_reason"]
 
-CHECK_AFTER = 0.3  # of the window
+CHECK_AFTER = PRECISE_AFTER_FRACTION  # of the window
 
 
 class SlowerThanBestPruner(optuna.pruners.BasePruner):

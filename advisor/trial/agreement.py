@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from advisor.knobs import TrialConfig
-from advisor.trial.protocol import TrialRequest
+from advisor.trial.protocol import PROGRESS_INTERVAL_S, TrialRequest
 
 __all__ = ["EveryStep", "ParentWatch", "RankAgreement"]
 
@@ -27,7 +27,7 @@ class ParentWatch:
     file. DDP ranks then stop at their next agreement check.
     """
 
-    INTERVAL_S = 0.1
+    INTERVAL_S = PROGRESS_INTERVAL_S
 
     def __init__(self, request: TrialRequest, config: TrialConfig, rank: int) -> None:
         self._progress = Path(request.progress_path) if request.progress_path and not rank else None

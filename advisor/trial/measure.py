@@ -37,7 +37,7 @@ from advisor.trial.agreement import EveryStep, ParentWatch, RankAgreement
 from advisor.trial.convergence import held_out_split, measure_gradient_norms, run_race
 from advisor.trial.loop import DivergedError, Trainer
 from advisor.trial.memory import PeakMemory
-from advisor.trial.protocol import TrialRequest
+from advisor.trial.protocol import PRECISE_AFTER_FRACTION, TrialRequest
 from advisor.trial.window import Bounds, Window, run_window, warm_up
 
 __all__ = ["EARLY_STEPS", "measure_request"]
@@ -47,7 +47,6 @@ EARLY_STEPS = 3
 # A window times whole cycles when a cycle takes at most this fraction of it, so that its three
 # steps take at most 1.5 windows; else it times a cycle's parts.
 WHOLE_CYCLE_FRACTION = 0.5
-PRECISE_AFTER_FRACTION = 0.125  # of `trial_seconds`: the shortest a precise window may be
 
 
 class _Phase:
@@ -149,18 +148,19 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
     if request.mode == "reference":
         trainer.close()
         return TrialResult(config=config, status="ok", early_losses=early_losses, task=summary)
+    stopped = TrialResult(  # if the parent stops it before it measured a step
+        config=config,
+        status="stopped",
+        failure_phase="warmup",
+        startup_s=startup_s,
+        warmup_s=warmup.elapsed_s,
+        first_step_s=first_s,
+        early_losses=early_losses,
+        task=summary,
+    )
     if warmup.stopped_early:  # the parent stopped it: clearly slower than the best
         trainer.close()
-        return TrialResult(
-            config=config,
-            status="stopped",
-            failure_phase="warmup",
-            startup_s=startup_s,
-            warmup_s=warmup.elapsed_s,
-            first_step_s=first_s,
-            early_losses=early_losses,
-            task=summary,
-        )
+        return stopped
     phase.enter("measure")
     estimate = _too_long_for_window(warmup, request)
     if config.world_size > 1:  # every rank must time the same micro-steps: rank 0 decides
@@ -169,6 +169,8 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
         estimate = bool(decision.item())
     window = _timed_window(trainer, request, warmup, watch, estimate)
     trainer.close()
+    if window.stopped_early and not window.step_times_s:  # within its first step: nothing timed
+        return stopped.model_copy(update={"failure_phase": "measure"})
     if not estimate:  # a short warm-up leaves the first steps' losses to the window
         early_losses = tuple((first_losses + warmup.losses + window.losses)[:EARLY_STEPS])
     result = _measured(request, window, memory.stop(), summary, startup_s, warmup.elapsed_s)
@@ -197,8 +199,16 @@ def _warm_up(trainer: Trainer, request: TrialRequest, watch: ParentWatch | None)
     agree = EveryStep(trainer.device) if trainer.config.world_size > 1 else None
     steps = max(request.warmup_steps, EARLY_STEPS)
     budget = None if request.mode == "reference" else request.trial_seconds
+    settle = request.precise_window and not request.whole_cycles
     return warm_up(
-        trainer, steps, budget, agree=agree, monitor=watch, whole_steps=request.whole_cycles
+        trainer,
+        steps,
+        budget,
+        agree=agree,
+        monitor=watch,
+        whole_steps=request.whole_cycles,
+        settle_s=PRECISE_AFTER_FRACTION * request.trial_seconds if settle else None,
+        cycle_beyond_s=WHOLE_CYCLE_FRACTION * request.trial_seconds if settle else None,
     )
 
 
@@ -278,9 +288,12 @@ def _timed_window(
         min_steps=2 if estimate or long_cycles else 3,
         min_seconds=request.trial_seconds,
         max_steps=request.max_measure_steps,
-        cover_worker_cycles=not estimate,  # a long micro-step times the workers' bursts anyway
+        stop_at_once=True,  # the parent's stop: it keeps the steps it timed, if any
+        worker_rounds=0 if estimate else 2,  # a long micro-step times the workers' bursts anyway
+        # precise: its batch means span worker rounds, and a draining burst keeps it imprecise
+        prefetched_rounds=not request.precise_window,
         precise_after_s=PRECISE_AFTER_FRACTION * request.trial_seconds
-        if request.precise_window and not estimate
+        if request.precise_window
         else None,
     )
     return run_window(trainer, bounds, agree=agree, monitor=watch, time_micro=estimate)
@@ -293,7 +306,7 @@ def _validated(
     summary: TaskSummary,
     startup: float,
 ) -> TrialResult:
-    window = run_window(trainer, Bounds(max_steps=1, cover_worker_cycles=False))
+    window = run_window(trainer, Bounds(max_steps=1, worker_rounds=0))
     flops = _flops_per_sample(trainer)  # after the timed step: counting slows a step down
     trainer.close()
     summary = summary.model_copy(update={"flops_per_sample": flops})

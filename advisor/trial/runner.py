@@ -30,16 +30,16 @@ from advisor.convergence import LrPlan
 from advisor.knobs import TrialConfig
 from advisor.results import FailurePhase, TrialResult
 from advisor.trial.launcher import LauncherGoneError, child_env, json_safe, shared_launcher
-from advisor.trial.protocol import TrialRequest, died_without_result
+from advisor.trial.protocol import PROGRESS_INTERVAL_S, TrialRequest, died_without_result
 
 __all__ = ["ProgressCallback", "TrialLaunch", "run_trial"]
 
 GRACE_S = 3.0
 POLL_S = 0.2
 STOP_GRACE_S = 1.0
-# No progress line for this long: the child is inside a long micro-step, and its rate so far is
-# bounded by counting that micro-step as finished now.
-STALL_S = 0.5
+# No progress line for two reporting intervals: the child is inside a micro-step that has lasted
+# one at least, and its rate so far is bounded by counting that micro-step as finished now.
+STALL_S = 2 * PROGRESS_INTERVAL_S
 PhaseCallback = Callable[[str], None]
 # Called with the seconds since the warm-up began and the projected samples/s; a returned reason
 # stops the trial.

@@ -34,10 +34,14 @@ SCALER_MAX_STEPS = 50
 # A window that may end once precise: its mean step time from batch means of consecutive steps
 # (loaders and allocators make neighbouring steps alike, so single steps overstate precision).
 PRECISE_BATCHES = 8
-# The standard error of the mean step time over the mean: half the spread from one run to the
-# next (a coefficient of variation of 9-17 % on a 2-core VM, benchmarks/measurement_noise.py),
-# which a longer window does not reduce.
+# The standard error of the mean step time over the mean, from PRECISE_BATCHES batch means: half
+# the spread from one run to the next (a coefficient of variation of 9-17 % on a 2-core VM,
+# benchmarks/measurement_noise.py), which a longer window does not reduce.
 PRECISE_RELATIVE_ERROR = 0.05
+# Steps long enough that fewer than PRECISE_BATCHES fit are batched one by one, at least this
+# many: the same confidence interval (Student's t) then asks for a smaller standard error.
+PRECISE_MIN_BATCHES = 3
+_T_975 = {2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365}  # by degrees of freedom
 PRECISE_CHECK_EVERY_S = 0.05
 
 
@@ -82,17 +86,23 @@ class Window:
         times = [seconds for seconds, final in self.micro_times_s if final == stepped]
         return statistics.median(times) if times else None
 
-    def relative_error(self) -> float:
+    def relative_error(self, batch_steps: int = 1, *, micro: bool = False) -> float:
         """The standard error of the mean step time over the mean, from the means of
-        `PRECISE_BATCHES` runs of consecutive steps; infinite below that many steps."""
-        if len(self.step_times_s) < PRECISE_BATCHES:
+        `PRECISE_BATCHES` runs of consecutive steps, each at least `batch_steps` long (a round
+        of the loader's workers). Where fewer fit, from at least PRECISE_MIN_BATCHES runs, and
+        scaled to the same confidence: fewer batch means ask for a smaller error. Infinite
+        below that many runs. With `micro`, of the timed micro-steps instead of the steps."""
+        every = [seconds for seconds, _ in self.micro_times_s] if micro else self.step_times_s
+        count = min(PRECISE_BATCHES, len(every) // batch_steps)
+        if count < PRECISE_MIN_BATCHES:
             return math.inf
-        size = len(self.step_times_s) // PRECISE_BATCHES
-        times = self.step_times_s[len(self.step_times_s) - size * PRECISE_BATCHES :]
+        size = len(every) // count
+        times = every[len(every) - size * count :]
         means = [sum(times[i : i + size]) / size for i in range(0, len(times), size)]
         mean = sum(means) / len(means)
         variance = sum((m - mean) ** 2 for m in means) / (len(means) - 1)
-        return math.sqrt(variance / len(means)) / mean
+        standard_error = math.sqrt(variance / len(means)) / mean
+        return standard_error * _T_975[count - 1] / _T_975[PRECISE_BATCHES - 1]
 
 
 @dataclass(frozen=True)
@@ -103,11 +113,19 @@ class Bounds:
     min_seconds: float = 0.0
     max_steps: int | None = None
     max_seconds: float | None = None  # a budget: ends it even before the minimums
-    cover_worker_cycles: bool = True
+    # Loaders with workers deliver batches in bursts: the window spans at least this many rounds
+    # of the workers (`num_workers` micro-batches each), each round `prefetch_factor` times
+    # longer with `prefetched_rounds`, so that a burst of prefetched batches drains within it.
+    worker_rounds: int = 2
+    prefetched_rounds: bool = True
     stop_at_once: bool = False  # the monitor's stop ends it even before the minimums
     # From then on, a window past its other minimums ends once `Window.relative_error` is at
-    # most PRECISE_RELATIVE_ERROR, even before `min_seconds`.
+    # most PRECISE_RELATIVE_ERROR, even before `min_seconds`: of its micro-steps, if it times
+    # them (the optimizer step's extra time then counts as noise).
     precise_after_s: float | None = None
+    # A warm-up timing micro-steps ends, once past its minimum seconds, when its micro-steps
+    # predict an optimizer cycle longer than this: the window will time the cycle's parts.
+    cycle_beyond_s: float | None = None
     # DDP ranks decide after every micro-step, not only after optimizer steps: a budget then
     # ends a long cycle in its middle on every rank alike.
     agree_every_micro_step: bool = False
@@ -123,8 +141,8 @@ def run_window(
 ) -> Window:
     """Run micro-steps until the bounds say, then check the losses.
 
-    The window also spans at least two full worker cycles (`num_workers × prefetch_factor`
-    micro-batches): loaders with workers deliver batches in bursts. A `monitor` may end the
+    The window also spans `bounds.worker_rounds` rounds of the loader's workers. A `monitor`
+    may end the
     window before `min_seconds`, never before the other minimums unless `stop_at_once`. DDP
     ranks pass `agree` and decide only after optimizer steps: they stop together, once every
     rank is done (one waiting for the others would hang). `time_micro` times every micro-step,
@@ -132,13 +150,15 @@ def run_window(
     every PRECISE_CHECK_EVERY_S from then on and ends once its rate is precise.
     """
     config = trainer.config
-    min_micro = 2 * config.num_workers * config.prefetch_factor if bounds.cover_worker_cycles else 0
+    round_micro = config.num_workers * (config.prefetch_factor if bounds.prefetched_rounds else 1)
+    min_micro = bounds.worker_rounds * round_micro
     window = Window()
     loss_tensors = []
     trainer.synchronize()
     wait_before = trainer.data_wait_s
     started = last_step = last_micro = time.perf_counter()
-    precise = _PreciseYet(bounds.precise_after_s)
+    per_round = config.num_workers if time_micro else math.ceil(config.num_workers / trainer.cycle)
+    precise = _PreciseYet(bounds.precise_after_s, per_round, micro=time_micro)
     while True:
         stepped = trainer.micro_step()
         if time_micro:
@@ -157,7 +177,9 @@ def run_window(
         if agree is not None and not stepped and not bounds.agree_every_micro_step:
             continue
         ended = stop or precise(window, now - started)
-        done = _window_done(window, bounds, min_micro, stop, ended, now - started)
+        done = _window_done(window, bounds, min_micro, stop, ended, now - started) or (
+            now - started >= bounds.min_seconds and _cycle_too_long(window, bounds, trainer)
+        )
         if agree is not None:
             done = agree.all_done(window.steps, done)
         if done or (stepped and window.steps == bounds.max_steps):
@@ -190,15 +212,27 @@ class _PreciseYet:
     """Whether a window's rate is precise enough to end it: checked from `after_s` on, every
     PRECISE_CHECK_EVERY_S (each check reads every step time), once it is it stays so."""
 
-    def __init__(self, after_s: float | None) -> None:
+    def __init__(self, after_s: float | None, per_round: int, *, micro: bool) -> None:
         self._next_s = math.inf if after_s is None else after_s
+        self._batch_steps = max(1, per_round)  # a batch mean spans a round of the workers
+        self._micro = micro
         self._precise = False
 
     def __call__(self, window: Window, elapsed_s: float) -> bool:
         if not self._precise and elapsed_s >= self._next_s:
             self._next_s = elapsed_s + PRECISE_CHECK_EVERY_S
-            self._precise = window.relative_error() <= PRECISE_RELATIVE_ERROR
+            error = window.relative_error(self._batch_steps, micro=self._micro)
+            self._precise = error <= PRECISE_RELATIVE_ERROR
         return self._precise
+
+
+def _cycle_too_long(window: Window, bounds: Bounds, trainer: Trainer) -> bool:
+    """Whether the micro-steps timed so far, none of them an optimizer step's, predict a cycle
+    longer than `bounds.cycle_beyond_s`."""
+    if bounds.cycle_beyond_s is None:
+        return False
+    micro = window.median_micro_s(stepped=False)
+    return micro is not None and trainer.cycle * micro > bounds.cycle_beyond_s
 
 
 def warm_up(
@@ -209,6 +243,8 @@ def warm_up(
     agree: Agreement | None = None,
     monitor: WindowMonitor | None = None,
     whole_steps: bool = False,
+    settle_s: float | None = None,
+    cycle_beyond_s: float | None = None,
 ) -> Window:
     """Run past everything that makes early steps unrepresentative; return the warm-up window,
     every micro-step timed.
@@ -218,8 +254,12 @@ def warm_up(
     and skips optimizer steps while it backs off. All of it within `budget_s` seconds: a
     configuration whose steps are that slow ends its warm-up early, even within a step (its
     window then times the parts of a step: `advisor.trial.measure`). With `whole_steps` the
-    budget ends it only after an optimizer step, and after one at the least. The monitor's stop
-    ends it at once. DDP ranks pass `agree`, and end it together after an optimizer step.
+    budget ends it only after an optimizer step, and after one at the least. With `settle_s`
+    (a search trial), it may end after one optimizer step and one round of the workers, once it
+    has lasted `settle_s`: early steps' extra costs are milliseconds, which only short steps
+    need several steps to outlast; or within its first optimizer step, once its micro-steps
+    predict a cycle longer than `cycle_beyond_s`. The monitor's stop ends it at once. DDP ranks
+    pass `agree`, and end it together after an optimizer step.
     """
     extra = BENCHMARK_EXTRA_STEPS if trainer.config.cudnn_benchmark else 0
     bounds = (
@@ -231,8 +271,13 @@ def warm_up(
         )
         if whole_steps and budget_s is not None
         else Bounds(
-            min_steps=steps + extra,
+            min_steps=steps + extra if settle_s is None else 1 + extra,
+            min_seconds=settle_s or 0.0,
+            max_steps=None if settle_s is None else steps + extra,
             max_seconds=budget_s,
+            worker_rounds=2 if settle_s is None else 1,
+            prefetched_rounds=settle_s is None,
+            cycle_beyond_s=cycle_beyond_s,
             stop_at_once=True,
             agree_every_micro_step=budget_s is not None,
         )
@@ -249,9 +294,7 @@ def warm_up(
             done = agree.all_done(window.steps, done)
         if done:
             break
-        one = Bounds(
-            max_seconds=None if whole_steps else left, cover_worker_cycles=False, stop_at_once=True
-        )
+        one = Bounds(max_seconds=None if whole_steps else left, worker_rounds=0, stop_at_once=True)
         settling = run_window(trainer, one, agree=agree, monitor=monitor)
         window.losses += settling.losses  # every step's loss, in order: the early losses
         if settling.stopped_early:

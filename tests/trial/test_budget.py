@@ -42,6 +42,34 @@ def test_a_cycle_longer_than_the_window_is_estimated_within_the_budget(tmp_path,
     assert survivors(marked) == []
 
 
+def test_a_search_trial_ends_its_warm_up_once_a_cycle_is_known_too_long(tmp_path):
+    config = TrialConfig(batch_size=16, accumulation_steps=ACCUMULATION)
+
+    result = run_trial(_launch(), config, tmp_path / "t.log", precise_window=True)
+
+    assert result.status == "ok" and result.estimated, result.reason
+    # One micro-step of 0.1 s past an eighth of the window predicts a cycle of 0.8 s, more than
+    # half the window: the warm-up ends there, not after a whole cycle.
+    assert result.warmup_s < CYCLE_S / 2
+    assert result.window_s < WINDOW_S * 1.5
+
+
+def test_a_search_trial_of_long_steps_warms_up_for_one_and_times_three(tmp_path):
+    config = TrialConfig(batch_size=16)
+    launch = _launch()
+    launch.trial_seconds = 0.6  # steps of 0.1 s, alike to the millisecond
+
+    search = run_trial(launch, config, tmp_path / "search.log", precise_window=True)
+    whole = run_trial(launch, config, tmp_path / "whole.log")
+
+    assert search.status == "ok" and whole.status == "ok", (search.reason, whole.reason)
+    # Past an eighth of the window after its first step, the warm-up has settled; three steps
+    # alike pin the rate down.
+    assert search.warmup_s < 2 * MICRO_STEP_S <= whole.warmup_s
+    assert search.steps_measured == 3 and search.window_s < launch.trial_seconds * 3 / 4
+    assert search.samples_per_s == pytest.approx(whole.samples_per_s, rel=0.1)
+
+
 def test_a_cycle_that_fits_the_window_is_timed_whole(tmp_path):
     config = TrialConfig(batch_size=16, accumulation_steps=2)
     launch = _launch()

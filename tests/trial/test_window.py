@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from advisor.trial.window import PRECISE_BATCHES, Window
+from advisor.trial.window import PRECISE_MIN_BATCHES, Window
 
 
 def _window(step_times: list[float]) -> Window:
@@ -18,7 +18,19 @@ def test_steady_steps_are_precise():
 
 
 def test_too_few_steps_are_never_precise():
-    assert _window([0.01] * (PRECISE_BATCHES - 1)).relative_error() == math.inf
+    assert _window([0.01] * (PRECISE_MIN_BATCHES - 1)).relative_error() == math.inf
+    assert _window([0.01, 0.03] * 3).relative_error(batch_steps=3) == math.inf
+
+
+def test_fewer_steps_than_batches_need_a_smaller_error_for_the_same_confidence():
+    # Three long steps, one batch each: their standard error, widened by Student's t with 2
+    # degrees of freedom instead of 7.
+    times = [0.98, 1.0, 1.02]
+    standard_error = math.sqrt(0.0004 / 3)
+    eight = _window([0.98, 1.0, 1.02, 1.0] * 2).relative_error()
+
+    assert _window(times).relative_error() == pytest.approx(standard_error * 4.303 / 2.365)
+    assert _window(times).relative_error() > eight
 
 
 def test_the_error_comes_from_batch_means_of_the_latest_steps():
@@ -33,3 +45,11 @@ def test_the_error_comes_from_batch_means_of_the_latest_steps():
 def test_alternating_steps_average_out_within_a_batch():
     # A loader burst every other step: each batch of 4 steps holds two of each.
     assert _window([0.001, 0.003] * 16).relative_error() == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_batch_spans_a_round_of_the_workers():
+    # Two workers, one long step each: a batched worker arrives at once, the other is waited for.
+    times = [0.03, 0.37] * 3
+
+    assert _window(times).relative_error() > 0.3
+    assert _window(times).relative_error(batch_steps=2) == pytest.approx(0.0, abs=1e-12)
