@@ -70,8 +70,9 @@ class TuneSettings(BaseModel):
         default=0.5,
         ge=0,
         lt=1,
-        description="end a search trial's window after 30% of it when its throughput is below "
-        "this fraction of the best so far; 0 never ends one early, nor rejects a knob value",
+        description="stop a search trial, from an eighth of its window on, once its projected "
+        "throughput is below this fraction of the best so far; 0 never stops one early, nor "
+        "rejects a knob value",
     )
     knobs: tuple[str, ...] = Field(
         default=(BASE_GROUP,),
