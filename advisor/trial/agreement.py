@@ -63,6 +63,9 @@ class EveryStep:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return bool(flag.item())
 
+    def any_rank(self, flag: bool) -> bool:
+        return _any_rank(self._device, flag)
+
 
 class RankAgreement:
     """DDP ranks end their windows together, once every rank has run its minimum.
@@ -100,7 +103,17 @@ class RankAgreement:
         self._next_check = max(int(flags[1].item()), steps + 1)
         return bool(flags[0].item())
 
+    def any_rank(self, flag: bool) -> bool:
+        return _any_rank(self._device, flag)
+
     def _earliest(self, proposal: int) -> int:
         value = torch.tensor([proposal], device=self._device)
         dist.all_reduce(value, op=dist.ReduceOp.MIN)
         return int(value.item())
+
+
+def _any_rank(device: torch.device, flag: bool) -> bool:
+    """Whether `flag` is set on any rank; every rank calls it once, at the same point."""
+    value = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())

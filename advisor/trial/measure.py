@@ -169,8 +169,9 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
         estimate = bool(decision.item())
     window = _timed_window(trainer, request, warmup, watch, estimate)
     trainer.close()
-    if window.stopped_early and not window.step_times_s:  # within its first step: nothing timed
-        return stopped.model_copy(update={"failure_phase": "measure"})
+    cycle_s = _estimated_cycle_s(window, config.accumulation_steps) if estimate else None
+    if window.stopped_early and (not window.step_times_s or (estimate and cycle_s is None)):
+        return stopped.model_copy(update={"failure_phase": "measure"})  # stopped: nothing timed
     if not estimate:  # a short warm-up leaves the first steps' losses to the window
         early_losses = tuple((first_losses + warmup.losses + window.losses)[:EARLY_STEPS])
     result = _measured(request, window, memory.stop(), summary, startup_s, warmup.elapsed_s)

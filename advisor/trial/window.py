@@ -52,6 +52,10 @@ class Agreement(Protocol):
         """Whether every rank is done; each rank calls it after the same steps."""
         ...
 
+    def any_rank(self, flag: bool) -> bool:
+        """Whether `flag` is set on any rank; every rank calls it once, at the same point."""
+        ...
+
 
 class WindowMonitor(Protocol):
     """Watches a trial as it runs; called after every micro-step, True once it should stop."""
@@ -126,6 +130,9 @@ class Bounds:
     # A warm-up timing micro-steps ends, once past its minimum seconds, when its micro-steps
     # predict an optimizer cycle longer than this: the window will time the cycle's parts.
     cycle_beyond_s: float | None = None
+    # `min_seconds` ends it only after an optimizer step: the window that follows then starts
+    # with a whole cycle (a budget, a stop or a cycle too long may still end it within one).
+    min_seconds_at_a_step: bool = False
     # DDP ranks decide after every micro-step, not only after optimizer steps: a budget then
     # ends a long cycle in its middle on every rank alike.
     agree_every_micro_step: bool = False
@@ -177,12 +184,14 @@ def run_window(
         if agree is not None and not stepped and not bounds.agree_every_micro_step:
             continue
         ended = stop or precise(window, now - started)
-        done = _window_done(window, bounds, min_micro, stop, ended, now - started) or (
+        done = _window_done(window, bounds, min_micro, stop, ended, now - started, stepped) or (
             now - started >= bounds.min_seconds and _cycle_too_long(window, bounds, trainer)
         )
         if agree is not None:
             done = agree.all_done(window.steps, done)
         if done or (stepped and window.steps == bounds.max_steps):
+            if agree is not None:  # one rank's stop stops all: none may wait for the others
+                stop = agree.any_rank(stop)
             window.stopped_early = stop and (
                 bounds.stop_at_once or now - started < bounds.min_seconds
             )
@@ -197,15 +206,23 @@ def run_window(
 
 
 def _window_done(
-    window: Window, bounds: Bounds, min_micro: int, stop: bool, ended: bool, elapsed: float
+    window: Window,
+    bounds: Bounds,
+    min_micro: int,
+    stop: bool,
+    ended: bool,
+    elapsed: float,
+    stepped: bool,
 ) -> bool:
-    """Whether the window ends now; `stop`: the monitor's, `ended`: it or a precise rate."""
+    """Whether the window ends now; `stop`: the monitor's, `ended`: it or a precise rate;
+    `stepped`: the last micro-step ended an optimizer step."""
     if (stop and bounds.stop_at_once) or (
         bounds.max_seconds is not None and elapsed >= bounds.max_seconds
     ):
         return True
     minimums = window.steps >= bounds.min_steps and window.micro_batches >= min_micro
-    return minimums and (ended or elapsed >= bounds.min_seconds)
+    on_time = elapsed >= bounds.min_seconds and (stepped or not bounds.min_seconds_at_a_step)
+    return minimums and (ended or on_time)
 
 
 class _PreciseYet:
@@ -262,6 +279,7 @@ def warm_up(
     pass `agree`, and end it together after an optimizer step.
     """
     extra = BENCHMARK_EXTRA_STEPS if trainer.config.cudnn_benchmark else 0
+    worker_round_steps = math.ceil(trainer.config.num_workers / trainer.cycle)
     bounds = (
         Bounds(
             min_steps=1 + extra,
@@ -273,11 +291,12 @@ def warm_up(
         else Bounds(
             min_steps=steps + extra if settle_s is None else 1 + extra,
             min_seconds=settle_s or 0.0,
-            max_steps=None if settle_s is None else steps + extra,
+            max_steps=None if settle_s is None else max(steps + extra, worker_round_steps),
             max_seconds=budget_s,
             worker_rounds=2 if settle_s is None else 1,
             prefetched_rounds=settle_s is None,
             cycle_beyond_s=cycle_beyond_s,
+            min_seconds_at_a_step=settle_s is not None,
             stop_at_once=True,
             agree_every_micro_step=budget_s is not None,
         )
