@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -94,10 +95,21 @@ def validate(spec: str, *, device: str = "auto", timeout_s: float = 300.0) -> Tr
     settings = make_settings(spec, device=device, trial_timeout=timeout_s)
     check_spec(spec)
     hardware = probe_isolated()
-    log_path = Path(_scratch_logs()) / "validate.log"
-    return preflight(
-        spec, Path.cwd(), resolve_device(settings.device, hardware), timeout_s, log_path
-    )
+    logs = Path(_scratch_logs())
+    try:
+        checked = preflight(
+            spec,
+            Path.cwd(),
+            resolve_device(settings.device, hardware),
+            timeout_s,
+            logs / "validate.log",
+        )
+    except BaseException as exc:
+        if str(logs) not in str(exc):  # a failure keeps the log its message names
+            shutil.rmtree(logs, ignore_errors=True)
+        raise
+    shutil.rmtree(logs, ignore_errors=True)
+    return checked
 
 
 def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:

@@ -1,3 +1,5 @@
+import tempfile
+
 import pytest
 import torch
 
@@ -109,3 +111,18 @@ def test_each_kind_of_bad_input_names_one_error_class():
     assert len(set(kinds)) == len(kinds)
     assert type(bad_input("contract", "m")) is ContractError
     assert type(bad_input("no such kind", "m")) is BadInputError
+
+
+def test_validation_keeps_its_log_only_when_it_fails(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    validate(f"{TINY}:factory")
+    assert list(tmp_path.iterdir()) == []  # nothing to read
+
+    with pytest.raises(FactoryError):  # its message says it all
+        validate(f"{TINY}:raises")
+    assert list(tmp_path.iterdir()) == []
+
+    with pytest.raises(FirstStepError, match=r"\(log: .*validate\.log\)"):
+        validate(f"{TINY}:bad_shapes")
+    assert [log.name for log in tmp_path.glob("*/*")] == ["validate.log"]  # the error names it

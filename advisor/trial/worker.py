@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -41,10 +42,25 @@ def main(argv: list[str] | None = None) -> int:
     """Run the trial a request file describes and write its result; `python -m` entry point."""
     args = sys.argv[1:] if argv is None else argv
     request = TrialRequest.model_validate_json(Path(args[0]).read_text())
+    _temporary_files_with_the_trial(request)
     result = run_request(request)
     _write_atomically(result, request.result_path)
     print(f"advisor: trial {result.status}: {result.samples_per_s or 0:.1f} samples/s")
     return 0
+
+
+def _temporary_files_with_the_trial(request: TrialRequest) -> None:
+    """Make this process's temporary files (and its loader workers' and ranks': multiprocessing's
+    `pymp-*` folders) in the trial's scratch folder, which the parent removes: the trial exits
+    without its finalizers, and its workers are killed. Not where the sockets multiprocessing
+    makes there would pass the length a Unix socket's path may have: it would fail to bind."""
+    folder = str(Path(request.result_path).parent)
+    if len(folder) + len(_SOCKET_IN_TEMPORARY_FOLDER) <= _LONGEST_SOCKET_PATH:
+        tempfile.tempdir = folder
+
+
+_SOCKET_IN_TEMPORARY_FOLDER = "/pymp-12345678/listener-12345678"  # multiprocessing's names
+_LONGEST_SOCKET_PATH = 103  # sockaddr_un holds 104 bytes on macOS, 108 on Linux, NUL included
 
 
 def exit_with_parent() -> None:
