@@ -158,6 +158,11 @@ class TrialResult(_Frozen):
     stopped_early: bool = Field(
         default=False, description="the search ended its window early: clearly slower than the best"
     )
+    below_best: bool = Field(
+        default=False,
+        description="a search trial's window ended before its time, once its rate was clearly "
+        "below the best so far (the best above its 95 % interval)",
+    )
     estimated: bool = Field(
         default=False,
         description="one optimizer cycle did not fit the window: samples/s was estimated from "
@@ -206,6 +211,11 @@ class TrialRecord(_Frozen):
             return (
                 f"stopped after {self.result.window_s or 0:.1f} s of its window: far slower "
                 "than the best so far"
+            )
+        if self.result.below_best:
+            return (
+                f"window ended after {self.result.window_s or 0:.1f} s: clearly slower than the "
+                "best so far"
             )
         if self.result.estimated:
             return (

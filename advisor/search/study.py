@@ -309,6 +309,8 @@ def _measure(
         # speed-up (which its whole-window re-runs measure).
         on_progress=_pruning(trial) if role != "baseline" else None,
         precise_window=True,
+        # clearly below the best, a longer window would only narrow the gap's interval
+        beat_samples_per_s=best_value(trial.study) if role != "baseline" else None,
     )
     problem = memory_problem(result, context.hardware, context.settings.memory_headroom)
     if problem is None and context.numerics is not None:

@@ -38,14 +38,22 @@ from advisor.trial.convergence import held_out_split, measure_gradient_norms, ru
 from advisor.trial.loop import DivergedError, Trainer
 from advisor.trial.memory import PeakMemory
 from advisor.trial.protocol import PRECISE_AFTER_FRACTION, TrialRequest
-from advisor.trial.window import Bounds, Window, run_window, warm_up
+from advisor.trial.window import (
+    PRECISE_MIN_BATCHES,
+    Bounds,
+    FirstStep,
+    Window,
+    run_window,
+    warm_up,
+)
 
 __all__ = ["EARLY_STEPS", "measure_request"]
 
 # Optimizer steps whose losses the numerics check compares (advisor.search.checks).
 EARLY_STEPS = 3
 # A window times whole cycles when a cycle takes at most this fraction of it, so that its three
-# steps take at most 1.5 windows; else it times a cycle's parts.
+# steps take at most 1.5 windows; else it times a cycle's parts. A search trial's window, which
+# ends once precise, needs PRECISE_MIN_BATCHES cycles at least: they must fit in the window.
 WHOLE_CYCLE_FRACTION = 0.5
 
 
@@ -133,7 +141,7 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
         return _converged(request, task, kind, trainer, held_out, memory, phase, state)
     phase.enter("first_step")
     try:
-        first_s, first_losses = _first_micro_step(trainer)
+        first, first_losses = _first_micro_step(trainer)
     finally:  # also when the step fails: the batch it saw explains the failure
         state.summary = _summarise(task, kind, trainer)
     startup_s = time.time() - request.launched_at
@@ -143,7 +151,7 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
         return _validated(request, trainer, memory, summary, startup_s)
     phase.enter("warmup")
     watch = ParentWatch(request, config, rank) if request.stop_path else None
-    warmup = _warm_up(trainer, request, watch)
+    warmup = _warm_up(trainer, request, watch, first)
     early_losses = tuple((first_losses + warmup.losses)[:EARLY_STEPS])
     if request.mode == "reference":
         trainer.close()
@@ -154,7 +162,7 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
         failure_phase="warmup",
         startup_s=startup_s,
         warmup_s=warmup.elapsed_s,
-        first_step_s=first_s,
+        first_step_s=first.seconds,
         early_losses=early_losses,
         task=summary,
     )
@@ -167,7 +175,7 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
         decision = torch.tensor([int(estimate)], device=trainer.device)
         dist.broadcast(decision, src=0)
         estimate = bool(decision.item())
-    window = _timed_window(trainer, request, warmup, watch, estimate)
+    window = _timed_window(trainer, request, warmup, watch, estimate, first)
     trainer.close()
     cycle_s = _estimated_cycle_s(window, config.accumulation_steps) if estimate else None
     if window.stopped_early and (not window.step_times_s or (estimate and cycle_s is None)):
@@ -175,10 +183,10 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
     if not estimate:  # a short warm-up leaves the first steps' losses to the window
         early_losses = tuple((first_losses + warmup.losses + window.losses)[:EARLY_STEPS])
     result = _measured(request, window, memory.stop(), summary, startup_s, warmup.elapsed_s)
-    return result.model_copy(update={"early_losses": early_losses, "first_step_s": first_s})
+    return result.model_copy(update={"early_losses": early_losses, "first_step_s": first.seconds})
 
 
-def _first_micro_step(trainer: Trainer) -> tuple[float, list[float]]:
+def _first_micro_step(trainer: Trainer) -> tuple[FirstStep, list[float]]:
     """The first micro-step, alone: its one-off costs (compilation, lazy initialisation, the
     loader's first batch) stay out of every rate. Returns its seconds, and the loss of the
     optimizer step it completed (without accumulation, the micro-step is the whole step)."""
@@ -190,13 +198,16 @@ def _first_micro_step(trainer: Trainer) -> tuple[float, list[float]]:
     losses = [trainer.last_loss.item()] if stepped else []
     if not all(math.isfinite(loss) for loss in losses):
         raise DivergedError(f"the loss became non-finite ({losses[0]} at the first step)")
-    return seconds, losses
+    return FirstStep(seconds, stepped), losses
 
 
-def _warm_up(trainer: Trainer, request: TrialRequest, watch: ParentWatch | None) -> Window:
+def _warm_up(
+    trainer: Trainer, request: TrialRequest, watch: ParentWatch | None, first: FirstStep
+) -> Window:
     """`warmup_steps` optimizer steps (and `EARLY_STEPS`, whose losses the numerics check
-    compares) within one window's time. A search trial's warm-up may end within a step; a
-    re-run's (`whole_cycles`) runs whole steps, at least one; the numerics reference runs all."""
+    compares) within one window's time. A search trial's warm-up may end within a step, or
+    take none after a first step long enough to have settled it (`warm_up`); a re-run's
+    (`whole_cycles`) runs whole steps, at least one; the numerics reference runs all."""
     agree = EveryStep(trainer.device) if trainer.config.world_size > 1 else None
     steps = max(request.warmup_steps, EARLY_STEPS)
     budget = None if request.mode == "reference" else request.trial_seconds
@@ -209,7 +220,8 @@ def _warm_up(trainer: Trainer, request: TrialRequest, watch: ParentWatch | None)
         monitor=watch,
         whole_steps=request.whole_cycles,
         settle_s=PRECISE_AFTER_FRACTION * request.trial_seconds if settle else None,
-        cycle_beyond_s=WHOLE_CYCLE_FRACTION * request.trial_seconds if settle else None,
+        cycle_beyond_s=_longest_whole_cycle_s(request) if settle else None,
+        first=first,
     )
 
 
@@ -224,7 +236,15 @@ def _too_long_for_window(warmup: Window, request: TrialRequest) -> bool:
     if micro is None or final is None:  # the warm-up ran out of time within its first cycle
         return True
     cycle_s = (accumulation - 1) * micro + final
-    return cycle_s > WHOLE_CYCLE_FRACTION * request.trial_seconds
+    return cycle_s > _longest_whole_cycle_s(request)
+
+
+def _longest_whole_cycle_s(request: TrialRequest) -> float:
+    """The longest optimizer cycle a window times whole: one that lets a search trial's window
+    time PRECISE_MIN_BATCHES cycles within `trial_seconds`, any other window three within 1.5."""
+    if request.precise_window and not request.whole_cycles:
+        return request.trial_seconds / PRECISE_MIN_BATCHES
+    return WHOLE_CYCLE_FRACTION * request.trial_seconds
 
 
 def _converged(
@@ -265,6 +285,7 @@ def _timed_window(
     warmup: Window,
     watch: ParentWatch | None,
     estimate: bool,
+    first: FirstStep,
 ) -> Window:
     """The measured window: at least `trial_seconds`, on every DDP rank, unless the parent
     watching it ends it early or, with `precise_window`, its rate is precise from an eighth of
@@ -273,12 +294,13 @@ def _timed_window(
     agree = None
     if trainer.config.world_size > 1:
         dist.barrier()  # all windows start together
-        step_s = warmup.median_step_s if warmup.step_times_s else request.trial_seconds
+        step_s = warmup.median_step_s if warmup.step_times_s else first.seconds
         agree = RankAgreement(
             trainer.device,
             request.trial_seconds,
             step_s / trainer.cycle * 2 if estimate else step_s,
-            check_every_s=ParentWatch.INTERVAL_S if watch else None,
+            # often where the parent may stop it or a precise rate may end it
+            check_every_s=ParentWatch.INTERVAL_S if watch or request.precise_window else None,
         )
     if estimate:
         trainer.cycle = 2
@@ -295,6 +317,9 @@ def _timed_window(
         prefetched_rounds=not request.precise_window,
         precise_after_s=PRECISE_AFTER_FRACTION * request.trial_seconds
         if request.precise_window
+        else None,
+        beat_step_s=trainer.config.global_batch_size / request.beat_samples_per_s
+        if request.beat_samples_per_s and not estimate
         else None,
     )
     return run_window(trainer, bounds, agree=agree, monitor=watch, time_micro=estimate)
@@ -358,6 +383,7 @@ def _measured(
         samples_measured=samples,
         losses=tuple(window.losses[:200]),
         stopped_early=window.stopped_early,
+        below_best=window.below_best,
         task=summary,
     )
 

@@ -48,6 +48,12 @@ class TrialRequest(BaseModel):
         description="a search trial's window may end from an eighth of `trial_seconds` on, once "
         "the rate it measures is precise (advisor.trial.window.PRECISE_RELATIVE_ERROR)",
     )
+    beat_samples_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="with `precise_window`: the best search trial's samples/s so far; the window "
+        "may also end once its rate is clearly below it",
+    )
     max_measure_steps: int | None = Field(default=None, ge=1)
     seed: int = 0
     launched_at: float = Field(description="time.time() when the parent started the child")

@@ -102,6 +102,7 @@ def run_trial(
     race_target: float | None = None,
     whole_cycles: bool = False,
     precise_window: bool = False,
+    beat_samples_per_s: float | None = None,
     on_phase: PhaseCallback | None = None,
     on_progress: ProgressCallback | None = None,
 ) -> TrialResult:
@@ -110,6 +111,8 @@ def run_trial(
     `on_progress` sees the projected samples/s from the warm-up on and may stop the trial: in
     its window, the result measures the shorter window and says `stopped_early`; before, its
     status is `stopped`, with the projection as its samples/s. Either way `reason` says why.
+    With `precise_window`, the window ends once its rate is precise, or clearly below
+    `beat_samples_per_s` (then the result says `below_best`).
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="advisor-trial-") as scratch:
@@ -123,6 +126,7 @@ def run_trial(
             warmup_steps=launch.warmup_steps,
             whole_cycles=whole_cycles,
             precise_window=precise_window,
+            beat_samples_per_s=beat_samples_per_s,
             trial_seconds=launch.trial_seconds,
             max_measure_steps=launch.max_measure_steps,
             seed=launch.seed,
@@ -256,7 +260,9 @@ class _Watch:
         self._last_seen: float | None = None  # parent's clock: warm-up start, then last line
         self._last_step = -1
         self._startup_s: float | None = None  # until the warm-up began, as the parent saw it
-        self._per_micro_step = request.config.batch_size * request.config.world_size
+        config = request.config
+        # samples of a round of the loader's workers, one micro-batch each, on every rank
+        self._per_round = config.batch_size * config.world_size * max(1, config.num_workers)
         self.stop: _Stop | None = None
 
     @property
@@ -289,16 +295,23 @@ class _Watch:
 
     def _projection(self, stalled_s: float) -> tuple[float, float] | None:
         """(seconds since the warm-up began, projected samples/s): the rate over the later half
-        of the progress so far (start-up effects fade), bounded, while the child has been quiet
-        for `STALL_S`, by counting its current micro-step as finished now."""
+        of the progress so far (start-up effects fade), at least a round of the loader's
+        workers long, bounded, while the child has been quiet for `STALL_S`, by counting the
+        round it waits in as finished now. Loader workers deliver batches in rounds: a step
+        that waits for one may take several steps' time, and the next steps none."""
         elapsed_s, samples = self._progress[-1] if self._progress else (0.0, 0.0)
         half_s, half_samples = next(
-            ((e, n) for e, n in reversed(self._progress) if e <= elapsed_s / 2), (0.0, 0.0)
+            (
+                (e, n)
+                for e, n in reversed(self._progress)
+                if e <= elapsed_s / 2 and n <= samples - self._per_round
+            ),
+            (0.0, 0.0),
         )
         rate = (samples - half_samples) / (elapsed_s - half_s) if elapsed_s > half_s else None
         if stalled_s > STALL_S:
             elapsed_s += stalled_s
-            bound = (samples + self._per_micro_step - half_samples) / (elapsed_s - half_s)
+            bound = (samples + self._per_round - half_samples) / (elapsed_s - half_s)
             rate = bound if rate is None else min(rate, bound)
         return None if rate is None else (elapsed_s, rate)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -20,8 +20,10 @@ import torch
 from advisor.trial.loop import DivergedError, Trainer
 
 __all__ = [
+    "PRECISE_MIN_BATCHES",
     "Agreement",
     "Bounds",
+    "FirstStep",
     "Window",
     "WindowMonitor",
     "run_window",
@@ -72,6 +74,7 @@ class Window:
     elapsed_s: float = 0.0
     data_wait_s: float = 0.0
     stopped_early: bool = False  # the monitor ended it
+    below_best: bool = False  # it ended once clearly slower than `Bounds.beat_step_s`
     step_times_s: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     # With `time_micro`: each micro-step's seconds, and whether it ended with the optimizer step.
@@ -96,17 +99,30 @@ class Window:
         of the loader's workers). Where fewer fit, from at least PRECISE_MIN_BATCHES runs, and
         scaled to the same confidence: fewer batch means ask for a smaller error. Infinite
         below that many runs. With `micro`, of the timed micro-steps instead of the steps."""
+        return self.mean_step(batch_steps, micro=micro)[1]
+
+    def mean_step(self, batch_steps: int = 1, *, micro: bool = False) -> tuple[float, float]:
+        """The mean step time of the batches `relative_error` reads, and that error."""
         every = [seconds for seconds, _ in self.micro_times_s] if micro else self.step_times_s
         count = min(PRECISE_BATCHES, len(every) // batch_steps)
         if count < PRECISE_MIN_BATCHES:
-            return math.inf
+            return math.nan, math.inf
         size = len(every) // count
         times = every[len(every) - size * count :]
         means = [sum(times[i : i + size]) / size for i in range(0, len(times), size)]
         mean = sum(means) / len(means)
         variance = sum((m - mean) ** 2 for m in means) / (len(means) - 1)
         standard_error = math.sqrt(variance / len(means)) / mean
-        return standard_error * _T_975[count - 1] / _T_975[PRECISE_BATCHES - 1]
+        return mean, standard_error * _T_975[count - 1] / _T_975[PRECISE_BATCHES - 1]
+
+
+@dataclass(frozen=True)
+class FirstStep:
+    """The trial's first micro-step, run alone before its warm-up: its seconds, and whether it
+    ended an optimizer step (it does without accumulation)."""
+
+    seconds: float
+    stepped: bool
 
 
 @dataclass(frozen=True)
@@ -122,11 +138,16 @@ class Bounds:
     # longer with `prefetched_rounds`, so that a burst of prefetched batches drains within it.
     worker_rounds: int = 2
     prefetched_rounds: bool = True
+    earlier_micro: int = 0  # micro-batches run before this window that count in those rounds
     stop_at_once: bool = False  # the monitor's stop ends it even before the minimums
     # From then on, a window past its other minimums ends once `Window.relative_error` is at
     # most PRECISE_RELATIVE_ERROR, even before `min_seconds`: of its micro-steps, if it times
     # them (the optimizer step's extra time then counts as noise).
     precise_after_s: float | None = None
+    # From `precise_after_s` on, a window of whole steps also ends once its mean step time is
+    # clearly longer than this (its 95 % interval above it): the best trial's so far, as long a
+    # window could only narrow the interval of a rate that cannot be the best.
+    beat_step_s: float | None = None
     # A warm-up timing micro-steps ends, once past its minimum seconds, when its micro-steps
     # predict an optimizer cycle longer than this: the window will time the cycle's parts.
     cycle_beyond_s: float | None = None
@@ -158,14 +179,14 @@ def run_window(
     """
     config = trainer.config
     round_micro = config.num_workers * (config.prefetch_factor if bounds.prefetched_rounds else 1)
-    min_micro = bounds.worker_rounds * round_micro
+    min_micro = bounds.worker_rounds * round_micro - bounds.earlier_micro
     window = Window()
     loss_tensors = []
     trainer.synchronize()
     wait_before = trainer.data_wait_s
     started = last_step = last_micro = time.perf_counter()
     per_round = config.num_workers if time_micro else math.ceil(config.num_workers / trainer.cycle)
-    precise = _PreciseYet(bounds.precise_after_s, per_round, micro=time_micro)
+    precise = _EarlyEnd(bounds, per_round, micro=time_micro)
     while True:
         stepped = trainer.micro_step()
         if time_micro:
@@ -195,6 +216,7 @@ def run_window(
             window.stopped_early = stop and (
                 bounds.stop_at_once or now - started < bounds.min_seconds
             )
+            window.below_best = precise.below_best and not window.stopped_early
             break
     trainer.synchronize()
     window.elapsed_s = time.perf_counter() - started
@@ -225,22 +247,31 @@ def _window_done(
     return minimums and (ended or on_time)
 
 
-class _PreciseYet:
-    """Whether a window's rate is precise enough to end it: checked from `after_s` on, every
-    PRECISE_CHECK_EVERY_S (each check reads every step time), once it is it stays so."""
+class _EarlyEnd:
+    """Whether a window's rate is precise enough to end it, or clearly below the best's: checked
+    from `bounds.precise_after_s` on, every PRECISE_CHECK_EVERY_S (each check reads every step
+    time); once it is, it stays so."""
 
-    def __init__(self, after_s: float | None, per_round: int, *, micro: bool) -> None:
+    def __init__(self, bounds: Bounds, per_round: int, *, micro: bool) -> None:
+        after_s = bounds.precise_after_s
         self._next_s = math.inf if after_s is None else after_s
         self._batch_steps = max(1, per_round)  # a batch mean spans a round of the workers
         self._micro = micro
-        self._precise = False
+        self._beat_step_s = None if micro else bounds.beat_step_s
+        self._ended = False
+        self.below_best = False  # it ended so, not precise
 
     def __call__(self, window: Window, elapsed_s: float) -> bool:
-        if not self._precise and elapsed_s >= self._next_s:
-            self._next_s = elapsed_s + PRECISE_CHECK_EVERY_S
-            error = window.relative_error(self._batch_steps, micro=self._micro)
-            self._precise = error <= PRECISE_RELATIVE_ERROR
-        return self._precise
+        if self._ended or elapsed_s < self._next_s:
+            return self._ended
+        self._next_s = elapsed_s + PRECISE_CHECK_EVERY_S
+        mean, error = window.mean_step(self._batch_steps, micro=self._micro)
+        half_width = error * _T_975[PRECISE_BATCHES - 1]  # of the 95 % interval, relative
+        if error <= PRECISE_RELATIVE_ERROR:
+            self._ended = True
+        elif self._beat_step_s is not None and mean * (1 - half_width) > self._beat_step_s:
+            self._ended = self.below_best = True
+        return self._ended
 
 
 def _cycle_too_long(window: Window, bounds: Bounds, trainer: Trainer) -> bool:
@@ -262,6 +293,7 @@ def warm_up(
     whole_steps: bool = False,
     settle_s: float | None = None,
     cycle_beyond_s: float | None = None,
+    first: FirstStep | None = None,
 ) -> Window:
     """Run past everything that makes early steps unrepresentative; return the warm-up window,
     every micro-step timed.
@@ -275,36 +307,80 @@ def warm_up(
     (a search trial), it may end after one optimizer step and one round of the workers, once it
     has lasted `settle_s`: early steps' extra costs are milliseconds, which only short steps
     need several steps to outlast; or within its first optimizer step, once its micro-steps
-    predict a cycle longer than `cycle_beyond_s`. The monitor's stop ends it at once. DDP ranks
-    pass `agree`, and end it together after an optimizer step.
+    predict a cycle longer than `cycle_beyond_s`. The trial's `first` micro-step counts towards
+    all three: after a first step that lasted `settle_s`, one without accumulation or a second
+    worker, the window follows at once. The monitor's stop ends it at once. DDP ranks pass
+    `agree`, and end it together after an optimizer step.
     """
     extra = BENCHMARK_EXTRA_STEPS if trainer.config.cudnn_benchmark else 0
-    worker_round_steps = math.ceil(trainer.config.num_workers / trainer.cycle)
-    bounds = (
-        Bounds(
-            min_steps=1 + extra,
-            min_seconds=budget_s,
-            max_steps=steps + extra,
-            stop_at_once=True,
+    if whole_steps and budget_s is not None:
+        bounds = Bounds(
+            min_steps=1 + extra, min_seconds=budget_s, max_steps=steps + extra, stop_at_once=True
         )
-        if whole_steps and budget_s is not None
-        else Bounds(
-            min_steps=steps + extra if settle_s is None else 1 + extra,
-            min_seconds=settle_s or 0.0,
-            max_steps=None if settle_s is None else max(steps + extra, worker_round_steps),
+    elif settle_s is None:
+        bounds = Bounds(
+            min_steps=steps + extra,
             max_seconds=budget_s,
-            worker_rounds=2 if settle_s is None else 1,
-            prefetched_rounds=settle_s is None,
-            cycle_beyond_s=cycle_beyond_s,
-            min_seconds_at_a_step=settle_s is not None,
             stop_at_once=True,
             agree_every_micro_step=budget_s is not None,
         )
-    )
-    started = time.perf_counter()
+    else:
+        bounds = _settling(trainer, steps + extra, extra, budget_s, settle_s, first)
+        bounds = replace(bounds, cycle_beyond_s=cycle_beyond_s)
+        settled = (
+            bounds.min_steps <= 0
+            and bounds.min_seconds <= 0
+            and bounds.earlier_micro >= (trainer.config.num_workers)
+        )
+        if agree is not None:  # every rank skips it, or none does
+            settled = agree.all_done(0, settled)
+        if settled:
+            return _settled_scaler(trainer, Window(), budget_s, agree, monitor, whole_steps)
     window = run_window(trainer, bounds, agree=agree, monitor=monitor, time_micro=True)
-    if not trainer.scaler.is_enabled() or window.stopped_early:
+    if window.stopped_early:
         return window
+    return _settled_scaler(trainer, window, budget_s, agree, monitor, whole_steps)
+
+
+def _settling(
+    trainer: Trainer,
+    steps: int,
+    extra: int,
+    budget_s: float | None,
+    settle_s: float,
+    first: FirstStep | None,
+) -> Bounds:
+    """A search trial's warm-up: `settle_s` from the first micro-step's start, one optimizer
+    step and one round of the workers at least, the first micro-step included."""
+    config = trainer.config
+    before = first.seconds if first is not None else 0.0
+    return Bounds(
+        min_steps=1 + extra - int(first is not None and first.stepped),
+        min_seconds=max(0.0, settle_s - before),
+        max_steps=max(steps, math.ceil(config.num_workers / trainer.cycle)),
+        max_seconds=budget_s,
+        worker_rounds=1,
+        prefetched_rounds=False,
+        earlier_micro=int(first is not None),
+        min_seconds_at_a_step=True,
+        stop_at_once=True,
+        agree_every_micro_step=budget_s is not None,
+    )
+
+
+def _settled_scaler(
+    trainer: Trainer,
+    window: Window,
+    budget_s: float | None,
+    agree: Agreement | None,
+    monitor: WindowMonitor | None,
+    whole_steps: bool,
+) -> Window:
+    """fp16: whole steps after `window` until the GradScaler's scale has stopped backing off,
+    within what is left of `budget_s`; the steps' losses join the window's."""
+    if not trainer.scaler.is_enabled():
+        return window
+    started = time.perf_counter() - window.elapsed_s
     scale, stable = trainer.scaler.get_scale(), 0
     for _ in range(SCALER_MAX_STEPS):
         left = None if budget_s is None else budget_s - (time.perf_counter() - started)

@@ -8,7 +8,7 @@ import pytest
 from advisor.knobs import TrialConfig
 from advisor.trial.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY, survivors
-from tests.workloads.tiny import MICRO_STEP_S
+from tests.workloads.tiny import MICRO_STEP_S, SCATTERED_MEAN_S
 
 WINDOW_S = 0.5
 ACCUMULATION = 8
@@ -54,8 +54,12 @@ def test_a_search_trial_ends_its_warm_up_once_a_cycle_is_known_too_long(tmp_path
     assert result.window_s < WINDOW_S * 1.5
 
 
-def test_a_search_trial_of_long_steps_warms_up_for_one_and_times_three(tmp_path):
-    config = TrialConfig(batch_size=16)
+@pytest.mark.parametrize(
+    ("knobs", "warmup_steps"),
+    [({}, 0), ({"parallel_mode": "ddp", "world_size": 2}, 0), ({"num_workers": 2}, 1)],
+)
+def test_a_search_trial_of_long_steps_is_settled_by_its_first_step(tmp_path, knobs, warmup_steps):
+    config = TrialConfig(batch_size=16, **knobs)
     launch = _launch()
     launch.trial_seconds = 0.6  # steps of 0.1 s, alike to the millisecond
 
@@ -63,10 +67,27 @@ def test_a_search_trial_of_long_steps_warms_up_for_one_and_times_three(tmp_path)
     whole = run_trial(launch, config, tmp_path / "whole.log")
 
     assert search.status == "ok" and whole.status == "ok", (search.reason, whole.reason)
-    # Past an eighth of the window after its first step, the warm-up has settled; three steps
-    # alike pin the rate down.
-    assert search.warmup_s < 2 * MICRO_STEP_S <= whole.warmup_s
-    assert search.steps_measured == 3 and search.window_s < launch.trial_seconds * 3 / 4
+    # The first step outlasted an eighth of the window: the warm-up has settled, but for the
+    # second worker's first batch; three steps alike (three rounds of the workers) then pin the
+    # rate down.
+    assert warmup_steps * MICRO_STEP_S <= search.warmup_s < (warmup_steps + 0.5) * MICRO_STEP_S
+    assert whole.warmup_s >= 3 * MICRO_STEP_S
+    assert search.steps_measured == 3 * max(1, config.num_workers)
+    assert search.samples_per_s == pytest.approx(whole.samples_per_s, rel=0.1)
+
+
+def test_a_search_trial_estimates_a_cycle_when_three_do_not_fit_its_window(tmp_path):
+    config = TrialConfig(batch_size=16, accumulation_steps=4)
+    launch = _launch()
+    launch.trial_seconds = 1.0  # a cycle of 0.4 s: two fit, three do not
+
+    search = run_trial(launch, config, tmp_path / "search.log", precise_window=True)
+    whole = run_trial(launch, config, tmp_path / "whole.log")
+
+    assert search.status == "ok" and whole.status == "ok", (search.reason, whole.reason)
+    # A search window needs three cycles to be precise: it times the parts instead.
+    assert search.estimated and not whole.estimated
+    assert search.window_s < launch.trial_seconds
     assert search.samples_per_s == pytest.approx(whole.samples_per_s, rel=0.1)
 
 
@@ -113,3 +134,25 @@ def test_a_window_whose_rate_drifts_runs_its_whole_time(tmp_path):
 
     assert result.status == "ok", result.reason
     assert result.window_s >= PRECISE_WINDOW_S
+
+
+@pytest.mark.parametrize("knobs", [{}, {"parallel_mode": "ddp", "world_size": 2}])
+def test_a_search_window_ends_once_clearly_slower_than_the_best(tmp_path, knobs):
+    config = TrialConfig(batch_size=16, **knobs)
+    launch = _beat_launch("scattered")  # steps of 0-60 ms: 5 % precision takes a second or more
+    rate = config.global_batch_size / SCATTERED_MEAN_S
+
+    below = run_trial(
+        launch, config, tmp_path / "below.log", precise_window=True, beat_samples_per_s=3 * rate
+    )
+    best = run_trial(
+        launch, config, tmp_path / "best.log", precise_window=True, beat_samples_per_s=rate / 3
+    )
+
+    assert below.status == "ok" and best.status == "ok", (below.reason, best.reason)
+    # Three times slower than the best: clear within a quarter of the window, whose rate it
+    # keeps, and says so. Faster than the best, its rate must be precise.
+    assert below.below_best and below.window_s < PRECISE_WINDOW_S / 4
+    assert below.samples_per_s == pytest.approx(rate, rel=0.3)
+    assert not best.below_best and best.window_s > PRECISE_WINDOW_S / 2
+    assert best.samples_per_s == pytest.approx(rate, rel=0.2)

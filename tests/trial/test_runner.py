@@ -1,7 +1,9 @@
 """Real trials in real child processes: every status the study can see."""
 
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,6 +63,24 @@ def test_window_spans_two_worker_cycles(tmp_path):
     result, _ = _run("factory", tmp_path, trial_seconds=1e-6, num_workers=2)
     assert result.status == "ok"
     assert result.steps_measured == 2 * 2 * 2  # num_workers x prefetch_factor x 2
+
+
+@pytest.mark.parametrize("knobs", [{}, {"parallel_mode": "ddp", "world_size": 2}])
+def test_a_trial_leaves_no_temporary_files(tmp_path, monkeypatch, knobs):
+    # Its loader workers are killed, not shut down: their multiprocessing folders (pymp-*) must
+    # still go, here with the trial's scratch folder.
+    temporary = Path(tempfile.mkdtemp(prefix="t-", dir="/tmp"))  # short: sockets are made there
+    monkeypatch.setenv("TMPDIR", str(temporary))  # the trial launcher's, and so its children's
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))  # this process's
+    try:
+        result, _ = _run("factory", tmp_path, num_workers=2, **knobs)
+        left = list(temporary.iterdir())
+    finally:
+        shutil.rmtree(temporary)
+
+    assert result.status == "ok", result.reason
+    # (torch's compiler cache, made there by the trial launcher, is meant to stay)
+    assert [path.name for path in left if path.name.startswith(("pymp-", "advisor-"))] == []
 
 
 @pytest.mark.parametrize("spec", ["dict_task", "triple_task", "iterable_task"])

@@ -343,6 +343,17 @@ def _slower_every_step(model: Faulty, features: torch.Tensor) -> None:
 
 drifting = _fault_factory(_slower_every_step)
 
+SCATTERED_MEAN_S = 0.03
+
+
+def _scattered(model: Faulty, features: torch.Tensor) -> None:
+    """Steps of 0 to 60 ms in a scrambled order (30 ms on average): a rate that a window pins
+    down only slowly."""
+    time.sleep(2 * SCATTERED_MEAN_S * (model.calls * 7 % 13) / 12)
+
+
+scattered = _fault_factory(_scattered)
+
 MICRO_STEP_S = 0.1
 
 
@@ -391,3 +402,25 @@ def conv():
 
 def conv_wrong_in_channels_last():
     return _TinyConv(perturb_channels_last=True), _images(), nn.CrossEntropyLoss()
+
+
+SAMPLE_S = 0.03
+
+
+class _SlowSamples(Dataset):
+    """Each sample takes 30 ms to load: with two loader workers, batches arrive in pairs, and
+    steps alternate between one that waits for a batch and one that finds it ready."""
+
+    def __init__(self) -> None:
+        self.inner = _data()
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(SAMPLE_S)
+        return self.inner[index]
+
+
+def slow_samples():
+    return _model(), _SlowSamples(), nn.CrossEntropyLoss()
