@@ -318,8 +318,9 @@ def _timed_window(
         precise_after_s=PRECISE_AFTER_FRACTION * request.trial_seconds
         if request.precise_window
         else None,
+        estimate_accumulation=trainer.config.accumulation_steps if estimate else None,
         beat_step_s=trainer.config.global_batch_size / request.beat_samples_per_s
-        if request.beat_samples_per_s and not estimate
+        if request.beat_samples_per_s
         else None,
     )
     return run_window(trainer, bounds, agree=agree, monitor=watch, time_micro=estimate)

@@ -93,27 +93,46 @@ class Window:
         times = [seconds for seconds, final in self.micro_times_s if final == stepped]
         return statistics.median(times) if times else None
 
-    def relative_error(self, batch_steps: int = 1, *, micro: bool = False) -> float:
+    def relative_error(self, batch_steps: int = 1, *, accumulation: int | None = None) -> float:
         """The standard error of the mean step time over the mean, from the means of
         `PRECISE_BATCHES` runs of consecutive steps, each at least `batch_steps` long (a round
         of the loader's workers). Where fewer fit, from at least PRECISE_MIN_BATCHES runs, and
         scaled to the same confidence: fewer batch means ask for a smaller error. Infinite
-        below that many runs. With `micro`, of the timed micro-steps instead of the steps."""
-        return self.mean_step(batch_steps, micro=micro)[1]
+        below that many runs. With `accumulation`, of the cycles that long that its timed
+        micro-steps estimate (`estimated_cycles_s`) instead of the steps."""
+        return self.mean_step(batch_steps, accumulation=accumulation)[1]
 
-    def mean_step(self, batch_steps: int = 1, *, micro: bool = False) -> tuple[float, float]:
+    def mean_step(
+        self, batch_steps: int = 1, *, accumulation: int | None = None
+    ) -> tuple[float, float]:
         """The mean step time of the batches `relative_error` reads, and that error."""
-        every = [seconds for seconds, _ in self.micro_times_s] if micro else self.step_times_s
-        count = min(PRECISE_BATCHES, len(every) // batch_steps)
-        if count < PRECISE_MIN_BATCHES:
-            return math.nan, math.inf
-        size = len(every) // count
-        times = every[len(every) - size * count :]
-        means = [sum(times[i : i + size]) / size for i in range(0, len(times), size)]
-        mean = sum(means) / len(means)
-        variance = sum((m - mean) ** 2 for m in means) / (len(means) - 1)
-        standard_error = math.sqrt(variance / len(means)) / mean
-        return mean, standard_error * _T_975[count - 1] / _T_975[PRECISE_BATCHES - 1]
+        if accumulation is None:
+            return _mean_and_error(self.step_times_s, batch_steps)
+        return _mean_and_error(self.estimated_cycles_s(accumulation), batch_steps)
+
+    def estimated_cycles_s(self, accumulation: int) -> list[float]:
+        """Of the timed micro-steps, each plain one and the stepped one after it: the seconds of
+        an optimizer cycle of `accumulation` micro-steps they estimate."""
+        cycles, plain = [], None
+        for seconds, stepped in self.micro_times_s:
+            if stepped and plain is not None:
+                cycles.append((accumulation - 1) * plain + seconds)
+            plain = None if stepped else seconds
+        return cycles
+
+
+def _mean_and_error(every: list[float], batch_steps: int) -> tuple[float, float]:
+    """`Window.mean_step` of these step times."""
+    count = min(PRECISE_BATCHES, len(every) // batch_steps)
+    if count < PRECISE_MIN_BATCHES:
+        return math.nan, math.inf
+    size = len(every) // count
+    times = every[len(every) - size * count :]
+    means = [sum(times[i : i + size]) / size for i in range(0, len(times), size)]
+    mean = sum(means) / len(means)
+    variance = sum((m - mean) ** 2 for m in means) / (len(means) - 1)
+    standard_error = math.sqrt(variance / len(means)) / mean
+    return mean, standard_error * _T_975[count - 1] / _T_975[PRECISE_BATCHES - 1]
 
 
 @dataclass(frozen=True)
@@ -141,10 +160,12 @@ class Bounds:
     earlier_micro: int = 0  # micro-batches run before this window that count in those rounds
     stop_at_once: bool = False  # the monitor's stop ends it even before the minimums
     # From then on, a window past its other minimums ends once `Window.relative_error` is at
-    # most PRECISE_RELATIVE_ERROR, even before `min_seconds`: of its micro-steps, if it times
-    # them (the optimizer step's extra time then counts as noise).
+    # most PRECISE_RELATIVE_ERROR, even before `min_seconds`.
     precise_after_s: float | None = None
-    # From `precise_after_s` on, a window of whole steps also ends once its mean step time is
+    # A window timing the parts of cycles of this many micro-steps: its precision, and the
+    # best's bar, are of the cycles that its timed micro-steps estimate.
+    estimate_accumulation: int | None = None
+    # From `precise_after_s` on, a window also ends once its mean step (or cycle) time is
     # clearly longer than this (its 95 % interval above it): the best trial's so far, as long a
     # window could only narrow the interval of a rate that cannot be the best.
     beat_step_s: float | None = None
@@ -185,8 +206,7 @@ def run_window(
     trainer.synchronize()
     wait_before = trainer.data_wait_s
     started = last_step = last_micro = time.perf_counter()
-    per_round = config.num_workers if time_micro else math.ceil(config.num_workers / trainer.cycle)
-    precise = _EarlyEnd(bounds, per_round, micro=time_micro)
+    precise = _EarlyEnd(bounds, per_round=math.ceil(config.num_workers / trainer.cycle))
     while True:
         stepped = trainer.micro_step()
         if time_micro:
@@ -252,12 +272,12 @@ class _EarlyEnd:
     from `bounds.precise_after_s` on, every PRECISE_CHECK_EVERY_S (each check reads every step
     time); once it is, it stays so."""
 
-    def __init__(self, bounds: Bounds, per_round: int, *, micro: bool) -> None:
+    def __init__(self, bounds: Bounds, per_round: int) -> None:
         after_s = bounds.precise_after_s
         self._next_s = math.inf if after_s is None else after_s
         self._batch_steps = max(1, per_round)  # a batch mean spans a round of the workers
-        self._micro = micro
-        self._beat_step_s = None if micro else bounds.beat_step_s
+        self._accumulation = bounds.estimate_accumulation
+        self._beat_step_s = bounds.beat_step_s
         self._ended = False
         self.below_best = False  # it ended so, not precise
 
@@ -265,7 +285,7 @@ class _EarlyEnd:
         if self._ended or elapsed_s < self._next_s:
             return self._ended
         self._next_s = elapsed_s + PRECISE_CHECK_EVERY_S
-        mean, error = window.mean_step(self._batch_steps, micro=self._micro)
+        mean, error = window.mean_step(self._batch_steps, accumulation=self._accumulation)
         half_width = error * _T_975[PRECISE_BATCHES - 1]  # of the 95 % interval, relative
         if error <= PRECISE_RELATIVE_ERROR:
             self._ended = True

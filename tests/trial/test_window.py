@@ -53,3 +53,13 @@ def test_a_batch_spans_a_round_of_the_workers():
 
     assert _window(times).relative_error() > 0.3
     assert _window(times).relative_error(batch_steps=2) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_an_estimate_is_as_precise_as_the_cycles_its_pairs_of_micro_steps_estimate():
+    # Timing a cycle of 4 in parts: plain micro-steps of 0.1 s, and 0.3 s with the optimizer
+    # step (a window may start with the stepped one). Each pair estimates 3 x 0.1 + 0.3 s.
+    window = Window(micro_times_s=[(0.3, True)] + [(0.1, False), (0.3, True)] * 3)
+
+    assert window.estimated_cycles_s(4) == pytest.approx([0.6] * 3)
+    assert window.relative_error(accumulation=4) == pytest.approx(0.0, abs=1e-12)
+    assert Window(micro_times_s=window.micro_times_s[:5]).relative_error(accumulation=4) == math.inf
