@@ -110,6 +110,10 @@ class Window:
             return _mean_and_error(self.step_times_s, batch_steps)
         return _mean_and_error(self.estimated_cycles_s(accumulation), batch_steps)
 
+    def micro_error(self, batch_micro: int = 1) -> float:
+        """`relative_error` of the timed micro-steps' mean, plain and stepped ones alike."""
+        return _mean_and_error([seconds for seconds, _ in self.micro_times_s], batch_micro)[1]
+
     def estimated_cycles_s(self, accumulation: int) -> list[float]:
         """Of the timed micro-steps, each plain one and the stepped one after it: the seconds of
         an optimizer cycle of `accumulation` micro-steps they estimate."""
@@ -206,7 +210,7 @@ def run_window(
     trainer.synchronize()
     wait_before = trainer.data_wait_s
     started = last_step = last_micro = time.perf_counter()
-    precise = _EarlyEnd(bounds, per_round=math.ceil(config.num_workers / trainer.cycle))
+    precise = _EarlyEnd(bounds, config.num_workers, trainer.cycle)
     while True:
         stepped = trainer.micro_step()
         if time_micro:
@@ -270,12 +274,16 @@ def _window_done(
 class _EarlyEnd:
     """Whether a window's rate is precise enough to end it, or clearly below the best's: checked
     from `bounds.precise_after_s` on, every PRECISE_CHECK_EVERY_S (each check reads every step
-    time); once it is, it stays so."""
+    time); once it is, it stays so. An estimate is precise once the cycles its pairs of
+    micro-steps estimate are, or its micro-steps alike, plain and stepped ones: where the
+    optimizer step adds little, a cycle is as precise as its micro-steps."""
 
-    def __init__(self, bounds: Bounds, per_round: int) -> None:
+    def __init__(self, bounds: Bounds, workers: int, cycle: int) -> None:
         after_s = bounds.precise_after_s
         self._next_s = math.inf if after_s is None else after_s
-        self._batch_steps = max(1, per_round)  # a batch mean spans a round of the workers
+        # a batch mean spans a round of the workers: steps (or estimated cycles), micro-steps
+        self._batch_steps = max(1, math.ceil(workers / cycle))
+        self._batch_micro = max(1, workers)
         self._accumulation = bounds.estimate_accumulation
         self._beat_step_s = bounds.beat_step_s
         self._ended = False
@@ -287,6 +295,8 @@ class _EarlyEnd:
         self._next_s = elapsed_s + PRECISE_CHECK_EVERY_S
         mean, error = window.mean_step(self._batch_steps, accumulation=self._accumulation)
         half_width = error * _T_975[PRECISE_BATCHES - 1]  # of the 95 % interval, relative
+        if self._accumulation is not None:
+            error = min(error, window.micro_error(self._batch_micro))
         if error <= PRECISE_RELATIVE_ERROR:
             self._ended = True
         elif self._beat_step_s is not None and mean * (1 - half_width) > self._beat_step_s:

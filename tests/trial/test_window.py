@@ -63,3 +63,11 @@ def test_an_estimate_is_as_precise_as_the_cycles_its_pairs_of_micro_steps_estima
     assert window.estimated_cycles_s(4) == pytest.approx([0.6] * 3)
     assert window.relative_error(accumulation=4) == pytest.approx(0.0, abs=1e-12)
     assert Window(micro_times_s=window.micro_times_s[:5]).relative_error(accumulation=4) == math.inf
+
+
+def test_micro_steps_alike_make_an_estimate_precise_before_three_pairs():
+    # Where the optimizer step adds nothing, the estimated cycle is as precise as its micro-steps.
+    window = Window(micro_times_s=[(0.1, False), (0.1, True), (0.1, False)])
+
+    assert window.relative_error(accumulation=4) == math.inf  # one pair
+    assert window.micro_error() == pytest.approx(0.0, abs=1e-12)
