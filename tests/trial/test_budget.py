@@ -68,11 +68,11 @@ def test_a_search_trial_of_long_steps_is_settled_by_its_first_step(tmp_path, kno
 
     assert search.status == "ok" and whole.status == "ok", (search.reason, whole.reason)
     # The first step outlasted an eighth of the window: the warm-up has settled, but for the
-    # second worker's first batch; three steps alike (three rounds of the workers) then pin the
-    # rate down.
-    assert warmup_steps * MICRO_STEP_S <= search.warmup_s < (warmup_steps + 0.5) * MICRO_STEP_S
+    # second worker's first batch; three rounds of the workers then pin the rate down (more
+    # steps where a busy machine makes them less alike).
+    assert warmup_steps * MICRO_STEP_S <= search.warmup_s < (warmup_steps + 1) * MICRO_STEP_S
     assert whole.warmup_s >= 3 * MICRO_STEP_S
-    assert search.steps_measured == 3 * max(1, config.num_workers)
+    assert search.steps_measured >= 3 * max(1, config.num_workers)
     assert search.samples_per_s == pytest.approx(whole.samples_per_s, rel=0.1)
 
 
