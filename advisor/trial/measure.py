@@ -4,12 +4,8 @@ A single-process trial is exactly this; under DDP every rank runs it in its own 
 `advisor.trial.distributed` combines the ranks' results. Failures are data (`status`), never an
 exception escaping to the caller.
 
-Warm-up and window each keep to `trial_seconds` (DESIGN.md §6), whatever the batch: where one
-optimizer cycle (accumulation x micro-steps) does not fit the window, the window times its parts
-instead, micro-steps and optimizer steps apart, and estimates samples/s from them. Re-runs of
-finalists (`whole_cycles`) time whole cycles however long, at least one in the warm-up. A
-window times at least two cycles that take more than half of it each, three otherwise. From the
-warm-up on, a search trial tells the parent how far it got, and the parent may stop it
+Warm-up and window each keep to `trial_seconds` (`advisor.trial.budget`). From the warm-up on, a
+search trial tells the parent how far it got, and the parent may stop it
 (`advisor.trial.runner`).
 """
 
@@ -33,28 +29,18 @@ from advisor.errors import AdvisorError, BadInputError
 from advisor.knobs import TrialConfig
 from advisor.results import FailurePhase, TaskSummary, TrialResult
 from advisor.task import TrainingTask, build_task, user_batch_size
-from advisor.trial.agreement import EveryStep, ParentWatch, RankAgreement
+from advisor.trial.agreement import ParentWatch
+from advisor.trial.budget import estimated_cycle_s, timed_window, too_long_for_window, warm_up_trial
 from advisor.trial.convergence import held_out_split, measure_gradient_norms, run_race
 from advisor.trial.loop import DivergedError, Trainer
 from advisor.trial.memory import PeakMemory
-from advisor.trial.protocol import PRECISE_AFTER_FRACTION, TrialRequest
-from advisor.trial.window import (
-    PRECISE_MIN_BATCHES,
-    Bounds,
-    FirstStep,
-    Window,
-    run_window,
-    warm_up,
-)
+from advisor.trial.protocol import TrialRequest
+from advisor.trial.window import Bounds, FirstStep, Window, run_window
 
 __all__ = ["EARLY_STEPS", "measure_request"]
 
 # Optimizer steps whose losses the numerics check compares (advisor.search.checks).
 EARLY_STEPS = 3
-# A window times whole cycles when a cycle takes at most this fraction of it, so that its three
-# steps take at most 1.5 windows; else it times a cycle's parts. A search trial's window, which
-# ends once precise, needs PRECISE_MIN_BATCHES cycles at least: they must fit in the window.
-WHOLE_CYCLE_FRACTION = 0.5
 
 
 class _Phase:
@@ -151,7 +137,7 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
         return _validated(request, trainer, memory, summary, startup_s)
     phase.enter("warmup")
     watch = ParentWatch(request, config, rank) if request.stop_path else None
-    warmup = _warm_up(trainer, request, watch, first)
+    warmup = warm_up_trial(trainer, request, watch, first, max(request.warmup_steps, EARLY_STEPS))
     early_losses = tuple((first_losses + warmup.losses)[:EARLY_STEPS])
     if request.mode == "reference":
         trainer.close()
@@ -170,14 +156,14 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
         trainer.close()
         return stopped
     phase.enter("measure")
-    estimate = _too_long_for_window(warmup, request)
+    estimate = too_long_for_window(warmup, request)
     if config.world_size > 1:  # every rank must time the same micro-steps: rank 0 decides
         decision = torch.tensor([int(estimate)], device=trainer.device)
         dist.broadcast(decision, src=0)
         estimate = bool(decision.item())
-    window = _timed_window(trainer, request, warmup, watch, estimate, first)
+    window = timed_window(trainer, request, warmup, watch, estimate, first)
     trainer.close()
-    cycle_s = _estimated_cycle_s(window, config.accumulation_steps) if estimate else None
+    cycle_s = estimated_cycle_s(window, config.accumulation_steps) if estimate else None
     if window.stopped_early and (not window.step_times_s or (estimate and cycle_s is None)):
         return stopped.model_copy(update={"failure_phase": "measure"})  # stopped: nothing timed
     if not estimate:  # a short warm-up leaves the first steps' losses to the window
@@ -199,52 +185,6 @@ def _first_micro_step(trainer: Trainer) -> tuple[FirstStep, list[float]]:
     if not all(math.isfinite(loss) for loss in losses):
         raise DivergedError(f"the loss became non-finite ({losses[0]} at the first step)")
     return FirstStep(seconds, stepped), losses
-
-
-def _warm_up(
-    trainer: Trainer, request: TrialRequest, watch: ParentWatch | None, first: FirstStep
-) -> Window:
-    """`warmup_steps` optimizer steps (and `EARLY_STEPS`, whose losses the numerics check
-    compares) within one window's time. A search trial's warm-up may end within a step, or
-    take none after a first step long enough to have settled it (`warm_up`); a re-run's
-    (`whole_cycles`) runs whole steps, at least one; the numerics reference runs all."""
-    agree = EveryStep(trainer.device) if trainer.config.world_size > 1 else None
-    steps = max(request.warmup_steps, EARLY_STEPS)
-    budget = None if request.mode == "reference" else request.trial_seconds
-    settle = request.precise_window and not request.whole_cycles
-    return warm_up(
-        trainer,
-        steps,
-        budget,
-        agree=agree,
-        monitor=watch,
-        whole_steps=request.whole_cycles,
-        settle_s=PRECISE_AFTER_FRACTION * request.trial_seconds if settle else None,
-        cycle_beyond_s=_longest_whole_cycle_s(request) if settle else None,
-        first=first,
-    )
-
-
-def _too_long_for_window(warmup: Window, request: TrialRequest) -> bool:
-    """Whether one optimizer cycle, predicted from the warm-up's micro-steps, is too long for
-    whole cycles to be timed within the window."""
-    accumulation = request.config.accumulation_steps
-    if request.whole_cycles or accumulation == 1:
-        return False  # one micro-step is the whole cycle: fewer steps, still whole
-    micro = warmup.median_micro_s(stepped=False)
-    final = warmup.median_micro_s(stepped=True)
-    if micro is None or final is None:  # the warm-up ran out of time within its first cycle
-        return True
-    cycle_s = (accumulation - 1) * micro + final
-    return cycle_s > _longest_whole_cycle_s(request)
-
-
-def _longest_whole_cycle_s(request: TrialRequest) -> float:
-    """The longest optimizer cycle a window times whole: one that lets a search trial's window
-    time PRECISE_MIN_BATCHES cycles within `trial_seconds`, any other window three within 1.5."""
-    if request.precise_window and not request.whole_cycles:
-        return request.trial_seconds / PRECISE_MIN_BATCHES
-    return WHOLE_CYCLE_FRACTION * request.trial_seconds
 
 
 def _converged(
@@ -277,53 +217,6 @@ def _converged(
         task=state.summary,
         **update,
     )
-
-
-def _timed_window(
-    trainer: Trainer,
-    request: TrialRequest,
-    warmup: Window,
-    watch: ParentWatch | None,
-    estimate: bool,
-    first: FirstStep,
-) -> Window:
-    """The measured window: at least `trial_seconds`, on every DDP rank, unless the parent
-    watching it ends it early or, with `precise_window`, its rate is precise from an eighth of
-    that on. Estimating, it runs cycles of two micro-steps, one without and one with the
-    optimizer step, and times each."""
-    agree = None
-    if trainer.config.world_size > 1:
-        dist.barrier()  # all windows start together
-        step_s = warmup.median_step_s if warmup.step_times_s else first.seconds
-        agree = RankAgreement(
-            trainer.device,
-            request.trial_seconds,
-            step_s / trainer.cycle * 2 if estimate else step_s,
-            # often where the parent may stop it or a precise rate may end it
-            check_every_s=ParentWatch.INTERVAL_S if watch or request.precise_window else None,
-        )
-    if estimate:
-        trainer.cycle = 2
-    long_cycles = bool(warmup.step_times_s) and (
-        max(warmup.step_times_s) > WHOLE_CYCLE_FRACTION * request.trial_seconds
-    )
-    bounds = Bounds(
-        min_steps=2 if estimate or long_cycles else 3,
-        min_seconds=request.trial_seconds,
-        max_steps=request.max_measure_steps,
-        stop_at_once=True,  # the parent's stop: it keeps the steps it timed, if any
-        worker_rounds=0 if estimate else 2,  # a long micro-step times the workers' bursts anyway
-        # precise: its batch means span worker rounds, and a draining burst keeps it imprecise
-        prefetched_rounds=not request.precise_window,
-        precise_after_s=PRECISE_AFTER_FRACTION * request.trial_seconds
-        if request.precise_window
-        else None,
-        estimate_accumulation=trainer.config.accumulation_steps if estimate else None,
-        beat_step_s=trainer.config.global_batch_size / request.beat_samples_per_s
-        if request.beat_samples_per_s
-        else None,
-    )
-    return run_window(trainer, bounds, agree=agree, monitor=watch, time_micro=estimate)
 
 
 def _validated(
@@ -360,7 +253,7 @@ def _measured(
 ) -> TrialResult:
     config = request.config
     samples = window.micro_batches * config.batch_size  # this process's; ranks are summed later
-    cycle_s = _estimated_cycle_s(window, config.accumulation_steps)
+    cycle_s = estimated_cycle_s(window, config.accumulation_steps)
     step_times = (
         (cycle_s, cycle_s, cycle_s)
         if cycle_s is not None
@@ -387,16 +280,6 @@ def _measured(
         below_best=window.below_best,
         task=summary,
     )
-
-
-def _estimated_cycle_s(window: Window, accumulation: int) -> float | None:
-    """A whole optimizer cycle's seconds from a window that timed its parts: accumulation - 1
-    micro-steps and one that ends with the optimizer step; None for a window of whole cycles."""
-    micro = window.median_micro_s(stepped=False)
-    final = window.median_micro_s(stepped=True)
-    if micro is None or final is None:
-        return None
-    return (accumulation - 1) * micro + final
 
 
 def _rate(config: TrialConfig, cycle_s: float) -> float:

@@ -1,0 +1,138 @@
+"""How long a trial's warm-up and window run, and what the window times (DESIGN.md §6).
+
+Warm-up and window each keep to `trial_seconds`, whatever the batch: where one optimizer cycle
+(accumulation x micro-steps) does not fit the window, the window times its parts instead,
+micro-steps and optimizer steps apart, and samples/s is estimated from them. Re-runs of
+finalists (`whole_cycles`) time whole cycles however long, at least one in the warm-up. A
+window times at least two cycles that take more than half of it each, three otherwise. A
+search trial (`precise_window`) settles sooner and may end its window once its rate is precise,
+or clearly below the best's (`advisor.trial.window`).
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from advisor.trial.agreement import EveryStep, ParentWatch, RankAgreement
+from advisor.trial.loop import Trainer
+from advisor.trial.protocol import PRECISE_AFTER_FRACTION, TrialRequest
+from advisor.trial.window import (
+    PRECISE_MIN_BATCHES,
+    Bounds,
+    FirstStep,
+    Window,
+    run_window,
+    warm_up,
+)
+
+__all__ = ["estimated_cycle_s", "timed_window", "too_long_for_window", "warm_up_trial"]
+
+# A window times whole cycles when a cycle takes at most this fraction of it, so that its three
+# steps take at most 1.5 windows; else it times a cycle's parts. A search trial's window, which
+# ends once precise, needs PRECISE_MIN_BATCHES cycles at least: they must fit in the window.
+WHOLE_CYCLE_FRACTION = 0.5
+
+
+def warm_up_trial(
+    trainer: Trainer,
+    request: TrialRequest,
+    watch: ParentWatch | None,
+    first: FirstStep,
+    steps: int,
+) -> Window:
+    """`steps` optimizer steps within one window's time. A search trial's warm-up may end within
+    a step, or take none after a first step long enough to have settled it (`warm_up`); a
+    re-run's (`whole_cycles`) runs whole steps, at least one; the numerics reference runs all."""
+    agree = EveryStep(trainer.device) if trainer.config.world_size > 1 else None
+    budget = None if request.mode == "reference" else request.trial_seconds
+    settle = request.precise_window and not request.whole_cycles
+    return warm_up(
+        trainer,
+        steps,
+        budget,
+        agree=agree,
+        monitor=watch,
+        whole_steps=request.whole_cycles,
+        settle_s=PRECISE_AFTER_FRACTION * request.trial_seconds if settle else None,
+        cycle_beyond_s=_longest_whole_cycle_s(request) if settle else None,
+        first=first,
+    )
+
+
+def too_long_for_window(warmup: Window, request: TrialRequest) -> bool:
+    """Whether one optimizer cycle, predicted from the warm-up's micro-steps, is too long for
+    whole cycles to be timed within the window."""
+    accumulation = request.config.accumulation_steps
+    if request.whole_cycles or accumulation == 1:
+        return False  # one micro-step is the whole cycle: fewer steps, still whole
+    micro = warmup.median_micro_s(stepped=False)
+    final = warmup.median_micro_s(stepped=True)
+    if micro is None or final is None:  # the warm-up ran out of time within its first cycle
+        return True
+    cycle_s = (accumulation - 1) * micro + final
+    return cycle_s > _longest_whole_cycle_s(request)
+
+
+def _longest_whole_cycle_s(request: TrialRequest) -> float:
+    """The longest optimizer cycle a window times whole: one that lets a search trial's window
+    time PRECISE_MIN_BATCHES cycles within `trial_seconds`, any other window three within 1.5."""
+    if request.precise_window and not request.whole_cycles:
+        return request.trial_seconds / PRECISE_MIN_BATCHES
+    return WHOLE_CYCLE_FRACTION * request.trial_seconds
+
+
+def timed_window(
+    trainer: Trainer,
+    request: TrialRequest,
+    warmup: Window,
+    watch: ParentWatch | None,
+    estimate: bool,
+    first: FirstStep,
+) -> Window:
+    """The measured window: at least `trial_seconds`, on every DDP rank, unless the parent
+    watching it ends it early or, with `precise_window`, its rate is precise from an eighth of
+    that on. Estimating, it runs cycles of two micro-steps, one without and one with the
+    optimizer step, and times each."""
+    agree = None
+    if trainer.config.world_size > 1:
+        dist.barrier()  # all windows start together
+        step_s = warmup.median_step_s if warmup.step_times_s else first.seconds
+        agree = RankAgreement(
+            trainer.device,
+            request.trial_seconds,
+            step_s / trainer.cycle * 2 if estimate else step_s,
+            # often where the parent may stop it or a precise rate may end it
+            check_every_s=ParentWatch.INTERVAL_S if watch or request.precise_window else None,
+        )
+    if estimate:
+        trainer.cycle = 2
+    long_cycles = bool(warmup.step_times_s) and (
+        max(warmup.step_times_s) > WHOLE_CYCLE_FRACTION * request.trial_seconds
+    )
+    bounds = Bounds(
+        min_steps=2 if estimate or long_cycles else 3,
+        min_seconds=request.trial_seconds,
+        max_steps=request.max_measure_steps,
+        stop_at_once=True,  # the parent's stop: it keeps the steps it timed, if any
+        worker_rounds=0 if estimate else 2,  # a long micro-step times the workers' bursts anyway
+        # precise: its batch means span worker rounds, and a draining burst keeps it imprecise
+        prefetched_rounds=not request.precise_window,
+        precise_after_s=PRECISE_AFTER_FRACTION * request.trial_seconds
+        if request.precise_window
+        else None,
+        estimate_accumulation=trainer.config.accumulation_steps if estimate else None,
+        beat_step_s=trainer.config.global_batch_size / request.beat_samples_per_s
+        if request.beat_samples_per_s
+        else None,
+    )
+    return run_window(trainer, bounds, agree=agree, monitor=watch, time_micro=estimate)
+
+
+def estimated_cycle_s(window: Window, accumulation: int) -> float | None:
+    """A whole optimizer cycle's seconds from a window that timed its parts: accumulation - 1
+    micro-steps and one that ends with the optimizer step; None for a window of whole cycles."""
+    micro = window.median_micro_s(stepped=False)
+    final = window.median_micro_s(stepped=True)
+    if micro is None or final is None:
+        return None
+    return (accumulation - 1) * micro + final
