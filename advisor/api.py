@@ -96,20 +96,11 @@ def validate(spec: str, *, device: str = "auto", timeout_s: float = 300.0) -> Tr
     check_spec(spec)
     hardware = probe_isolated()
     logs = Path(_scratch_logs())
-    try:
-        checked = preflight(
-            spec,
-            Path.cwd(),
-            resolve_device(settings.device, hardware),
-            timeout_s,
-            logs / "validate.log",
-        )
-    except BaseException as exc:
-        if str(logs) not in str(exc):  # a failure keeps the log its message names
-            shutil.rmtree(logs, ignore_errors=True)
-        raise
+    device = resolve_device(settings.device, hardware)
+    # a failure keeps the log, for what its message leaves out
+    checked = preflight(spec, Path.cwd(), device, timeout_s, logs / "validate.log")
     shutil.rmtree(logs, ignore_errors=True)
-    return checked
+    return checked.model_copy(update={"log_path": None})
 
 
 def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:

@@ -86,8 +86,10 @@ class RankAgreement:
         self._seconds = seconds
         step_s = max(step_s, 1e-9)
         expected = math.ceil(seconds / step_s)
-        self._max_gap = math.ceil(check_every_s / step_s) if check_every_s else expected
-        first = min(expected // self.FIRST_CHECK_FRACTION, self._max_gap)
+        self._check_every_s = check_every_s
+        first = expected // self.FIRST_CHECK_FRACTION
+        if check_every_s:
+            first = min(first, math.ceil(check_every_s / step_s))
         self._next_check = self._earliest(max(1, first))
         self._started = time.perf_counter()
 
@@ -96,7 +98,9 @@ class RankAgreement:
             return False
         elapsed = time.perf_counter() - self._started
         missing_s = max(0.0, self._seconds - elapsed)
-        gap = min(max(1, math.ceil(missing_s * steps / elapsed)), self._max_gap)
+        gap = max(1, math.ceil(missing_s * steps / elapsed))
+        if self._check_every_s:  # steps per check_every_s, at the pace measured so far
+            gap = min(gap, max(1, math.ceil(self._check_every_s * steps / elapsed)))
         proposal = steps + gap if not done else steps
         flags = torch.tensor([int(done), proposal], device=self._device)
         dist.all_reduce(flags, op=dist.ReduceOp.MIN)

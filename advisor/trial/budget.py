@@ -96,11 +96,14 @@ def timed_window(
     agree = None
     if trainer.config.world_size > 1:
         dist.barrier()  # all windows start together
-        step_s = warmup.median_step_s if warmup.step_times_s else first.seconds
+        if estimate:  # a cycle of a plain micro-step and a stepped one
+            step_s = 2 * (warmup.median_micro_s(stepped=False) or first.seconds)
+        else:
+            step_s = warmup.median_step_s if warmup.step_times_s else first.seconds
         agree = RankAgreement(
             trainer.device,
             request.trial_seconds,
-            step_s / trainer.cycle * 2 if estimate else step_s,
+            step_s,
             # often where the parent may stop it or a precise rate may end it
             check_every_s=ParentWatch.INTERVAL_S if watch or request.precise_window else None,
         )

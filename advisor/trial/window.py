@@ -4,7 +4,8 @@ Both run a `Trainer` (`advisor.trial.loop`) and are bounded in seconds as well a
 DDP the ranks decide together when either ends (`Agreement`), so that a long optimizer cycle can
 be cut in its middle on every rank alike; a search trial's parent may stop it after any
 micro-step (`WindowMonitor`). A search trial's window may also end before its time once the
-rate it measures is precise (`Bounds.precise_after_s`, `relative_error`).
+rate it measures is precise (`Bounds.precise_after_s`, `relative_error`), or clearly below the
+best trial's (`Bounds.beat_step_s`).
 """
 
 from __future__ import annotations
@@ -200,7 +201,8 @@ def run_window(
     ranks pass `agree` and decide only after optimizer steps: they stop together, once every
     rank is done (one waiting for the others would hang). `time_micro` times every micro-step,
     synchronising the device after each. With `bounds.precise_after_s`, the window is checked
-    every PRECISE_CHECK_EVERY_S from then on and ends once its rate is precise.
+    every PRECISE_CHECK_EVERY_S from then on and ends once its rate is precise, or clearly
+    below `bounds.beat_step_s`'s (`Window.below_best`).
     """
     config = trainer.config
     round_micro = config.num_workers * (config.prefetch_factor if bounds.prefetched_rounds else 1)
@@ -337,9 +339,11 @@ def warm_up(
     (a search trial), it may end after one optimizer step and one round of the workers, once it
     has lasted `settle_s`: early steps' extra costs are milliseconds, which only short steps
     need several steps to outlast; or within its first optimizer step, once its micro-steps
-    predict a cycle longer than `cycle_beyond_s`. The trial's `first` micro-step counts towards
-    all three: after a first step that lasted `settle_s`, one without accumulation or a second
-    worker, the window follows at once. The monitor's stop ends it at once. DDP ranks pass
+    predict a cycle longer than `cycle_beyond_s`. Without loader workers, the trial's `first`
+    micro-step counts towards all three: after a first step that lasted `settle_s`, without
+    accumulation or cudnn.benchmark, the window follows at once. With workers it does not: the
+    batches they queued during a long first step must drain before the window, which would
+    read them as fast steps. The monitor's stop ends it at once. DDP ranks pass
     `agree`, and end it together after an optimizer step.
     """
     extra = BENCHMARK_EXTRA_STEPS if trainer.config.cudnn_benchmark else 0
@@ -355,6 +359,8 @@ def warm_up(
             agree_every_micro_step=budget_s is not None,
         )
     else:
+        if trainer.config.num_workers:  # batches it queued must drain in the warm-up
+            first = None
         bounds = _settling(trainer, steps + extra, extra, budget_s, settle_s, first)
         bounds = replace(bounds, cycle_beyond_s=cycle_beyond_s)
         settled = (

@@ -8,6 +8,7 @@ the parent.
 
 from __future__ import annotations
 
+import multiprocessing.process
 import os
 import signal
 import sys
@@ -50,13 +51,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _temporary_files_with_the_trial(request: TrialRequest) -> None:
-    """Make this process's temporary files (and its loader workers' and ranks': multiprocessing's
-    `pymp-*` folders) in the trial's scratch folder, which the parent removes: the trial exits
-    without its finalizers, and its workers are killed. Not where the sockets multiprocessing
-    makes there would pass the length a Unix socket's path may have: it would fail to bind."""
-    folder = str(Path(request.result_path).parent)
-    if len(folder) + len(_SOCKET_IN_TEMPORARY_FOLDER) <= _LONGEST_SOCKET_PATH:
-        tempfile.tempdir = folder
+    """Make multiprocessing's temporary folder (`pymp-*`, where loader workers and DDP ranks
+    make their sockets) in the trial's scratch folder, which the parent removes: the trial exits
+    without its finalizers, and its workers are killed. Forked workers and ranks inherit it.
+    Only multiprocessing's: torch's compiler cache and the user's files stay where
+    `tempfile.gettempdir()` says. Not where its sockets' paths would pass the length a Unix
+    socket's path may have: they would fail to bind."""
+    scratch = Path(request.result_path).parent
+    if len(str(scratch)) + len(_SOCKET_IN_TEMPORARY_FOLDER) <= _LONGEST_SOCKET_PATH:
+        folder = tempfile.mkdtemp(prefix="pymp-", dir=scratch)
+        # what multiprocessing.util.get_temp_dir() returns from now on, here and in children
+        multiprocessing.process.current_process()._config["tempdir"] = folder  # type: ignore[attr-defined]
 
 
 _SOCKET_IN_TEMPORARY_FOLDER = "/pymp-12345678/listener-12345678"  # multiprocessing's names

@@ -56,7 +56,7 @@ def test_a_search_trial_ends_its_warm_up_once_a_cycle_is_known_too_long(tmp_path
 
 @pytest.mark.parametrize(
     ("knobs", "warmup_steps"),
-    [({}, 0), ({"parallel_mode": "ddp", "world_size": 2}, 0), ({"num_workers": 2}, 1)],
+    [({}, 0), ({"parallel_mode": "ddp", "world_size": 2}, 0), ({"num_workers": 2}, 2)],
 )
 def test_a_search_trial_of_long_steps_is_settled_by_its_first_step(tmp_path, knobs, warmup_steps):
     config = TrialConfig(batch_size=16, **knobs)
@@ -67,9 +67,10 @@ def test_a_search_trial_of_long_steps_is_settled_by_its_first_step(tmp_path, kno
     whole = run_trial(launch, config, tmp_path / "whole.log")
 
     assert search.status == "ok" and whole.status == "ok", (search.reason, whole.reason)
-    # The first step outlasted an eighth of the window: the warm-up has settled, but for the
-    # second worker's first batch; three rounds of the workers then pin the rate down (more
-    # steps where a busy machine makes them less alike).
+    # The first step outlasted an eighth of the window: the warm-up has settled. With loader
+    # workers it has not: the batches they queued meanwhile must drain first (a round of them).
+    # Three rounds of the workers then pin the rate down (more steps where a busy machine makes
+    # them less alike).
     assert warmup_steps * MICRO_STEP_S <= search.warmup_s < (warmup_steps + 1) * MICRO_STEP_S
     assert whole.warmup_s >= 3 * MICRO_STEP_S
     assert search.steps_measured >= 3 * max(1, config.num_workers)
@@ -153,6 +154,7 @@ def test_a_search_window_ends_once_clearly_slower_than_the_best(tmp_path, knobs)
     # Three times slower than the best: clear within a quarter of the window, whose rate it
     # keeps, and says so. Faster than the best, its rate must be precise.
     assert below.below_best and below.window_s < PRECISE_WINDOW_S / 4
-    assert below.samples_per_s == pytest.approx(rate, rel=0.3)
     assert not best.below_best and best.window_s > PRECISE_WINDOW_S / 2
-    assert best.samples_per_s == pytest.approx(rate, rel=0.2)
+    # (two DDP ranks step at the slower one's pace: below 1 / SCATTERED_MEAN_S steps a second)
+    assert best.samples_per_s == pytest.approx(rate, rel=0.35)
+    assert below.samples_per_s == pytest.approx(best.samples_per_s, rel=0.3)
