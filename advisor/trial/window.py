@@ -301,9 +301,22 @@ class _EarlyEnd:
             error = min(error, window.micro_error(self._batch_micro))
         if error <= PRECISE_RELATIVE_ERROR:
             self._ended = True
-        elif self._beat_step_s is not None and mean * (1 - half_width) > self._beat_step_s:
+        elif self._beat_step_s is not None and _clearly_longer(
+            window, mean, half_width, self._beat_step_s, estimate=self._accumulation is not None
+        ):
             self._ended = self.below_best = True
         return self._ended
+
+
+def _clearly_longer(
+    window: Window, mean: float, half_width: float, beat_s: float, *, estimate: bool
+) -> bool:
+    """Whether a window's step (or estimated cycle) time is clearly longer than `beat_s`: the
+    95 % interval around its batch means' lies above it, and so does the interval around the
+    mean the window will report (all its steps over their time; an estimate reports its own)."""
+    steps = window.step_times_s
+    reported = mean if estimate or not steps else sum(steps) / len(steps)
+    return min(mean, reported) * (1 - half_width) > beat_s
 
 
 def _cycle_too_long(window: Window, bounds: Bounds, trainer: Trainer) -> bool:

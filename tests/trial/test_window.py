@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from advisor.trial.window import PRECISE_MIN_BATCHES, Window
+from advisor.trial.window import PRECISE_MIN_BATCHES, Window, _clearly_longer
 
 
 def _window(step_times: list[float]) -> Window:
@@ -71,3 +71,14 @@ def test_micro_steps_alike_make_an_estimate_precise_before_three_pairs():
 
     assert window.relative_error(accumulation=4) == math.inf  # one pair
     assert window.micro_error() == pytest.approx(0.0, abs=1e-12)
+
+
+def test_clearly_slower_than_the_best_only_if_the_reported_rate_is_too():
+    # The latest eight steps (the batch means) take 30 ms; with the three fast ones before them,
+    # the rate the window reports is 24.5 ms a step: not slower than a best of 25 ms.
+    window = _window([0.01] * 3 + [0.03] * 8)
+    mean, error = window.mean_step()
+
+    assert mean == pytest.approx(0.03) and error == pytest.approx(0.0, abs=1e-12)
+    assert _clearly_longer(window, mean, 0.0, 0.02, estimate=False)
+    assert not _clearly_longer(window, mean, 0.0, 0.025, estimate=False)
