@@ -159,4 +159,5 @@ def test_a_search_window_ends_once_clearly_slower_than_the_best(tmp_path, knobs)
     assert not best.below_best and best.window_s > PRECISE_WINDOW_S / 2
     # (two DDP ranks step at the slower one's pace: below 1 / SCATTERED_MEAN_S steps a second)
     assert best.samples_per_s == pytest.approx(rate, rel=0.35)
-    assert below.samples_per_s == pytest.approx(best.samples_per_s, rel=0.3)
+    # A short window of steps scattered by ±100 %: its mean carries a standard error near 20 %.
+    assert below.samples_per_s == pytest.approx(best.samples_per_s, rel=0.5)
