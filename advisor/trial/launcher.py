@@ -172,9 +172,17 @@ class ForkedTrial:
                 self.returncode = message["returncode"]
         return self.returncode
 
-    def wait(self) -> int:
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit code, as `Popen.wait`: raises `subprocess.TimeoutExpired` if it has not
+        exited within `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
-            time.sleep(REAP_POLL_S)
+            left = REAP_POLL_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(f"trial {self.pid}", timeout or 0.0)
+            message = self._launcher.read(timeout_s=min(left, READY_TIMEOUT_S))
+            if message is not None and message.get("pid") == self.pid and "returncode" in message:
+                self.returncode = message["returncode"]
         return self.returncode  # type: ignore[return-value]
 
 
