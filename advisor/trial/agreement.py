@@ -70,27 +70,21 @@ class EveryStep:
 class RankAgreement:
     """DDP ranks end their windows together, once every rank has run its minimum.
 
-    Each check is an all-reduce, so ranks check rarely, all after the same steps: the first
-    check comes after a quarter of the window as the warm-up predicts it, each later one where
-    the time still missing says (the earliest any rank proposes). A window the parent may end
-    early is checked about every `check_every_s` (an all-reduce of two integers: tens of
-    microseconds over gloo), so that the ranks stop soon after the parent asks.
+    Each check is an all-reduce, so ranks check rarely, all after the same steps: each check
+    comes where the time still missing says, at the pace measured so far (the earliest any rank
+    proposes), but never more than as many steps later as were run before it: the first steps'
+    pace can mislead (batches the loader's workers queued during the warm-up read as fast
+    steps; such a pace had put a 2-s window's first check a minute away), and this bounds the
+    overrun to the steps already run. A window the parent may end early is checked about
+    every `check_every_s` (an all-reduce of two integers: tens of microseconds over gloo), so
+    that the ranks stop soon after the parent asks.
     """
 
-    FIRST_CHECK_FRACTION = 4
-
-    def __init__(
-        self, device: torch.device, seconds: float, step_s: float, check_every_s: float | None
-    ) -> None:
+    def __init__(self, device: torch.device, seconds: float, check_every_s: float | None) -> None:
         self._device = device
         self._seconds = seconds
-        step_s = max(step_s, 1e-9)
-        expected = math.ceil(seconds / step_s)
         self._check_every_s = check_every_s
-        first = expected // self.FIRST_CHECK_FRACTION
-        if check_every_s:
-            first = min(first, math.ceil(check_every_s / step_s))
-        self._next_check = self._earliest(max(1, first))
+        self._next_check = 1
         self._started = time.perf_counter()
 
     def all_done(self, steps: int, done: bool) -> bool:
@@ -98,7 +92,7 @@ class RankAgreement:
             return False
         elapsed = time.perf_counter() - self._started
         missing_s = max(0.0, self._seconds - elapsed)
-        gap = max(1, math.ceil(missing_s * steps / elapsed))
+        gap = min(steps, max(1, math.ceil(missing_s * steps / elapsed)))
         if self._check_every_s:  # steps per check_every_s, at the pace measured so far
             gap = min(gap, max(1, math.ceil(self._check_every_s * steps / elapsed)))
         proposal = steps + gap if not done else steps
@@ -109,11 +103,6 @@ class RankAgreement:
 
     def any_rank(self, flag: bool) -> bool:
         return _any_rank(self._device, flag)
-
-    def _earliest(self, proposal: int) -> int:
-        value = torch.tensor([proposal], device=self._device)
-        dist.all_reduce(value, op=dist.ReduceOp.MIN)
-        return int(value.item())
 
 
 def _any_rank(device: torch.device, flag: bool) -> bool:

@@ -11,6 +11,8 @@ or clearly below the best's (`advisor.trial.window`).
 
 from __future__ import annotations
 
+import statistics
+
 import torch.distributed as dist
 
 from advisor.trial.agreement import EveryStep, ParentWatch, RankAgreement
@@ -21,6 +23,7 @@ from advisor.trial.window import (
     Bounds,
     FirstStep,
     Window,
+    cycle_s,
     run_window,
     warm_up,
 )
@@ -87,7 +90,6 @@ def timed_window(
     warmup: Window,
     watch: ParentWatch | None,
     estimate: bool,
-    first: FirstStep,
 ) -> Window:
     """The measured window: at least `trial_seconds`, on every DDP rank, unless the parent
     watching it ends it early or, with `precise_window`, its rate is precise from an eighth of
@@ -96,14 +98,9 @@ def timed_window(
     agree = None
     if trainer.config.world_size > 1:
         dist.barrier()  # all windows start together
-        if estimate:  # a cycle of a plain micro-step and a stepped one
-            step_s = 2 * (warmup.median_micro_s(stepped=False) or first.seconds)
-        else:
-            step_s = warmup.median_step_s if warmup.step_times_s else first.seconds
         agree = RankAgreement(
             trainer.device,
             request.trial_seconds,
-            step_s,
             # often where the parent may stop it or a precise rate may end it
             check_every_s=ParentWatch.INTERVAL_S if watch or request.precise_window else None,
         )
@@ -133,9 +130,12 @@ def timed_window(
 
 def estimated_cycle_s(window: Window, accumulation: int) -> float | None:
     """A whole optimizer cycle's seconds from a window that timed its parts: accumulation - 1
-    micro-steps and one that ends with the optimizer step; None for a window of whole cycles."""
-    micro = window.median_micro_s(stepped=False)
-    final = window.median_micro_s(stepped=True)
-    if micro is None or final is None:
+    micro-steps and one that ends with the optimizer step, each its median compute, and every
+    micro-step's mean wait for its batch (`advisor.trial.window.cycle_s`); None for a window of
+    whole cycles."""
+    plain = window.median_compute_s(stepped=False)
+    final = window.median_compute_s(stepped=True)
+    if plain is None or final is None:
         return None
-    return (accumulation - 1) * micro + final
+    wait = statistics.mean(window.micro_waits_s)
+    return cycle_s(accumulation, plain, final, wait, overlapped=window.loader_workers > 0)

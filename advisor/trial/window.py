@@ -27,6 +27,7 @@ __all__ = [
     "FirstStep",
     "Window",
     "WindowMonitor",
+    "cycle_s",
     "run_window",
     "warm_up",
 ]
@@ -80,6 +81,9 @@ class Window:
     losses: list[float] = field(default_factory=list)
     # With `time_micro`: each micro-step's seconds, and whether it ended with the optimizer step.
     micro_times_s: list[tuple[float, bool]] = field(default_factory=list)
+    # With `time_micro`: of each micro-step's seconds, those it waited for its batch.
+    micro_waits_s: list[float] = field(default_factory=list)
+    loader_workers: int = 0  # processes building the batches while the window trains
 
     def percentile(self, q: float) -> float:
         ordered = sorted(self.step_times_s)
@@ -92,6 +96,15 @@ class Window:
     def median_micro_s(self, *, stepped: bool) -> float | None:
         """The median seconds of the timed micro-steps that did (or did not) end a step."""
         times = [seconds for seconds, final in self.micro_times_s if final == stepped]
+        return statistics.median(times) if times else None
+
+    def median_compute_s(self, *, stepped: bool) -> float | None:
+        """`median_micro_s` of the micro-steps' seconds less their waits for a batch."""
+        times = [
+            seconds - wait
+            for (seconds, final), wait in zip(self.micro_times_s, self.micro_waits_s, strict=True)
+            if final == stepped
+        ]
         return statistics.median(times) if times else None
 
     def relative_error(self, batch_steps: int = 1, *, accumulation: int | None = None) -> float:
@@ -117,13 +130,41 @@ class Window:
 
     def estimated_cycles_s(self, accumulation: int) -> list[float]:
         """Of the timed micro-steps, each plain one and the stepped one after it: the seconds of
-        an optimizer cycle of `accumulation` micro-steps they estimate."""
+        an optimizer cycle of `accumulation` micro-steps they estimate (`cycle_s`)."""
         cycles, plain = [], None
-        for seconds, stepped in self.micro_times_s:
+        for (seconds, stepped), wait in zip(self.micro_times_s, self.micro_waits_s, strict=True):
             if stepped and plain is not None:
-                cycles.append((accumulation - 1) * plain + seconds)
-            plain = None if stepped else seconds
+                plain_s, plain_wait = plain
+                compute = (plain_s - plain_wait, seconds - wait)
+                mean_wait = (plain_wait + wait) / 2
+                overlapped = self.loader_workers > 0
+                cycles.append(cycle_s(accumulation, *compute, mean_wait, overlapped=overlapped))
+            plain = None if stepped else (seconds, wait)
         return cycles
+
+
+def cycle_s(
+    accumulation: int, plain_s: float, stepped_s: float, wait_s: float, *, overlapped: bool
+) -> float:
+    """An optimizer cycle of `accumulation` micro-steps, from a window of (plain, stepped)
+    pairs: the compute of a plain micro-step and of one that ends with the optimizer step
+    (their seconds less their waits for a batch), and the mean wait for a batch.
+
+    Waits and compute are apart because a loader's workers deliver batches in rounds: with two
+    workers, a micro-step that waits for a round alternates with one that finds its batch ready,
+    and (plain, stepped) pairs would time every plain one waiting, every stepped one not (read
+    as alike, they gave 0.65x the rate of whole cycles on examples/data_bound.py). A cycle is
+    `accumulation / 2` pairs with `accumulation / 2 - 1` optimizer steps fewer. An optimizer
+    step fewer saves its extra compute where the loader waits for the training process (no
+    workers: it builds the batches itself); with workers that build them meanwhile
+    (`overlapped`), only what the process did not wait for batches anyway: nothing once a pair
+    waited as long as an optimizer step takes (the loader limits), all of it without waits (the
+    compute limits)."""
+    pair_s = plain_s + stepped_s + 2 * wait_s
+    extra_s = stepped_s - plain_s  # of the optimizer step
+    idle_s = 2 * wait_s if overlapped else 0.0
+    saved_s = extra_s - min(idle_s, max(extra_s, 0.0))
+    return accumulation / 2 * pair_s - (accumulation / 2 - 1) * saved_s
 
 
 def _mean_and_error(every: list[float], batch_steps: int) -> tuple[float, float]:
@@ -207,10 +248,10 @@ def run_window(
     config = trainer.config
     round_micro = config.num_workers * (config.prefetch_factor if bounds.prefetched_rounds else 1)
     min_micro = bounds.worker_rounds * round_micro - bounds.earlier_micro
-    window = Window()
+    window = Window(loader_workers=config.num_workers)
     loss_tensors = []
     trainer.synchronize()
-    wait_before = trainer.data_wait_s
+    wait_before = wait_last = trainer.data_wait_s
     started = last_step = last_micro = time.perf_counter()
     precise = _EarlyEnd(bounds, config.num_workers, trainer.cycle)
     while True:
@@ -221,6 +262,8 @@ def run_window(
         window.micro_batches += 1
         if time_micro:
             window.micro_times_s.append((now - last_micro, stepped))
+            window.micro_waits_s.append(trainer.data_wait_s - wait_last)
+            wait_last = trainer.data_wait_s
         last_micro = now
         if stepped:
             loss_tensors.append(trainer.last_loss)

@@ -161,3 +161,40 @@ def test_a_search_window_ends_once_clearly_slower_than_the_best(tmp_path, knobs)
     assert best.samples_per_s == pytest.approx(rate, rel=0.35)
     # A short window of steps scattered by ±100 %: its mean carries a standard error near 20 %.
     assert below.samples_per_s == pytest.approx(best.samples_per_s, rel=0.5)
+
+
+def test_an_estimate_agrees_with_whole_cycles_where_workers_deliver_batches_in_rounds(tmp_path):
+    # Two workers take 0.48 s a batch each: rounds of two batches, the first waited for, the
+    # second ready. The estimate's (plain, stepped) pairs align with the rounds; read as alike,
+    # they had put a cycle at 7 waits instead of 4 (0.57x the rate).
+    config = TrialConfig(batch_size=16, accumulation_steps=4, num_workers=2)
+    launch = TrialLaunch(
+        spec=f"{TINY}:slow_samples", cwd=ROOT, warmup_steps=1, trial_seconds=1.5, timeout_s=120
+    )
+
+    search = run_trial(launch, config, tmp_path / "search.log", precise_window=True)
+    whole = run_trial(launch, config, tmp_path / "whole.log", whole_cycles=True)
+
+    assert search.status == "ok" and whole.status == "ok", (search.reason, whole.reason)
+    assert search.estimated and not whole.estimated
+    assert search.samples_per_s == pytest.approx(whole.samples_per_s, rel=0.15)
+
+
+@pytest.mark.parametrize("precise", [True, False])
+def test_ddp_ranks_end_an_estimate_within_its_budget_whatever_the_first_steps_pace(
+    tmp_path, precise
+):
+    # The warm-up's micro-steps read batches the workers queued meanwhile: fast. The ranks had
+    # scheduled their first check from that pace, and a 2-s window of 0.5-s micro-steps ran a
+    # minute (examples/data_bound.py).
+    config = TrialConfig(
+        batch_size=16, accumulation_steps=4, num_workers=2, parallel_mode="ddp", world_size=2
+    )
+    launch = TrialLaunch(
+        spec=f"{TINY}:slow_samples", cwd=ROOT, warmup_steps=1, trial_seconds=1.5, timeout_s=120
+    )
+
+    result = run_trial(launch, config, tmp_path / "t.log", precise_window=precise)
+
+    assert result.status == "ok" and result.estimated, result.reason
+    assert result.window_s < 2 * launch.trial_seconds

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from advisor.trial.budget import estimated_cycle_s
 from advisor.trial.window import PRECISE_MIN_BATCHES, Window, _clearly_longer
 
 
@@ -58,16 +59,16 @@ def test_a_batch_spans_a_round_of_the_workers():
 def test_an_estimate_is_as_precise_as_the_cycles_its_pairs_of_micro_steps_estimate():
     # Timing a cycle of 4 in parts: plain micro-steps of 0.1 s, and 0.3 s with the optimizer
     # step (a window may start with the stepped one). Each pair estimates 3 x 0.1 + 0.3 s.
-    window = Window(micro_times_s=[(0.3, True)] + [(0.1, False), (0.3, True)] * 3)
+    window = _micro([(0.3, True)] + [(0.1, False), (0.3, True)] * 3)
 
     assert window.estimated_cycles_s(4) == pytest.approx([0.6] * 3)
     assert window.relative_error(accumulation=4) == pytest.approx(0.0, abs=1e-12)
-    assert Window(micro_times_s=window.micro_times_s[:5]).relative_error(accumulation=4) == math.inf
+    assert _micro(window.micro_times_s[:5]).relative_error(accumulation=4) == math.inf
 
 
 def test_micro_steps_alike_make_an_estimate_precise_before_three_pairs():
     # Where the optimizer step adds nothing, the estimated cycle is as precise as its micro-steps.
-    window = Window(micro_times_s=[(0.1, False), (0.1, True), (0.1, False)])
+    window = _micro([(0.1, False), (0.1, True), (0.1, False)])
 
     assert window.relative_error(accumulation=4) == math.inf  # one pair
     assert window.micro_error() == pytest.approx(0.0, abs=1e-12)
@@ -82,3 +83,30 @@ def test_clearly_slower_than_the_best_only_if_the_reported_rate_is_too():
     assert mean == pytest.approx(0.03) and error == pytest.approx(0.0, abs=1e-12)
     assert _clearly_longer(window, mean, 0.0, 0.02, estimate=False)
     assert not _clearly_longer(window, mean, 0.0, 0.025, estimate=False)
+
+
+def _micro(times: list[tuple[float, bool]], waits: list[float] | None = None, workers: int = 0):
+    waits = waits if waits is not None else [0.0] * len(times)
+    return Window(micro_times_s=list(times), micro_waits_s=waits, loader_workers=workers)
+
+
+def test_an_estimate_is_not_fooled_by_two_workers_delivering_batches_in_rounds():
+    # Two workers deliver a round of two batches every 0.8 s; computing takes 0.05 s, 0.06 s
+    # with the optimizer step. Pairs of (plain, stepped) micro-steps align with the rounds:
+    # every plain one waits 0.69 s for a round, every stepped one finds its batch ready. A
+    # cycle of 4 micro-steps is two rounds, 1.6 s; 3 x 0.74 + 0.06 s had read 2.28 s.
+    pair = [(0.74, False), (0.06, True)]
+    window = _micro(pair * 4, [0.69, 0.0] * 4, workers=2)
+
+    assert window.estimated_cycles_s(4) == pytest.approx([1.6] * 4)
+    assert estimated_cycle_s(window, 4) == pytest.approx(1.6)
+
+
+def test_an_estimate_without_waits_adds_the_parts_and_one_optimizer_step():
+    # Compute alone limits: three plain micro-steps and a stepped one, whatever the workers.
+    for workers in (0, 2):
+        window = _micro([(0.1, False), (0.3, True)] * 3, workers=workers)
+        assert estimated_cycle_s(window, 4) == pytest.approx(0.6)
+    # Without workers, waits are the training process building its batches: they add up too.
+    window = _micro([(0.3, False), (0.5, True)] * 3, [0.2, 0.2] * 3)
+    assert estimated_cycle_s(window, 4) == pytest.approx(4 * 0.2 + 0.6)
