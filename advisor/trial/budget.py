@@ -11,8 +11,6 @@ or clearly below the best's (`advisor.trial.window`).
 
 from __future__ import annotations
 
-import statistics
-
 import torch.distributed as dist
 
 from advisor.trial.agreement import EveryStep, ParentWatch, RankAgreement
@@ -130,12 +128,12 @@ def timed_window(
 
 def estimated_cycle_s(window: Window, accumulation: int) -> float | None:
     """A whole optimizer cycle's seconds from a window that timed its parts: accumulation - 1
-    micro-steps and one that ends with the optimizer step, each its median compute, and every
-    micro-step's mean wait for its batch (`advisor.trial.window.cycle_s`); None for a window of
-    whole cycles."""
+    micro-steps and one that ends with the optimizer step, each its median compute, and the
+    micro-steps' mean wait for a batch, all of the window's `Window.pairs`
+    (`advisor.trial.window.cycle_s`); None for a window of whole cycles."""
     plain = window.median_compute_s(stepped=False)
     final = window.median_compute_s(stepped=True)
-    if plain is None or final is None:
+    wait = window.mean_wait_s()
+    if plain is None or final is None or wait is None:
         return None
-    wait = statistics.mean(window.micro_waits_s)
     return cycle_s(accumulation, plain, final, wait, overlapped=window.loader_workers > 0)

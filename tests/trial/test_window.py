@@ -110,3 +110,14 @@ def test_an_estimate_without_waits_adds_the_parts_and_one_optimizer_step():
     # Without workers, waits are the training process building its batches: they add up too.
     window = _micro([(0.3, False), (0.5, True)] * 3, [0.2, 0.2] * 3)
     assert estimated_cycle_s(window, 4) == pytest.approx(4 * 0.2 + 0.6)
+
+
+def test_an_estimate_leaves_out_the_stepped_micro_step_that_ends_the_warm_ups_cycle():
+    # Rounds of two batches every 1.05 s, as above; the warm-up took the first batch of a round,
+    # and the window starts with the second, ready at once, ending that cycle. Counted, its
+    # missing wait had read the cycle at 1.72 s instead of two rounds, 2.1 s.
+    times = [(0.01, True)] + [(1.0, False), (0.05, True)] * 2
+    window = _micro(times, [0.0] + [0.95, 0.0] * 2, workers=2)
+
+    assert estimated_cycle_s(window, 4) == pytest.approx(2.1)
+    assert window.estimated_cycles_s(4) == pytest.approx([2.1] * 2)
