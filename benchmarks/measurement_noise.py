@@ -46,6 +46,10 @@ def main() -> None:
         TrialConfig(batch_size=128, parallel_mode="ddp", world_size=2),
         TrialConfig(batch_size=512, num_workers=2),
         TrialConfig(batch_size=512, accumulation_steps=4),
+        # an estimate where two ranks' workers deliver batches in rounds
+        TrialConfig(
+            batch_size=512, accumulation_steps=4, num_workers=2, parallel_mode="ddp", world_size=2
+        ),
     )
     rows = []
     for spec in args.specs:
