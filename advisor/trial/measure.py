@@ -177,14 +177,14 @@ def _first_micro_step(trainer: Trainer) -> tuple[FirstStep, list[float]]:
     loader's first batch) stay out of every rate. Returns its seconds, and the loss of the
     optimizer step it completed (without accumulation, the micro-step is the whole step)."""
     trainer.synchronize()
-    started = time.perf_counter()
+    started, waited_before = time.perf_counter(), trainer.data_wait_s
     stepped = trainer.micro_step()
     trainer.synchronize()
     seconds = time.perf_counter() - started
     losses = [trainer.last_loss.item()] if stepped else []
     if not all(math.isfinite(loss) for loss in losses):
         raise DivergedError(f"the loss became non-finite ({losses[0]} at the first step)")
-    return FirstStep(seconds, stepped), losses
+    return FirstStep(seconds, stepped, trainer.data_wait_s - waited_before), losses
 
 
 def _converged(

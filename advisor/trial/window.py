@@ -47,6 +47,9 @@ PRECISE_RELATIVE_ERROR = 0.05
 PRECISE_MIN_BATCHES = 3
 _T_975 = {2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365}  # by degrees of freedom
 PRECISE_CHECK_EVERY_S = 0.05
+# A first step that waited for its batch this much of its time waited for the workers' first
+# round (`FirstStep.data_bound`).
+DATA_BOUND_FIRST_STEP = 0.5
 
 
 class Agreement(Protocol):
@@ -210,11 +213,19 @@ def _mean_and_error(every: list[float], batch_steps: int) -> tuple[float, float]
 
 @dataclass(frozen=True)
 class FirstStep:
-    """The trial's first micro-step, run alone before its warm-up: its seconds, and whether it
-    ended an optimizer step (it does without accumulation)."""
+    """The trial's first micro-step, run alone before its warm-up: its seconds, whether it
+    ended an optimizer step (it does without accumulation), and of its seconds those it waited
+    for its batch."""
 
     seconds: float
     stepped: bool
+    wait_s: float = 0.0
+
+    @property
+    def data_bound(self) -> bool:
+        """Whether waiting for the loader's first batch took most of it: its workers were busy
+        building their first round, with no time to queue batches beyond it."""
+        return self.wait_s >= DATA_BOUND_FIRST_STEP * self.seconds
 
 
 @dataclass(frozen=True)
@@ -424,9 +435,11 @@ def warm_up(
     need several steps to outlast; or within its first optimizer step, once its micro-steps
     predict a cycle longer than `cycle_beyond_s`. Without loader workers, the trial's `first`
     micro-step counts towards all three: after a first step that lasted `settle_s`, without
-    accumulation or cudnn.benchmark, the window follows at once. With workers it does not: the
-    batches they queued during a long first step must drain before the window, which would
-    read them as fast steps. The monitor's stop ends it at once. DDP ranks pass
+    accumulation or cudnn.benchmark, the window follows at once. With workers it does so only
+    where `first` was `FirstStep.data_bound`: the rest of the workers' first round is then
+    ready, as after any round. Where something else made it long (compilation, lazy
+    initialisation), the batches the workers queued meanwhile must drain before the window,
+    which would read them as fast steps. The monitor's stop ends it at once. DDP ranks pass
     `agree`, and end it together after an optimizer step.
     """
     extra = BENCHMARK_EXTRA_STEPS if trainer.config.cudnn_benchmark else 0
@@ -442,8 +455,8 @@ def warm_up(
             agree_every_micro_step=budget_s is not None,
         )
     else:
-        if trainer.config.num_workers:  # batches it queued must drain in the warm-up
-            first = None
+        if trainer.config.num_workers and not (first is not None and first.data_bound):
+            first = None  # batches the workers queued meanwhile must drain in the warm-up
         bounds = _settling(trainer, steps + extra, extra, budget_s, settle_s, first)
         bounds = replace(bounds, cycle_beyond_s=cycle_beyond_s)
         settled = (
@@ -480,11 +493,19 @@ def _settling(
         max_seconds=budget_s,
         worker_rounds=1,
         prefetched_rounds=False,
-        earlier_micro=int(first is not None),
+        earlier_micro=_first_round_micro(first, config.num_workers),
         min_seconds_at_a_step=True,
         stop_at_once=True,
         agree_every_micro_step=budget_s is not None,
     )
+
+
+def _first_round_micro(first: FirstStep | None, workers: int) -> int:
+    """The micro-batches of the workers' first round that the first step spans: all of them
+    where it waited for that round (`FirstStep.data_bound`), its own batch otherwise."""
+    if first is None:
+        return 0
+    return max(1, workers) if first.data_bound else 1
 
 
 def _settled_scaler(

@@ -80,6 +80,23 @@ def test_a_search_trial_of_long_steps_is_settled_by_its_first_step(tmp_path, kno
     assert search.samples_per_s <= 1.05 * config.global_batch_size / MICRO_STEP_S
 
 
+def test_a_first_step_that_waited_for_the_workers_settles_a_search_trials_warm_up(tmp_path):
+    # Two workers take 0.48 s a batch each: the first step waits for their first round, with
+    # no time to queue batches beyond it, so the window may follow at once (a step that was
+    # long for another reason does not: test above). Its rate is still that of whole windows.
+    config = TrialConfig(batch_size=16, num_workers=2)
+    launch = TrialLaunch(
+        spec=f"{TINY}:slow_samples", cwd=ROOT, warmup_steps=3, trial_seconds=1.5, timeout_s=120
+    )
+
+    search = run_trial(launch, config, tmp_path / "search.log", precise_window=True)
+    whole = run_trial(launch, config, tmp_path / "whole.log")
+
+    assert search.status == "ok" and whole.status == "ok", (search.reason, whole.reason)
+    assert search.warmup_s == 0.0 and whole.warmup_s > 0.0
+    assert search.samples_per_s == pytest.approx(whole.samples_per_s, rel=0.15)
+
+
 def test_a_search_trial_estimates_a_cycle_when_three_do_not_fit_its_window(tmp_path):
     config = TrialConfig(batch_size=16, accumulation_steps=4)
     launch = _launch()
