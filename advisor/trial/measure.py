@@ -35,7 +35,8 @@ from advisor.trial.convergence import held_out_split, measure_gradient_norms, ru
 from advisor.trial.loop import DivergedError, Trainer
 from advisor.trial.memory import PeakMemory
 from advisor.trial.protocol import TrialRequest
-from advisor.trial.window import Bounds, FirstStep, Window, run_window
+from advisor.trial.warmup import FirstStep
+from advisor.trial.window import Bounds, Window, run_window
 
 __all__ = ["EARLY_STEPS", "measure_request"]
 

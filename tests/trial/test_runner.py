@@ -196,7 +196,7 @@ def test_warm_up_settles_an_fp16_loss_scale():
 
     from advisor.task import build_task
     from advisor.trial.loop import Trainer
-    from advisor.trial.window import SCALER_STABLE_STEPS, warm_up
+    from advisor.trial.warmup import SCALER_STABLE_STEPS, warm_up
 
     task, _ = build_task(f"{TINY}:factory")
     # fp16 is a CUDA knob; the GradScaler logic is the same on CPU, so bypass the validator.

@@ -1,0 +1,168 @@
+"""A trial's warm-up: running past everything that makes early steps unrepresentative, as a
+window of its own (`advisor.trial.window`), before the window that is timed."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+
+from advisor.trial.loop import Trainer
+from advisor.trial.window import Agreement, Bounds, Window, WindowMonitor, run_window
+
+__all__ = ["SCALER_STABLE_STEPS", "FirstStep", "warm_up"]
+
+BENCHMARK_EXTRA_STEPS = 5  # cudnn.benchmark autotunes every new shape on its first calls
+SCALER_STABLE_STEPS = 3  # fp16: the loss scale must have stopped backing off
+SCALER_MAX_STEPS = 50
+# A first step that waited for its batch this much of its time waited for the workers' first
+# round (`FirstStep.data_bound`).
+DATA_BOUND_FIRST_STEP = 0.5
+
+
+@dataclass(frozen=True)
+class FirstStep:
+    """The trial's first micro-step, run alone before its warm-up: its seconds, whether it
+    ended an optimizer step (it does without accumulation), and of its seconds those it waited
+    for its batch."""
+
+    seconds: float
+    stepped: bool
+    wait_s: float = 0.0
+
+    @property
+    def data_bound(self) -> bool:
+        """Whether waiting for the loader's first batch took most of it: its workers were busy
+        building their first round, with no time to queue batches beyond it."""
+        return self.wait_s >= DATA_BOUND_FIRST_STEP * self.seconds
+
+
+def warm_up(
+    trainer: Trainer,
+    steps: int,
+    budget_s: float | None = None,
+    *,
+    agree: Agreement | None = None,
+    monitor: WindowMonitor | None = None,
+    whole_steps: bool = False,
+    settle_s: float | None = None,
+    cycle_beyond_s: float | None = None,
+    first: FirstStep | None = None,
+) -> Window:
+    """Run past everything that makes early steps unrepresentative; return the warm-up window,
+    every micro-step timed.
+
+    At least `steps` optimizer steps and two loader worker cycles; more with cudnn.benchmark
+    (autotuning); with fp16, until the GradScaler's scale has settled, since it starts at 2^16
+    and skips optimizer steps while it backs off. All of it within `budget_s` seconds: a
+    configuration whose steps are that slow ends its warm-up early, even within a step (its
+    window then times the parts of a step: `advisor.trial.measure`). With `whole_steps` the
+    budget ends it only after an optimizer step, and after one at the least. With `settle_s`
+    (a search trial), it may end after one optimizer step and one round of the workers, once it
+    has lasted `settle_s`: early steps' extra costs are milliseconds, which only short steps
+    need several steps to outlast; or within its first optimizer step, once its micro-steps
+    predict a cycle longer than `cycle_beyond_s`. Without loader workers, the trial's `first`
+    micro-step counts towards all three: after a first step that lasted `settle_s`, without
+    accumulation or cudnn.benchmark, the window follows at once. With workers it does so only
+    where `first` was `FirstStep.data_bound`: the rest of the workers' first round is then
+    ready, as after any round. Where something else made it long (compilation, lazy
+    initialisation), the batches the workers queued meanwhile must drain before the window,
+    which would read them as fast steps. The monitor's stop ends it at once. DDP ranks pass
+    `agree`, and end it together after an optimizer step.
+    """
+    extra = BENCHMARK_EXTRA_STEPS if trainer.config.cudnn_benchmark else 0
+    if whole_steps and budget_s is not None:
+        bounds = Bounds(
+            min_steps=1 + extra, min_seconds=budget_s, max_steps=steps + extra, stop_at_once=True
+        )
+    elif settle_s is None:
+        bounds = Bounds(
+            min_steps=steps + extra,
+            max_seconds=budget_s,
+            stop_at_once=True,
+            agree_every_micro_step=budget_s is not None,
+        )
+    else:
+        if trainer.config.num_workers and not (first is not None and first.data_bound):
+            first = None  # batches the workers queued meanwhile must drain in the warm-up
+        bounds = _settling(trainer, steps + extra, extra, budget_s, settle_s, first)
+        bounds = replace(bounds, cycle_beyond_s=cycle_beyond_s)
+        settled = (
+            bounds.min_steps <= 0
+            and bounds.min_seconds <= 0
+            and bounds.earlier_micro >= (trainer.config.num_workers)
+        )
+        if agree is not None:  # every rank skips it, or none does
+            settled = agree.all_done(0, settled)
+        if settled:
+            return _settled_scaler(trainer, Window(), budget_s, agree, monitor, whole_steps)
+    window = run_window(trainer, bounds, agree=agree, monitor=monitor, time_micro=True)
+    if window.stopped_early:
+        return window
+    return _settled_scaler(trainer, window, budget_s, agree, monitor, whole_steps)
+
+
+def _settling(
+    trainer: Trainer,
+    steps: int,
+    extra: int,
+    budget_s: float | None,
+    settle_s: float,
+    first: FirstStep | None,
+) -> Bounds:
+    """A search trial's warm-up: `settle_s` from the first micro-step's start, one optimizer
+    step and one round of the workers at least, the first micro-step included."""
+    config = trainer.config
+    before = first.seconds if first is not None else 0.0
+    return Bounds(
+        min_steps=1 + extra - int(first is not None and first.stepped),
+        min_seconds=max(0.0, settle_s - before),
+        max_steps=max(steps, math.ceil(config.num_workers / trainer.cycle)),
+        max_seconds=budget_s,
+        worker_rounds=1,
+        prefetched_rounds=False,
+        earlier_micro=_first_round_micro(first, config.num_workers),
+        min_seconds_at_a_step=True,
+        stop_at_once=True,
+        agree_every_micro_step=budget_s is not None,
+    )
+
+
+def _first_round_micro(first: FirstStep | None, workers: int) -> int:
+    """The micro-batches of the workers' first round that the first step spans: all of them
+    where it waited for that round (`FirstStep.data_bound`), its own batch otherwise."""
+    if first is None:
+        return 0
+    return max(1, workers) if first.data_bound else 1
+
+
+def _settled_scaler(
+    trainer: Trainer,
+    window: Window,
+    budget_s: float | None,
+    agree: Agreement | None,
+    monitor: WindowMonitor | None,
+    whole_steps: bool,
+) -> Window:
+    """fp16: whole steps after `window` until the GradScaler's scale has stopped backing off,
+    within what is left of `budget_s`; the steps' losses join the window's."""
+    if not trainer.scaler.is_enabled():
+        return window
+    started = time.perf_counter() - window.elapsed_s
+    scale, stable = trainer.scaler.get_scale(), 0
+    for _ in range(SCALER_MAX_STEPS):
+        left = None if budget_s is None else budget_s - (time.perf_counter() - started)
+        done = stable >= SCALER_STABLE_STEPS or (left is not None and left <= 0)
+        if agree is not None:  # each rank's clock started apart: they end it together
+            done = agree.all_done(window.steps, done)
+        if done:
+            break
+        one = Bounds(max_seconds=None if whole_steps else left, worker_rounds=0, stop_at_once=True)
+        settling = run_window(trainer, one, agree=agree, monitor=monitor)
+        window.losses += settling.losses  # every step's loss, in order: the early losses
+        if settling.stopped_early:
+            window.stopped_early = True
+            break
+        previous, scale = scale, trainer.scaler.get_scale()
+        stable = stable + 1 if scale == previous else 0
+    return window
