@@ -18,7 +18,8 @@ from math import prod
 from typing import TYPE_CHECKING, Any
 
 from advisor.errors import SettingsError
-from advisor.knobs import KNOB, KNOBS, Device, Facts, Knob, TrialConfig, parse_parallel
+from advisor.knob_rules import Device, Facts, parse_parallel
+from advisor.knobs import KNOB, KNOBS, Knob, TrialConfig
 from advisor.results import FixedKnob, HardwareProfile, TaskSummary
 from advisor.settings import TuneSettings
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.knobs import SLOW_PRECISION
+from advisor.knob_rules import SLOW_PRECISION
 from advisor.search.space import build_space
 from advisor.settings import TuneSettings
 from advisor.trial.probe_runner import probe_isolated

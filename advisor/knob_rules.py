@@ -1,0 +1,172 @@
+"""When a knob, or one of its values, cannot matter: `Facts` (the device, the machine, the task)
+and the rules of the knob table (`advisor.knobs`) that read them, each giving the reason the
+report shows; and the values some knobs search in these circumstances."""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+__all__ = [
+    "NOT_SHARDABLE",
+    "SLOW_PRECISION",
+    "Device",
+    "Facts",
+    "ParallelMode",
+    "Rule",
+    "compiler_missing",
+    "first_reason",
+    "layout_order",
+    "layouts",
+    "needs_cudnn",
+    "one_process",
+    "parse_parallel",
+    "slower_than_fp32",
+    "tf32_missing",
+    "unless",
+    "worker_counts",
+]
+
+Device = Literal["cpu", "cuda"]
+ParallelMode = Literal["none", "dp", "ddp"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Facts:
+    """What the table's rules read: the device searched on, the machine and the user's task."""
+
+    device: Device
+    cores: int
+    gpus: int = 0
+    gpu_bf16: bool = False  # every GPU computes bf16
+    gpu_capability: float | None = None  # the lowest compute capability of the GPUs
+    cudnn: bool = False
+    compiler: bool = False  # torch.compile can build here: triton (CUDA) or a C++ compiler (CPU)
+    max_world_size: int | None = None  # --max-world-size
+    iterable: bool = False  # the dataset is an IterableDataset
+    conv2d: bool = False
+    custom_optimizer: bool = False
+    # Measured matmul FLOP/s per dtype on the searched device (the slowest GPU's): the probe's.
+    matmul_flops: Mapping[str, float] = field(default_factory=dict)
+    forced: frozenset[str] = frozenset()  # knobs named one by one in --knobs: searched whatever
+
+    @property
+    def world_limit(self) -> int:
+        """The most DDP processes: one per GPU (on CPU, per core), capped by --max-world-size."""
+        available = self.gpus if self.device == "cuda" else self.cores
+        return min(available, self.max_world_size or available)
+
+
+# Why a knob (or one of its values) cannot matter in these circumstances; None where it can.
+Rule = Callable[[Facts], str | None]
+
+
+def unless(condition: Callable[[Facts], bool], reason: str) -> Rule:
+    """The rule that gives `reason` where `condition` does not hold."""
+    return lambda facts: None if condition(facts) else reason
+
+
+PARALLEL_MODES: tuple[ParallelMode, ...] = get_args(ParallelMode)
+NOT_SHARDABLE = (
+    "an IterableDataset cannot be sharded between DDP ranks (DistributedSampler needs an index); "
+    "every rank would read the same stream"
+)
+
+
+def layouts(facts: Facts) -> tuple[str, ...]:
+    """One process, DataParallel, and DDP with N processes: every N up to the GPUs; on CPU
+    powers of two and all the cores."""
+    limit = facts.world_limit
+    if facts.device == "cuda":
+        worlds = set(range(2, limit + 1))
+    else:
+        worlds = {2**k for k in range(1, limit.bit_length())} | {limit}
+    ddp = () if facts.iterable else tuple(f"ddp-{n}" for n in sorted(worlds) if 2 <= n <= limit)
+    return ("none", "dp", *ddp)
+
+
+def layout_order(layout: str) -> tuple[int, int]:
+    mode, world = parse_parallel(layout)
+    return PARALLEL_MODES.index(mode), world
+
+
+def one_process(facts: Facts) -> str | None:
+    """Why only one process can run here; None where DataParallel or DDP can."""
+    if (facts.device == "cuda" and facts.gpus >= 2) or (
+        not facts.iterable and facts.world_limit >= 2
+    ):
+        return None
+    if facts.iterable:
+        return NOT_SHARDABLE
+    if facts.max_world_size == 1:
+        return "--max-world-size 1"
+    if facts.device == "cuda":
+        return "one GPU: DataParallel and DDP need >= 2"
+    return f"{facts.world_limit} core: DDP ranks would only share it"
+
+
+def worker_counts(facts: Facts) -> tuple[int, ...]:
+    if facts.cores <= 4:
+        return tuple(range(facts.cores + 1))
+    counts = {0, 1, facts.cores}
+    counts.update(2**k for k in range(1, facts.cores.bit_length()) if 2**k <= facts.cores)
+    return tuple(sorted(counts))
+
+
+def compiler_missing(facts: Facts) -> str | None:
+    if facts.compiler:
+        return None
+    if facts.device == "cuda":
+        return "torch.compile on CUDA needs triton, which is not installed"
+    return "torch.compile's inductor backend needs a C++ compiler on CPU (g++ or clang++)"
+
+
+def tf32_missing(facts: Facts) -> str | None:
+    if facts.device == "cpu":
+        return "TF32 matmuls exist on CUDA GPUs only"
+    if (facts.gpu_capability or 0.0) < 8.0:
+        return "TF32 needs an Ampere or newer GPU (compute capability 8.0)"
+    return None
+
+
+# Low precision whose matmuls run below this fraction of fp32's cannot pay off: a training step
+# is at best as fast as its matmuls. Emulated bf16 on a CPU without AVX512-BF16 or AMX runs at
+# about 0.01-0.05 of fp32 (REFERENCE.md); native bf16 and GPU fp16 run at 1x to 2x and more. The
+# line sits far from both, so that a probe on a busy machine (short products lose most of their
+# time to it) does not tip it; anything between is left to the search to measure.
+SLOW_PRECISION = 0.25
+
+
+def slower_than_fp32(dtype: str) -> Rule:
+    """Why `dtype` autocast cannot pay off on the measured matmuls; None where it may."""
+
+    def rule(facts: Facts) -> str | None:
+        low, full = facts.matmul_flops.get(dtype), facts.matmul_flops.get("fp32")
+        if "amp" in facts.forced or not low or not full or low >= SLOW_PRECISION * full:
+            return None
+        where = "this CPU" if facts.device == "cpu" else "these GPUs"
+        return (
+            f"{dtype} matmuls ran at {low / 1e9:,.1f} GFLOP/s on {where} against "
+            f"{full / 1e9:,.1f} for fp32 ({low / full:.2f}x): {dtype} autocast cannot pay off "
+            "here; search it anyway with --knobs classic,amp"
+        )
+
+    return rule
+
+
+def first_reason(*rules: Rule) -> Rule:
+    return lambda facts: next((reason for rule in rules if (reason := rule(facts))), None)
+
+
+needs_cudnn = unless(
+    lambda f: f.device == "cuda" and f.cudnn, "no cuDNN on this device: the flag has no effect"
+)
+
+
+def parse_parallel(choice: str) -> tuple[ParallelMode, int]:
+    """`none` -> ("none", 1), `dp` -> ("dp", 1), `ddp-4` -> ("ddp", 4)."""
+    mode, _, ranks = choice.partition("-")
+    if mode in ("none", "dp") and not ranks:
+        return mode, 1  # type: ignore[return-value]
+    if mode == "ddp" and ranks.isdigit():
+        return "ddp", int(ranks)
+    raise ValueError(f"{choice!r} is not a parallel layout: use none, dp or ddp-N")
