@@ -85,6 +85,7 @@ def layouts(facts: Facts) -> tuple[str, ...]:
 
 
 def layout_order(layout: str) -> tuple[int, int]:
+    """Where a layout stands: by parallel mode (one process, DataParallel, DDP), then ranks."""
     mode, world = parse_parallel(layout)
     return PARALLEL_MODES.index(mode), world
 
@@ -105,6 +106,8 @@ def one_process(facts: Facts) -> str | None:
 
 
 def worker_counts(facts: Facts) -> tuple[int, ...]:
+    """DataLoader worker counts to search: every count up to 4 cores; past that 0, 1, the
+    powers of two and all the cores."""
     if facts.cores <= 4:
         return tuple(range(facts.cores + 1))
     counts = {0, 1, facts.cores}
@@ -113,6 +116,7 @@ def worker_counts(facts: Facts) -> tuple[int, ...]:
 
 
 def compiler_missing(facts: Facts) -> str | None:
+    """Why torch.compile cannot build here; None where it can."""
     if facts.compiler:
         return None
     if facts.device == "cuda":
@@ -121,6 +125,7 @@ def compiler_missing(facts: Facts) -> str | None:
 
 
 def tf32_missing(facts: Facts) -> str | None:
+    """Why TF32 matmuls do not exist here; None where they do."""
     if facts.device == "cpu":
         return "TF32 matmuls exist on CUDA GPUs only"
     if (facts.gpu_capability or 0.0) < 8.0:
@@ -154,6 +159,7 @@ def slower_than_fp32(dtype: str) -> Rule:
 
 
 def first_reason(*rules: Rule) -> Rule:
+    """The rule that gives the first of these rules' reasons, None where none gives one."""
     return lambda facts: next((reason for rule in rules if (reason := rule(facts))), None)
 
 

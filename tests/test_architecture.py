@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "advisor"
 # Lower layers never import higher ones; a module may import its own layer.
 LAYERS = (
     ("errors",),
+    ("knob_rules",),
     ("knobs",),
     ("settings",),
     ("convergence",),
