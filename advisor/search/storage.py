@@ -1,15 +1,23 @@
-"""Open the Optuna study a tuning run writes to; keep passwords out of everything we print."""
+"""Open the Optuna study a tuning run writes to, and report its storage's failures in one line;
+keep passwords out of everything we print."""
 
 from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
 from optuna.storages.journal import JournalFileBackend
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, ProgrammingError
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import (
+    ArgumentError,
+    IntegrityError,
+    OperationalError,
+    ProgrammingError,
+    SQLAlchemyError,
+)
 
 from advisor.errors import StorageError
 
@@ -18,10 +26,14 @@ __all__ = [
     "make_storage",
     "mask_url",
     "open_study",
+    "optimize_one",
 ]
 
 HEARTBEAT_S = 5
 STALE_AFTER_S = 30
+# How long a write waits for another SQLite connection's lock before it fails; sqlite3's own
+# default, 5 s, is shorter than a busy machine can hold a lock.
+SQLITE_BUSY_TIMEOUT_S = 120
 JOURNAL_PREFIX = "journal:///"
 OPEN_ATTEMPTS = 5
 
@@ -43,11 +55,32 @@ def make_storage(url: str) -> optuna.storages.BaseStorage:
         return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
     # A heartbeat marks trials of a worker that died (SIGKILL, lost machine) as stale; Optuna
     # fails them when the next trial starts, so they do not stay RUNNING forever.
+    sqlite = make_url(url).get_backend_name() == "sqlite"
+    engine_kwargs = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}} if sqlite else {}
     with warnings.catch_warnings():  # "experimental" since Optuna 2.9; users need not see it
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RDBStorage(
-            url, heartbeat_interval=HEARTBEAT_S, grace_period=STALE_AFTER_S
+        storage = optuna.storages.RDBStorage(
+            url,
+            engine_kwargs=engine_kwargs,
+            heartbeat_interval=HEARTBEAT_S,
+            grace_period=STALE_AFTER_S,
         )
+    if sqlite:
+        _write_ahead_log(storage.engine)
+    return storage
+
+
+def _write_ahead_log(engine: Engine) -> None:
+    """Let readers of an SQLite study (`advisor report`, optuna-dashboard, the sqlite3 shell)
+    leave its writer alone: in SQLite's default journal, a reader that keeps a transaction open
+    blocks every commit, and the search would fail once the busy timeout runs out. The mode is
+    stored in the file; where it cannot be set (a file system without shared memory), SQLite
+    keeps its journal and the busy timeout still applies."""
+    try:
+        with engine.connect() as connection:
+            connection.exec_driver_sql("PRAGMA journal_mode=WAL")
+    except OperationalError:
+        pass
 
 
 def open_study(
@@ -100,6 +133,27 @@ def _create_or_load(
                 raise
             time.sleep(0.2 * (attempt + 1))
     raise AssertionError("unreachable")
+
+
+def optimize_one(study: optuna.Study, objective: Callable[[optuna.Trial], float], url: str) -> None:
+    """One trial of `objective`; a storage that cannot save it ends the run with a StorageError.
+
+    Optuna reports a failed save of a finished trial as `AssertionError("Should not reach.")`,
+    with the storage's error as its context; both become one line that says what was kept.
+    """
+    try:
+        study.optimize(objective, n_trials=1)
+    except (optuna.exceptions.StorageInternalError, SQLAlchemyError, AssertionError) as exc:
+        cause = exc if not isinstance(exc, AssertionError) else exc.__context__
+        if not isinstance(cause, (optuna.exceptions.StorageInternalError, SQLAlchemyError)):
+            raise
+        while cause.__cause__ is not None:  # Optuna's wrapper says less than SQLite's error
+            cause = cause.__cause__
+        reason = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+        raise StorageError(
+            f"cannot save a trial to {mask_url(url)} ({reason}); the trials finished before it "
+            "are kept: run the same command to resume once the storage is free"
+        ) from exc
 
 
 def load_study(url: str, study_name: str | None) -> optuna.Study:

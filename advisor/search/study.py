@@ -35,6 +35,7 @@ from advisor.search.records import (
 )
 from advisor.search.seeding import next_seed, seed_count
 from advisor.search.space import SearchSpace
+from advisor.search.storage import optimize_one
 from advisor.settings import TuneSettings
 from advisor.trial.runner import ProgressCallback, run_trial
 
@@ -161,7 +162,7 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
         _enqueue_neighbours(study, context, list(measured.values()), settings.trials - len(mine))
         # One trial per optimize() call: GridSampler stops the study when exhausted, which Optuna
         # allows only inside optimize(); an interrupt marks the running trial FAIL.
-        study.optimize(objective, n_trials=1)
+        optimize_one(study, objective, settings.storage_url)
 
 
 def _ruled_out(study: optuna.Study, space: SearchSpace) -> set[TrialConfig]:

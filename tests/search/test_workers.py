@@ -2,6 +2,7 @@
 workers; refusal to mix machines."""
 
 import socket
+import sqlite3
 import subprocess
 import sys
 
@@ -17,7 +18,7 @@ from advisor.search import storage
 from advisor.search.context import SearchContext
 from advisor.search.records import StudyKey, TrialKey, claim, fail_abandoned
 from advisor.search.space import build_space
-from advisor.search.storage import load_study, open_study
+from advisor.search.storage import load_study, open_study, optimize_one
 from advisor.search.study import bind_study
 from advisor.settings import TuneSettings
 from advisor.trial.runner import TrialLaunch
@@ -168,3 +169,52 @@ def test_a_schema_another_worker_is_creating_is_waited_for(tmp_path, monkeypatch
         with pytest.raises(StorageError, match="SELEC"):
             open_study(url, "s", optuna.samplers.RandomSampler())
         assert len(calls) == 1
+
+
+def _hold(path, begin: str) -> sqlite3.Connection:
+    """Another program's connection to the study file, inside an open transaction."""
+    connection = sqlite3.connect(path, timeout=1, isolation_level=None)
+    connection.execute(begin)
+    connection.execute("SELECT COUNT(*) FROM trials").fetchone()
+    return connection
+
+
+def test_a_reader_that_keeps_the_study_open_does_not_stop_the_search(tmp_path, monkeypatch):
+    """optuna-dashboard or the sqlite3 shell holding a read transaction: in SQLite's default
+    journal every commit waits for it and fails after the busy timeout (seen in CI, as a
+    traceback); with the write-ahead log the search goes on."""
+    monkeypatch.setattr(storage, "SQLITE_BUSY_TIMEOUT_S", 0.5)
+    url = f"sqlite:///{tmp_path}/study.db"
+    study = open_study(url, "s", optuna.samplers.RandomSampler())
+    reader = _hold(tmp_path / "study.db", "BEGIN")
+    try:
+        for _ in range(3):
+            optimize_one(study, lambda trial: trial.suggest_float("x", 0, 1), url)
+    finally:
+        reader.close()
+    assert len(study.get_trials(states=(TrialState.COMPLETE,))) == 3
+
+
+def test_a_storage_that_stays_locked_ends_the_search_with_one_line_and_keeps_trials(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(storage, "SQLITE_BUSY_TIMEOUT_S", 0.5)
+    url = f"sqlite:///{tmp_path}/study.db"
+    study = open_study(url, "s", optuna.samplers.RandomSampler())
+    optimize_one(study, lambda trial: trial.suggest_float("x", 0, 1), url)
+    writer = None
+
+    def objective(trial: optuna.Trial) -> float:
+        nonlocal writer
+        writer = _hold(tmp_path / "study.db", "BEGIN IMMEDIATE")  # another writer, stuck
+        return 1.0
+
+    try:
+        with pytest.raises(StorageError) as failed:
+            optimize_one(study, objective, url)
+    finally:
+        assert writer is not None
+        writer.close()
+    assert str(failed.value).startswith(f"cannot save a trial to {url} (database is locked);")
+    assert "run the same command to resume" in str(failed.value)
+    assert len(load_study(url, "s").get_trials(states=(TrialState.COMPLETE,))) == 1
