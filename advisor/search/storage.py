@@ -3,6 +3,7 @@ keep passwords out of everything we print."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from collections.abc import Callable
@@ -59,7 +60,7 @@ def make_storage(url: str) -> optuna.storages.BaseStorage:
     engine_kwargs = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}} if sqlite else {}
     with warnings.catch_warnings():  # "experimental" since Optuna 2.9; users need not see it
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        storage = optuna.storages.RDBStorage(
+        storage = _HeartbeatTolerantStorage(
             url,
             engine_kwargs=engine_kwargs,
             heartbeat_interval=HEARTBEAT_S,
@@ -68,6 +69,16 @@ def make_storage(url: str) -> optuna.storages.BaseStorage:
     if sqlite:
         _write_ahead_log(storage.engine)
     return storage
+
+
+class _HeartbeatTolerantStorage(optuna.storages.RDBStorage):
+    """An RDB storage whose heartbeat skips a beat the database cannot take (locked, a lost
+    connection) instead of printing a traceback from its thread: a trial is stale only after
+    STALE_AFTER_S without one, and a save that keeps failing ends the search (`optimize_one`)."""
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        with contextlib.suppress(optuna.exceptions.StorageInternalError, SQLAlchemyError):
+            super().record_heartbeat(trial_id)
 
 
 def _write_ahead_log(engine: Engine) -> None:
