@@ -32,6 +32,7 @@ from advisor.errors import AdvisorError, BadInputError, SettingsError
 from advisor.knobs import BASE_GROUP, KNOB_GROUPS
 from advisor.report.codegen import launch_command, render_launch_script, render_training_script
 from advisor.report.exports import FRAMEWORKS, Framework, write_exports
+from advisor.report.race import baseline_kept
 from advisor.report.render import render_html, render_markdown, reproduce_command
 from advisor.results import Recommendation
 from advisor.search.storage import mask_url
@@ -132,13 +133,10 @@ def tune(spec: str | None, config: Path | None, as_json: bool, quiet: bool, **fl
         return
     rec = result.recommendation
     out.print(recommendation_table(rec))
-    if rec.config == rec.baseline_config and rec.throughput_pick is not None:
-        out.print(
-            "your configuration reached your loss soonest: the configurations with more "
-            "samples/s did not reach it sooner in the race (see report.md)"
-        )
-    elif rec.config == rec.baseline_config:
-        out.print("your configuration was the fastest one measured: no knob searched beat it")
+    kept = baseline_kept(rec)
+    if kept is not None:
+        more = " (see report.md)" if rec.throughput_pick else ""
+        out.print(f"{kept[0].lower()}: {kept[1]}{more}", highlight=False, soft_wrap=True)
     if rec.race is not None:
         out.print(f"race: {escape(rec.race.verdict)}", highlight=False, soft_wrap=True)
     for warning in rec.warnings:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from advisor.convergence import NoiseScale
 from advisor.results import Racer, RaceSummary, Recommendation
 
-__all__ = ["RaceRow", "RaceView", "race_view"]
+__all__ = ["RaceRow", "RaceView", "baseline_kept", "race_view"]
 
 ROLES = {
     "baseline": "your configuration",
@@ -45,6 +45,7 @@ class RaceView:
     lr_text: str
     pick_text: str | None
     noise_text: str | None
+    kept: tuple[str, str] | None  # why your configuration stays: (lead, the rest)
 
 
 def race_view(rec: Recommendation) -> RaceView:
@@ -59,6 +60,28 @@ def race_view(rec: Recommendation) -> RaceView:
         lr_text=_lr_text(rec),
         pick_text=_pick_text(rec),
         noise_text=_noise_text(rec.noise_scale) if rec.noise_scale else None,
+        kept=baseline_kept(rec),
+    )
+
+
+def baseline_kept(rec: Recommendation) -> tuple[str, str] | None:
+    """Why your own configuration is recommended, (lead, the rest); None where it is not."""
+    if rec.config != rec.baseline_config:
+        return None
+    if rec.throughput_pick is None:
+        return (
+            "Your configuration was the fastest one measured",
+            "none of the knobs searched beat it here",
+        )
+    if rec.race is None:
+        return (
+            "Your configuration was the fastest with your global batch",
+            "the faster configurations change it and did not race, and without a race "
+            "your global batch is kept",
+        )
+    return (
+        "Your configuration reached your loss soonest",
+        "the configurations with more samples/s did not reach it sooner in the race",
     )
 
 

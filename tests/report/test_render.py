@@ -4,7 +4,7 @@ from pathlib import Path
 
 from advisor.knobs import KNOB, TrialConfig
 from advisor.report.render import render_html, render_markdown
-from advisor.results import FixedKnob, Recommendation, TuneResult
+from advisor.results import FixedKnob, RaceSummary, Recommendation, ThroughputPick, TuneResult
 from advisor.settings import TuneSettings
 from tests.conftest import CPU_PROFILE
 from tests.search.test_space import TASK
@@ -56,3 +56,33 @@ def test_the_html_report_says_what_each_knob_is_too():
     html = render_html(_result())
     assert f"<td>parallel</td><td>{KNOB['parallel'].title}</td><td>ddp-2</td>" in html
     assert f"<td>pin_memory</td><td>{KNOB['pin_memory'].title}</td><td>False</td>" in html
+
+
+def _kept(race: RaceSummary | None) -> str:
+    """report.md of a tune that recommends the baseline, though a faster configuration with
+    another global batch was measured."""
+    result = _result()
+    rec = result.recommendation.model_copy(
+        update={
+            "config": result.recommendation.baseline_config,
+            "objective": "time-to-loss",
+            "throughput_pick": ThroughputPick(config=WINNER, trial=4, samples_per_s=2000.0),
+            "race": race,
+        }
+    )
+    return render_markdown(result.model_copy(update={"recommendation": rec}))
+
+
+def test_a_kept_baseline_is_said_to_have_won_a_race_only_where_one_ran():
+    race = RaceSummary(
+        seconds=15.0, loss_kind="train", target_loss=1.0, racers=(), winner=None, verdict="-"
+    )
+    assert "**Your configuration reached your loss soonest**" in _kept(race)
+    unraced = _kept(None)  # --race-seconds 0: no race, the global batch is kept
+    assert "soonest" not in unraced and "in the race" not in unraced
+    assert "**Your configuration was the fastest with your global batch**" in unraced
+    assert "its global batch 1024 did not race, so it is not recommended" in unraced
+    result = _result()
+    rec = result.recommendation.model_copy(update={"config": TrialConfig(batch_size=32)})
+    html = render_html(result.model_copy(update={"recommendation": rec}))
+    assert "<b>Your configuration was the fastest one measured</b>" in html
