@@ -7,6 +7,11 @@ measured so far (the user's baseline at first) and moves one knob one step furth
 default: the batch size two notches up (x4), the other knobs to their next value. Knobs take
 turns, so that each is measured once near the user's configuration before the sampler takes
 over.
+
+The knobs that keep the user's global batch take the first turns: loader workers, then
+precision. A config that keeps it needs no race and no new learning rate to be recommended
+(the time-to-loss objective recommends it where larger batches do not reach the loss sooner),
+and at the user's batch these trials are the cheapest.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from advisor.settings import TuneSettings
 
 __all__ = ["next_seed", "seed_count"]
 
-# The knobs whose first steps matter most, in turn; the others follow in table order.
-FIRST = ("batch_size", "parallel", "num_workers", "accumulation_steps", "amp")
+# The knobs whose first steps matter most, in turn, those that keep the global batch first;
+# the others follow in table order.
+FIRST = ("num_workers", "amp", "batch_size", "parallel", "accumulation_steps")
 BATCH_NOTCHES = 2
 
 
