@@ -95,7 +95,8 @@ def test_outputs_are_written(first_run):
     assert "## What each knob did" in report
     efficiency = rec.efficiency  # the tiny model's counted FLOPs at the re-measured rate
     assert efficiency.achieved_flops == pytest.approx(704 * rec.samples_per_s)
-    assert f"{efficiency.fraction_of_peak * 100:.1f} % of the fp32 matmul peak" in report
+    peak = f"{efficiency.fraction_of_peak * 100:.1f} % of the {efficiency.dtype} matmul peak"
+    assert peak in report  # bf16 where the recommendation uses it
     assert rec.bottleneck is not None and rec.bottleneck.explanation in report
     assert set(rec.bottleneck.trials) <= {t.number for t in first_run.trials}
     for effect in rec.knob_effects:  # every effect cites stored trials

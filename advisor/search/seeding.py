@@ -8,10 +8,11 @@ default: the batch size two notches up (x4), the other knobs to their next value
 turns, so that each is measured once near the user's configuration before the sampler takes
 over.
 
-The knobs that keep the user's global batch take the first turns: loader workers, then
-precision. A config that keeps it needs no race and no new learning rate to be recommended
-(the time-to-loss objective recommends it where larger batches do not reach the loss sooner),
-and at the user's batch these trials are the cheapest.
+Loader workers take the first turn: they keep the user's global batch, and a configuration
+that keeps it needs no race and no new learning rate to be recommended (the time-to-loss
+objective recommends one wherever larger batches do not reach the loss sooner); at the user's
+batch, the trial is also among the cheapest. The batch size follows, whose step is often the
+largest: a search of few trials must still take it.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from advisor.settings import TuneSettings
 
 __all__ = ["next_seed", "seed_count"]
 
-# The knobs whose first steps matter most, in turn, those that keep the global batch first;
-# the others follow in table order.
-FIRST = ("num_workers", "amp", "batch_size", "parallel", "accumulation_steps")
+# The knobs whose first steps matter most, in turn: loader workers first, which keep the global
+# batch; the others follow in table order.
+FIRST = ("num_workers", "batch_size", "parallel", "accumulation_steps", "amp")
 BATCH_NOTCHES = 2
 
 

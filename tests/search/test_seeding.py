@@ -42,20 +42,16 @@ def test_seeds_move_one_knob_one_step_from_the_fastest_so_far():
 
     first = next_seed(SPACE, records, [], turn=0)  # your global batch kept: no race needed
     assert _moves(first, baseline) == {"num_workers": 1}
+    assert SPACE.config_from_params(first).global_batch_size == baseline.global_batch_size
 
     records.append(_record(1, SPACE.config_from_params(first), 3000.0))
     second = next_seed(SPACE, records, [], turn=1)
     faster = records[1].result.config  # from the new fastest, the next knob's turn
-    assert _moves(second, faster) == {"amp": "bf16"}
-    assert SPACE.config_from_params(second).global_batch_size == baseline.global_batch_size
+    assert _moves(second, faster) == {"batch_size": 128}  # two notches up
 
     records.append(_record(2, SPACE.config_from_params(second), 500.0))
     third = next_seed(SPACE, records, [], turn=2)
-    assert _moves(third, faster) == {"batch_size": 128}  # two notches up
-
-    records.append(_record(3, SPACE.config_from_params(third), 4000.0))
-    fourth = next_seed(SPACE, records, [], turn=3)
-    assert _moves(fourth, records[3].result.config) == {"parallel": "ddp-2"}
+    assert _moves(third, faster) == {"parallel": "ddp-2"}
 
 
 def test_seeds_skip_rejected_values_and_measured_configurations():
