@@ -87,11 +87,8 @@ def _write_ahead_log(engine: Engine) -> None:
     blocks every commit, and the search would fail once the busy timeout runs out. The mode is
     stored in the file; where it cannot be set (a file system without shared memory), SQLite
     keeps its journal and the busy timeout still applies."""
-    try:
-        with engine.connect() as connection:
-            connection.exec_driver_sql("PRAGMA journal_mode=WAL")
-    except OperationalError:
-        pass
+    with contextlib.suppress(OperationalError), engine.connect() as connection:
+        connection.exec_driver_sql("PRAGMA journal_mode=WAL")
 
 
 def open_study(
