@@ -87,7 +87,8 @@ class TuneSettings(BaseModel):
     race_seconds: float = Field(
         default=10.0,
         ge=0,
-        description="training time of each racer; 0: no race (your global batch is kept)",
+        description="training time of each racer; 0: no race, and only configurations at your "
+        "global batch are searched (no race could show that another reaches your loss sooner)",
     )
     confirm_top: int = Field(default=3, ge=1, description="finalists re-measured")
     confirm_repeats: int = Field(default=2, ge=1, description="re-runs per finalist")
@@ -189,6 +190,12 @@ class TuneSettings(BaseModel):
         stem = Path(module).stem if module.endswith(".py") else module.rsplit(".", 1)[-1]
         name = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{stem}-{attr}").strip("-.")
         return name or "study"
+
+    @property
+    def keeps_global_batch(self) -> bool:
+        """Whether only configurations at the user's global batch can be recommended: no race
+        (`race_seconds` 0) can show that another reaches their loss sooner."""
+        return self.objective == "time-to-loss" and self.race_seconds == 0
 
     @property
     def trial_timeout_s(self) -> float:

@@ -323,6 +323,8 @@ def race_choice(
         if racer.trial in by_number:
             return by_number[racer.trial], racer.lr
     batch0 = baseline.global_batch_size
+    if selection.winner.result.config.global_batch_size == batch0:
+        return selection.winner, LrPlan()  # the re-runs' winner, a tie broken as they broke it
     at_batch0 = [r for r in selection.finalists if r.result.config.global_batch_size == batch0]
     if not at_batch0:  # the baseline failed and nothing else ran at its batch
         return selection.winner, LrPlan()

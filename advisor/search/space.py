@@ -26,7 +26,7 @@ from advisor.settings import TuneSettings
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["SearchSpace", "build_space", "machine_facts", "resolve_device"]
+__all__ = ["SearchSpace", "build_space", "kept_global_batch", "machine_facts", "resolve_device"]
 
 BATCH_SCALES = (-2, -1, 0, 1, 2, 3, 4, 5)  # powers of two around the user's batch size
 # The knobs whose values together make the global batch; only they can make a combination
@@ -220,26 +220,37 @@ def build_space(
     forced = frozenset(name for name in settings.knobs if name in KNOB)
     facts = machine_facts(device, hardware, task, settings.max_world_size, forced)
     space = _Builder()
+    total = kept_global_batch(settings, task)
     from_settings = {
-        "batch_size": lambda: _add_batch_sizes(settings, task, space),
-        "accumulation_steps": lambda: _add_accumulation(settings, space),
+        "batch_size": lambda: _add_batch_sizes(settings, task, total, space),
+        "accumulation_steps": lambda: _add_accumulation(settings, task, total, space),
     }
     for row in KNOBS:
         if row.values is None:  # the global batch's shape comes from the settings
             from_settings[row.name]()
         else:
             _add_knob(row, facts, settings.searched_knobs, space)
-    baseline = _baseline(settings, task, device, space.domains["batch_size"])
+    baseline = _baseline(settings, task, total, device, space.domains["batch_size"])
     return SearchSpace(
         device=device,
         domains=space.domains,
         fixed_values=space.fixed_values,
         fixed=tuple(space.fixed),
         baseline=baseline,
-        global_batch_size=settings.global_batch_size,
+        global_batch_size=total,
         accumulation_choices=settings.accumulation_steps,
         dataset_size=task.dataset_size,
     )
+
+
+def kept_global_batch(settings: TuneSettings, task: TaskSummary) -> int | None:
+    """The global batch every configuration keeps: `--global-batch-size`, or the user's own
+    where no race may show that another reaches their loss sooner (`--race-seconds 0` under the
+    time-to-loss objective): a configuration at another batch could not be recommended, so the
+    search measures none. None: the global batch is searched."""
+    if settings.global_batch_size is not None:
+        return settings.global_batch_size
+    return task.user_batch_size if settings.keeps_global_batch else None
 
 
 def _add_knob(row: Knob, facts: Facts, wanted: frozenset[str], space: _Builder) -> None:
@@ -282,17 +293,21 @@ def _worlds(space: _Builder) -> tuple[int, ...]:
     return tuple(sorted({parse_parallel(layout)[1] for layout in layouts}))
 
 
-def _add_batch_sizes(settings: TuneSettings, task: TaskSummary, space: _Builder) -> None:
+def _add_batch_sizes(
+    settings: TuneSettings, task: TaskSummary, total: int | None, space: _Builder
+) -> None:
     limit = task.dataset_size or 2**31
-    if settings.global_batch_size is not None:
-        total = settings.global_batch_size
+    if total is not None:
         splits = {a * w for a in settings.accumulation_steps for w in _worlds(space)}
         micro = sorted({total // n for n in splits if total % n == 0 and total // n <= limit})
+        if settings.batch_sizes is not None:  # yours, where they make the kept global batch
+            micro = [b for b in micro if b in settings.batch_sizes]
         if not micro:
             raise SettingsError(
-                f"no micro-batch fits global batch {total} with accumulation steps "
-                f"{list(settings.accumulation_steps)} and {limit} samples: choose another "
-                "--global-batch-size"
+                f"no micro-batch{_of_yours(settings)} fits global batch {total}"
+                f"{_kept_because(settings)} with accumulation steps "
+                f"{list(settings.accumulation_steps)} and {limit} samples: "
+                f"{_another_batch(settings)}"
             )
         space.search("batch_size", tuple(micro))
         return
@@ -309,28 +324,60 @@ def _add_batch_sizes(settings: TuneSettings, task: TaskSummary, space: _Builder)
     space.search("batch_size", sizes)
 
 
-def _add_accumulation(settings: TuneSettings, space: _Builder) -> None:
-    total = settings.global_batch_size
+def _of_yours(settings: TuneSettings) -> str:
+    return "" if settings.batch_sizes is None else f" of --batch-sizes {list(settings.batch_sizes)}"
+
+
+def _kept_because(settings: TuneSettings) -> str:
+    """Why the global batch is fixed, where the user did not fix it themselves."""
+    if settings.global_batch_size is not None:
+        return ""
+    return " (your own: --race-seconds 0 keeps it)"
+
+
+def _another_batch(settings: TuneSettings) -> str:
+    if settings.global_batch_size is not None:
+        return "choose another --global-batch-size"
+    return "pass other --batch-sizes or --accumulation-steps, or race (--race-seconds 10)"
+
+
+def _add_accumulation(
+    settings: TuneSettings, task: TaskSummary, total: int | None, space: _Builder
+) -> None:
     if total is None:
         space.search("accumulation_steps", settings.accumulation_steps)
         return
+    kept = (
+        ""
+        if settings.global_batch_size is not None
+        else (
+            f"; your batch size {task.user_batch_size}, kept: with --race-seconds 0 no race can "
+            "show that another global batch reaches your loss sooner"
+        )
+    )
     space.note(
-        "accumulation_steps", "derived", f"global batch {total} = batch x accumulation x processes"
+        "accumulation_steps",
+        "derived",
+        f"global batch {total} = batch x accumulation x processes{kept}",
     )
 
 
 def _baseline(
-    settings: TuneSettings, task: TaskSummary, device: Device, sizes: tuple[int, ...]
+    settings: TuneSettings,
+    task: TaskSummary,
+    total: int | None,
+    device: Device,
+    sizes: tuple[int, ...],
 ) -> TrialConfig:
     """The user's configuration: their batch size (or the nearest searched one), every other
     knob at its default (fp32, one process, no loader workers)."""
-    total = settings.global_batch_size
     if total is not None:  # one process: the accumulation must be one the settings allow
         sizes = tuple(b for b in sizes if total // b in settings.accumulation_steps)
         if not sizes:
             raise SettingsError(
                 f"no micro-batch makes global batch {total} in one process with accumulation "
-                f"steps {list(settings.accumulation_steps)}: choose another --global-batch-size"
+                f"steps {list(settings.accumulation_steps)}{_kept_because(settings)}: "
+                f"{_another_batch(settings)}"
             )
     batch = min(sizes, key=lambda b: (abs(b - task.user_batch_size), b))
     return TrialConfig(

@@ -114,7 +114,7 @@ def _measurement_terms(context: SearchContext) -> dict[str, Any]:
         "device": space.device,
         "domains": {name: list(values) for name, values in space.domains.items()},
         "fixed": dict(space.fixed_values),
-        "global_batch_size": settings.global_batch_size,
+        "global_batch_size": space.global_batch_size,
         "trial_seconds": settings.trial_seconds,
         "warmup_steps": settings.warmup_steps,
         "machine": machine,

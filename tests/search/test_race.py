@@ -1,6 +1,7 @@
 """The convergence race: real race trials decide on workloads built so that a big batch loses
 or wins; the decision rules on described racers; an interrupt keeps the finished racers."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -12,9 +13,17 @@ from advisor.knobs import TrialConfig
 from advisor.progress import NullProgress
 from advisor.results import Racer, TrialRecord, TrialResult
 from advisor.search.context import SearchContext
-from advisor.search.race import RacePlan, lr_rule, predict_batches, race_finalists, run_race
+from advisor.search.race import (
+    RacePlan,
+    lr_rule,
+    predict_batches,
+    race_choice,
+    race_finalists,
+    run_race,
+)
 from advisor.search.race_verdict import RACE_MARGIN, decide_race, time_to_loss
 from advisor.search.records import read_racers
+from advisor.search.selection import Selection
 from advisor.search.space import build_space
 from advisor.settings import TuneSettings
 from advisor.trial.runner import TrialLaunch
@@ -197,3 +206,27 @@ def test_without_a_noise_scale_the_fastest_batches_race():
     marked, _ = race_finalists(predictions, None, records, SMALL)
     assert [p.global_batch for p in marked if p.raced] == [64, 1024]
     assert isinstance(marked[0], BatchPrediction)
+
+
+def test_without_a_race_a_tie_at_your_batch_goes_as_the_re_runs_broke_it():
+    """--race-seconds 0: the re-runs found bf16 and the baseline within the noise and kept the
+    baseline, which changes fewer knobs; the recommendation must be that one, not the higher
+    median the tie-break judged to be noise."""
+    baseline = _record(0, 8, 100.0)
+    bf16 = TrialRecord(
+        number=1,
+        role="search",
+        result=TrialResult(config=SMALL.model_copy(update={"amp": "bf16"}), status="ok"),
+    )
+    tied = Selection(
+        winner=baseline,
+        winner_runs=(100.0, 101.0),
+        baseline_runs=(100.0, 101.0),
+        confirmations=(),
+        close_call="trials 1 and 0 stayed within measurement noise",
+        finalists=(baseline, bf16),
+        confirmed_rates={0: 100.5, 1: 102.0},
+    )
+    assert race_choice(tied, None, SMALL) == (baseline, LrPlan())
+    ahead = replace(tied, winner=bf16, close_call=None)
+    assert race_choice(ahead, None, SMALL)[0] is bf16

@@ -158,6 +158,34 @@ def test_global_batch_mode_keeps_to_the_allowed_accumulation_steps():
     )
 
 
+def test_without_a_race_only_configurations_at_your_global_batch_are_searched():
+    """--race-seconds 0 keeps the user's global batch: a configuration at another could not be
+    recommended, so the search measures none; the throughput objective still searches them."""
+    kept = build_space(TuneSettings(spec="a.py:f", race_seconds=0), CPU, TASK)
+    configs = kept.all_configs()
+    assert {c.global_batch_size for c in configs} == {TASK.user_batch_size}
+    assert (kept.baseline.batch_size, kept.baseline.accumulation_steps) == (32, 1)
+    assert {(c.batch_size, c.accumulation_steps, c.world_size) for c in configs} >= {
+        (32, 1, 1),
+        (16, 2, 1),
+        (16, 1, 2),
+        (4, 4, 2),
+    }
+    assert "--race-seconds 0" in _fixed(kept)["accumulation_steps"].reason
+    searched = build_space(
+        TuneSettings(spec="a.py:f", race_seconds=0, objective="throughput"), CPU, TASK
+    )
+    assert len({c.global_batch_size for c in searched.all_configs()}) > 1
+
+
+def test_without_a_race_your_batch_sizes_are_those_that_make_your_global_batch():
+    settings = TuneSettings(spec="a.py:f", race_seconds=0, batch_sizes="8,16,24,64")
+    space = build_space(settings, CPU, TASK)
+    assert space.domains["batch_size"] == (8, 16)
+    with pytest.raises(SettingsError, match=r"of --batch-sizes \[24, 64\] fits global batch 32"):
+        build_space(settings.model_copy(update={"batch_sizes": (24, 64)}), CPU, TASK)
+
+
 def test_ddp_ranks_need_a_full_batch_each():
     small = TASK.model_copy(update={"dataset_size": 100})
     space = build_space(TuneSettings(spec="a.py:f"), CPU, small)
