@@ -238,7 +238,7 @@ def build_space(
         fixed=tuple(space.fixed),
         baseline=baseline,
         global_batch_size=total,
-        accumulation_choices=settings.accumulation_steps,
+        accumulation_choices=_accumulation_choices(settings),
         dataset_size=task.dataset_size,
     )
 
@@ -298,7 +298,8 @@ def _add_batch_sizes(
 ) -> None:
     limit = task.dataset_size or 2**31
     if total is not None:
-        splits = {a * w for a in settings.accumulation_steps for w in _worlds(space)}
+        choices = _accumulation_choices(settings)
+        splits = {a * w for a in choices for w in _worlds(space)}
         micro = sorted({total // n for n in splits if total % n == 0 and total // n <= limit})
         if settings.batch_sizes is not None:  # yours, where they make the kept global batch
             micro = [b for b in micro if b in settings.batch_sizes]
@@ -306,7 +307,7 @@ def _add_batch_sizes(
             raise SettingsError(
                 f"no micro-batch{_of_yours(settings)} fits global batch {total}"
                 f"{_kept_because(settings)} with accumulation steps "
-                f"{list(settings.accumulation_steps)} and {limit} samples: "
+                f"{list(choices)} and {limit} samples: "
                 f"{_another_batch(settings)}"
             )
         space.search("batch_size", tuple(micro))
@@ -322,6 +323,14 @@ def _add_batch_sizes(
             "pass smaller --batch-sizes"
         )
     space.search("batch_size", sizes)
+
+
+def _accumulation_choices(settings: TuneSettings) -> tuple[int, ...]:
+    """The accumulation steps a configuration may take: the settings', and 1 where the user's
+    own global batch is kept, as their own configuration (the baseline) takes it."""
+    if settings.global_batch_size is None and settings.keeps_global_batch:
+        return tuple(sorted({1, *settings.accumulation_steps}))
+    return settings.accumulation_steps
 
 
 def _of_yours(settings: TuneSettings) -> str:
@@ -372,7 +381,7 @@ def _baseline(
     """The user's configuration: their batch size (or the nearest searched one), every other
     knob at its default (fp32, one process, no loader workers)."""
     if total is not None:  # one process: the accumulation must be one the settings allow
-        sizes = tuple(b for b in sizes if total // b in settings.accumulation_steps)
+        sizes = tuple(b for b in sizes if total // b in _accumulation_choices(settings))
         if not sizes:
             raise SettingsError(
                 f"no micro-batch makes global batch {total} in one process with accumulation "

@@ -172,6 +172,10 @@ def test_without_a_race_only_configurations_at_your_global_batch_are_searched():
         (4, 4, 2),
     }
     assert "--race-seconds 0" in _fixed(kept)["accumulation_steps"].reason
+    # Your own configuration takes no accumulation, whatever the steps searched besides.
+    settings = TuneSettings(spec="a.py:f", race_seconds=0, accumulation_steps="2,4")
+    mine = build_space(settings, CPU, TASK).baseline
+    assert (mine.batch_size, mine.accumulation_steps, mine.world_size) == (32, 1, 1)
     searched = build_space(
         TuneSettings(spec="a.py:f", race_seconds=0, objective="throughput"), CPU, TASK
     )
