@@ -26,7 +26,7 @@ from advisor.settings import TuneSettings
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["SearchSpace", "build_space", "kept_global_batch", "machine_facts", "resolve_device"]
+__all__ = ["SearchSpace", "build_space", "machine_facts", "resolve_device"]
 
 BATCH_SCALES = (-2, -1, 0, 1, 2, 3, 4, 5)  # powers of two around the user's batch size
 # The knobs whose values together make the global batch; only they can make a combination
@@ -220,7 +220,7 @@ def build_space(
     forced = frozenset(name for name in settings.knobs if name in KNOB)
     facts = machine_facts(device, hardware, task, settings.max_world_size, forced)
     space = _Builder()
-    total = kept_global_batch(settings, task)
+    total = _kept_global_batch(settings, task)
     from_settings = {
         "batch_size": lambda: _add_batch_sizes(settings, task, total, space),
         "accumulation_steps": lambda: _add_accumulation(settings, task, total, space),
@@ -243,7 +243,7 @@ def build_space(
     )
 
 
-def kept_global_batch(settings: TuneSettings, task: TaskSummary) -> int | None:
+def _kept_global_batch(settings: TuneSettings, task: TaskSummary) -> int | None:
     """The global batch every configuration keeps: `--global-batch-size`, or the user's own
     where no race may show that another reaches their loss sooner (`--race-seconds 0` under the
     time-to-loss objective): a configuration at another batch could not be recommended, so the
@@ -385,7 +385,7 @@ def _baseline(
         if not sizes:
             raise SettingsError(
                 f"no micro-batch makes global batch {total} in one process with accumulation "
-                f"steps {list(settings.accumulation_steps)}{_kept_because(settings)}: "
+                f"steps {list(_accumulation_choices(settings))}{_kept_because(settings)}: "
                 f"{_another_batch(settings)}"
             )
     batch = min(sizes, key=lambda b: (abs(b - task.user_batch_size), b))
