@@ -231,8 +231,8 @@ def test_generated_script_is_lint_and_format_clean(config, tmp_path):
 
 def test_user_strings_become_inert_python_literals(tmp_path):
     rec = _recommendation(f"{TINY}:factory", TrialConfig(batch_size=32))
-    payload = 'x"""\nimport os; os._exit(7)\n"""'
+    payload = 'x"""\nimport os; os.killpg(0, 9)\n"""'
     hostile = rec.model_copy(update={"study_name": payload, "spec": rec.spec + "\\"})
     source = render_training_script(hostile, tmp_path)
     module = compile(source, "train.py", "exec")
-    assert "_exit" not in module.co_names  # the payload stayed inside the docstring
+    assert "killpg" not in module.co_names  # the payload stayed inside the docstring
