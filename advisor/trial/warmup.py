@@ -63,7 +63,9 @@ def warm_up(
     need several steps to outlast; or within its first optimizer step, once its micro-steps
     predict a cycle longer than `cycle_beyond_s`. Without loader workers, the trial's `first`
     micro-step counts towards all three: after a first step that lasted `settle_s`, without
-    accumulation or cudnn.benchmark, the window follows at once. With workers it does so only
+    accumulation or cudnn.benchmark, the window follows at once; with accumulation too, where
+    that first micro-step already predicts a cycle longer than `cycle_beyond_s` (the window
+    then times the cycle's parts, as more warm-up micro-steps would). With workers it does so only
     where `first` was `FirstStep.data_bound`: the rest of the workers' first round is then
     ready, as after any round. Where something else made it long (compilation, lazy
     initialisation), the batches the workers queued meanwhile must drain before the window,
@@ -88,7 +90,7 @@ def warm_up(
         bounds = _settling(trainer, steps + extra, extra, budget_s, settle_s, first)
         bounds = replace(bounds, cycle_beyond_s=cycle_beyond_s)
         settled = (
-            bounds.min_steps <= 0
+            (bounds.min_steps <= 0 or _first_cycle_too_long(trainer, first, cycle_beyond_s))
             and bounds.min_seconds <= 0
             and bounds.earlier_micro >= (trainer.config.num_workers)
         )
@@ -125,6 +127,21 @@ def _settling(
         min_seconds_at_a_step=True,
         stop_at_once=True,
         agree_every_micro_step=budget_s is not None,
+    )
+
+
+def _first_cycle_too_long(
+    trainer: Trainer, first: FirstStep | None, cycle_beyond_s: float | None
+) -> bool:
+    """Whether the first micro-step, one without the optimizer step, already predicts an
+    optimizer cycle longer than `cycle_beyond_s`: the window will time the cycle's parts, which
+    more warm-up micro-steps would only repeat."""
+    return (
+        first is not None
+        and not first.stepped
+        and cycle_beyond_s is not None
+        and not trainer.config.cudnn_benchmark  # its autotuning needs the warm-up's steps
+        and trainer.cycle * first.seconds > cycle_beyond_s
     )
 
 

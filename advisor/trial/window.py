@@ -208,7 +208,7 @@ def _mean_and_error(every: list[float], batch_steps: int) -> tuple[float, float]
 class Bounds:
     """When a window may end: the minimums, and the limits that end it regardless."""
 
-    min_steps: int = 1
+    min_steps: int = 1  # optimizer steps; an estimate's (`estimate_accumulation`): its pairs
     min_seconds: float = 0.0
     max_steps: int | None = None
     max_seconds: float | None = None  # a budget: ends it even before the minimums
@@ -325,7 +325,10 @@ def _window_done(
         bounds.max_seconds is not None and elapsed >= bounds.max_seconds
     ):
         return True
-    minimums = window.steps >= bounds.min_steps and window.micro_batches >= min_micro
+    # An estimate's steps are its (plain, stepped) pairs: a stepped micro-step that starts it
+    # ends a cycle begun before, pairs with nothing, and does not count.
+    steps = window.steps if bounds.estimate_accumulation is None else len(window.pairs())
+    minimums = steps >= bounds.min_steps and window.micro_batches >= min_micro
     on_time = elapsed >= bounds.min_seconds and (stepped or not bounds.min_seconds_at_a_step)
     return minimums and (ended or on_time)
 

@@ -48,9 +48,9 @@ def test_a_search_trial_ends_its_warm_up_once_a_cycle_is_known_too_long(tmp_path
     result = run_trial(_launch(), config, tmp_path / "t.log", precise_window=True)
 
     assert result.status == "ok" and result.estimated, result.reason
-    # One micro-step of 0.1 s past an eighth of the window predicts a cycle of 0.8 s, more than
-    # half the window: the warm-up ends there, not after a whole cycle.
-    assert result.warmup_s < CYCLE_S / 2
+    # The first micro-step, 0.1 s and past an eighth of the window, predicts a cycle of 0.8 s,
+    # more than a third of the window: no warm-up micro-step follows it, let alone a cycle.
+    assert result.warmup_s < MICRO_STEP_S / 2
     assert result.window_s < WINDOW_S * 1.5
 
 

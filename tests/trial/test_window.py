@@ -7,7 +7,13 @@ import math
 import pytest
 
 from advisor.trial.budget import estimated_cycle_s
-from advisor.trial.window import PRECISE_MIN_BATCHES, Window, _clearly_longer
+from advisor.trial.window import (
+    PRECISE_MIN_BATCHES,
+    Bounds,
+    Window,
+    _clearly_longer,
+    _window_done,
+)
 
 
 def _window(step_times: list[float]) -> Window:
@@ -121,3 +127,20 @@ def test_an_estimate_leaves_out_the_stepped_micro_step_that_ends_the_warm_ups_cy
 
     assert estimated_cycle_s(window, 4) == pytest.approx(2.1)
     assert window.estimated_cycles_s(4) == pytest.approx([2.1] * 2)
+
+
+def test_an_estimate_ends_after_two_pairs_not_two_optimizer_steps():
+    # The stepped micro-step that starts the window ends the warm-up's cycle and pairs with
+    # nothing: counted, two optimizer steps had ended the window on a single pair, its cycle
+    # resting on one plain micro-step's wait for the workers.
+    bounds = Bounds(min_steps=2, min_seconds=2.0, estimate_accumulation=4)
+    one_pair = [(0.01, True), (1.9, False), (0.05, True)]
+    window = _micro(one_pair, [0.0, 1.85, 0.0], workers=2)
+    window.steps = 2
+
+    assert not _window_done(window, bounds, 0, False, False, 2.5, True)
+    window = _micro([*one_pair, (0.9, False), (0.05, True)], [0.0, 1.85, 0.0, 0.85, 0.0], 2)
+    window.steps = 3
+    assert _window_done(window, bounds, 0, False, False, 3.5, True)
+    # Whole cycles count their optimizer steps.
+    assert _window_done(_window([0.5, 0.5]), Bounds(min_steps=2), 0, False, False, 1.0, True)
