@@ -65,9 +65,9 @@ def warm_up(
     micro-step counts towards all three: after a first step that lasted `settle_s`, without
     accumulation or cudnn.benchmark, the window follows at once; with accumulation too, where
     that first micro-step already predicts a cycle longer than `cycle_beyond_s` (the window
-    then times the cycle's parts, as more warm-up micro-steps would). With workers it does so only
-    where `first` was `FirstStep.data_bound`: the rest of the workers' first round is then
-    ready, as after any round. Where something else made it long (compilation, lazy
+    times the cycle's parts; more warm-up micro-steps would only repeat them). With workers it
+    does so only where `first` was `FirstStep.data_bound`: the rest of the workers' first round
+    is then ready, as after any round. Where something else made it long (compilation, lazy
     initialisation), the batches the workers queued meanwhile must drain before the window,
     which would read them as fast steps. The monitor's stop ends it at once. DDP ranks pass
     `agree`, and end it together after an optimizer step.
