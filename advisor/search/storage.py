@@ -6,11 +6,15 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 
 import optuna
+from optuna.storages._rdb import models as _rdb_models  # the trials table's schema
 from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
+from sqlalchemy import update
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import (
     ArgumentError,
@@ -79,6 +83,32 @@ class _HeartbeatTolerantStorage(optuna.storages.RDBStorage):
     def record_heartbeat(self, trial_id: int) -> None:
         with contextlib.suppress(optuna.exceptions.StorageInternalError, SQLAlchemyError):
             super().record_heartbeat(trial_id)
+
+    def set_trial_state_values(
+        self, trial_id: int, state: TrialState, values: Sequence[float] | None = None
+    ) -> bool:
+        """Pop an enqueued trial (WAITING to RUNNING) in one conditional UPDATE.
+
+        Optuna reads that the trial is WAITING, then writes RUNNING, and relies on SELECT ...
+        FOR UPDATE to let one worker through. SQLite ignores FOR UPDATE and Python's sqlite3
+        starts its transaction only at the write, so two workers both popped the same trial,
+        both measured it, and the second failed with "Cannot tell a COMPLETE trial" (seen in
+        CI; optuna/optuna#4621). `UPDATE ... WHERE state = 'WAITING'` changes one row for one
+        worker on every database. Any other change, or a trial no longer WAITING (finished:
+        Optuna raises; running: False), is Optuna's.
+        """
+        if state == TrialState.RUNNING and values is None:
+            trials = _rdb_models.TrialModel.__table__
+            started = datetime.now(timezone.utc).replace(tzinfo=None)  # Optuna stores naive UTC
+            with self.engine.begin() as connection:
+                popped = connection.execute(
+                    update(trials)
+                    .where(trials.c.trial_id == trial_id, trials.c.state == TrialState.WAITING)
+                    .values(state=TrialState.RUNNING, datetime_start=started)
+                ).rowcount
+            if popped == 1:
+                return True
+        return super().set_trial_state_values(trial_id, state, values)
 
 
 def _write_ahead_log(engine: Engine) -> None:

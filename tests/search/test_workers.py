@@ -5,6 +5,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import time
 
 import optuna
 import pytest
@@ -169,6 +170,35 @@ def test_a_schema_another_worker_is_creating_is_waited_for(tmp_path, monkeypatch
         with pytest.raises(StorageError, match="SELEC"):
             open_study(url, "s", optuna.samplers.RandomSampler())
         assert len(calls) == 1
+
+
+ASK_UNTIL_NEW = """
+import sys, time, warnings, optuna
+from advisor.search.storage import make_storage
+warnings.simplefilter("ignore")  # "heartbeat is supposed to be used with optimize": ask() is enough
+study = optuna.load_study(study_name="s", storage=make_storage(sys.argv[1]))
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))  # every worker starts at once
+while (trial := study.ask()).number < int(sys.argv[3]):
+    print(trial.number)
+"""
+
+
+def test_workers_on_sqlite_never_take_the_same_enqueued_trial(tmp_path):
+    """SQLite ignores the SELECT ... FOR UPDATE Optuna relies on to pop an enqueued trial once:
+    two workers measured the same trial and the second could not tell it (seen in CI; Optuna
+    issue 4621). Three workers ask at once for 40 enqueued trials; each goes to one of them."""
+    url, enqueued = f"sqlite:///{tmp_path}/study.db", 40
+    study = optuna.create_study(study_name="s", storage=storage.make_storage(url))
+    for x in range(enqueued):
+        study.enqueue_trial({"x": x})
+    start = str(time.time() + 2)
+    command = [sys.executable, "-c", ASK_UNTIL_NEW, url, start, str(enqueued)]
+    workers = [
+        subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True) for _ in range(3)
+    ]
+    taken = [int(n) for worker in workers for n in worker.communicate(timeout=120)[0].split()]
+    assert all(worker.returncode == 0 for worker in workers)
+    assert sorted(taken) == list(range(enqueued))
 
 
 def _hold(path, begin: str) -> sqlite3.Connection:
