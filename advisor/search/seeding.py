@@ -13,12 +13,6 @@ that keeps it needs no race and no new learning rate to be recommended (the time
 objective recommends one wherever larger batches do not reach the loss sooner); at the user's
 batch, the trial is also among the cheapest. The batch size follows, whose step is often the
 largest: a search of few trials must still take it.
-
-Under the time-to-loss objective, a move that keeps the user's global batch starts from the
-fastest configuration at that batch, not from the fastest of all: the race needs that
-configuration (it wins wherever larger batches lose), and once a larger batch is fastest, every
-later seed would otherwise move from it. On examples/data_bound.py that left the user's batch
-with its baseline and one worker, and the tune recommended the baseline.
 """
 
 from __future__ import annotations
@@ -26,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from advisor.knobs import KNOBS, TrialConfig
+from advisor.knobs import KNOBS
 from advisor.results import TrialRecord
 from advisor.search.checks import known_out_of_memory
 from advisor.search.dominance import Rejected
@@ -52,43 +46,30 @@ def next_seed(
     rejected: Iterable[Rejected],
     turn: int,
     busy: Iterable[dict[str, Any]] = (),
-    keep_global_batch: int | None = None,
 ) -> dict[str, Any] | None:
     """The next seed's parameters: the fastest measured configuration with one knob moved one
     step outwards, the knobs taking turns from `turn`; None when no such move is left. `busy`
-    proposals (being measured by another worker) count as measured. With `keep_global_batch`,
-    a move that keeps that global batch starts from the fastest configuration at it."""
+    proposals (being measured by another worker) count as measured."""
     records = [r for r in records if r.role != "duplicate"]
     measured = {r.result.config for r in records}
     whole = [p for p in busy if set(space.domains) <= set(p)]  # a proposal may be half-drawn
     measured |= {space.config_from_params(p) for p in whole if space.problem(p) is None}
     eligible = [r for r in records if r.eligible]
-    origins: list[tuple[dict[str, Any], int | None]] = [
-        (space.params_of(_fastest(eligible, space.baseline)), None)
-    ]
-    if keep_global_batch is not None:
-        kept = [r for r in eligible if r.result.config.global_batch_size == keep_global_batch]
-        origins.insert(0, (space.params_of(_fastest(kept, space.baseline)), keep_global_batch))
+    incumbent = max(eligible, key=lambda r: r.result.samples_per_s or 0.0, default=None)
+    start = incumbent.result.config if incumbent is not None else space.baseline
+    params = space.params_of(start)
     ruled_out = {(r.knob, r.value) for r in rejected}
     names = _knob_order(space)
     for offset in range(len(names)):
         name = names[(turn + offset) % len(names)]
-        for params, global_batch in origins:
-            for value in _steps_out(name, space.domains[name], params[name]):
-                candidate = {**params, name: value}
-                if ruled_out & candidate.items() or space.problem(candidate) is not None:
-                    continue  # the origin at your batch may hold a value ruled out since
-                config = space.config_from_params(candidate)
-                if global_batch not in (None, config.global_batch_size):
-                    continue  # a move away from the kept batch starts from the fastest of all
-                if config not in measured and known_out_of_memory(config, records) is None:
-                    return candidate
+        for value in _steps_out(name, space.domains[name], params[name]):
+            candidate = {**params, name: value}
+            if (name, value) in ruled_out or space.problem(candidate) is not None:
+                continue
+            config = space.config_from_params(candidate)
+            if config not in measured and known_out_of_memory(config, records) is None:
+                return candidate
     return None
-
-
-def _fastest(records: list[TrialRecord], default: TrialConfig) -> TrialConfig:
-    best = max(records, key=lambda r: r.result.samples_per_s or 0.0, default=None)
-    return best.result.config if best is not None else default
 
 
 def _knob_order(space: SearchSpace) -> list[str]:

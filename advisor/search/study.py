@@ -283,12 +283,7 @@ def _enqueue_seed(study: optuna.Study, context: SearchContext, measured: list[Tr
     rejected = rejected_in_search(measured, space.domains, context.settings.early_stop)
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     busy = [planned_params(trial) for trial in running]  # other workers' trials
-    # The race needs the fastest configuration at your global batch: moves that keep it start
-    # there (`next_seed`).
-    racing = context.settings.objective == "time-to-loss"
-    keep = space.baseline.global_batch_size if racing else None
-    turn = max(0, len(measured) - 1)
-    params = next_seed(space, measured, rejected, turn=turn, busy=busy, keep_global_batch=keep)
+    params = next_seed(space, measured, rejected, turn=max(0, len(measured) - 1), busy=busy)
     if params is not None:
         study.enqueue_trial(params, user_attrs={TrialKey.ROLE: "search"})
 

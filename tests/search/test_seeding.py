@@ -9,7 +9,7 @@ from advisor.knobs import TrialConfig
 from advisor.progress import NullProgress
 from advisor.results import TrialRecord, TrialResult
 from advisor.search.context import SearchContext
-from advisor.search.dominance import Rejected, rejected_in_search, rejected_values
+from advisor.search.dominance import rejected_in_search, rejected_values
 from advisor.search.seeding import next_seed
 from advisor.search.space import build_space
 from advisor.search.study import make_sampler, run_search
@@ -52,44 +52,6 @@ def test_seeds_move_one_knob_one_step_from_the_fastest_so_far():
     records.append(_record(2, SPACE.config_from_params(second), 500.0))
     third = next_seed(SPACE, records, [], turn=2)
     assert _moves(third, faster) == {"parallel": "ddp-2"}
-
-
-def test_racing_a_move_that_keeps_your_global_batch_starts_from_the_fastest_at_it():
-    """Once a larger batch is fastest, the time-to-loss search still walks on at your batch: the
-    race needs its fastest configuration there (a larger batch may lose the race)."""
-    baseline = SPACE.baseline
-    one_worker = baseline.model_copy(update={"num_workers": 1})
-    larger = one_worker.model_copy(update={"batch_size": 128})
-    records = [_record(0, baseline, 1000.0), _record(1, one_worker, 2000.0)]
-    records.append(_record(2, larger, 5000.0))
-    keep = baseline.global_batch_size
-
-    workers = next_seed(SPACE, records, [], turn=0, keep_global_batch=keep)
-    assert _moves(workers, one_worker) == {"num_workers": 2}  # at your batch
-    assert _moves(next_seed(SPACE, records, [], turn=0), larger) == {"num_workers": 2}
-
-    batch = next_seed(SPACE, records, [], turn=1, keep_global_batch=keep)
-    assert _moves(batch, larger) == {"batch_size": 512}  # leaves your batch: from the fastest
-
-    amp = next_seed(SPACE, records, [], turn=4, keep_global_batch=keep)
-    assert _moves(amp, one_worker) == {"amp": "bf16"}
-
-
-def test_racing_seeds_leave_your_batch_once_it_is_rejected():
-    """Your batch size ruled out (far below the best, in enough trials): a move from your batch
-    would only be pruned, and the same seed proposed again until the search gave up (seen on
-    examples/mlp.py: 5 trials of 20)."""
-    baseline = SPACE.baseline
-    records = [_record(0, baseline, 1000.0)]
-    records.append(_record(1, baseline.model_copy(update={"num_workers": 1}), 900.0))
-    larger = baseline.model_copy(update={"batch_size": 512})
-    records.append(_record(2, larger, 20000.0))
-    rejected = [Rejected("batch_size", 32, (0, 1), 0.05, 2)]
-    keep = baseline.global_batch_size
-
-    for turn in range(5):
-        seed = next_seed(SPACE, records, rejected, turn, keep_global_batch=keep)
-        assert seed is not None and seed["batch_size"] != 32
 
 
 def test_seeds_skip_rejected_values_and_measured_configurations():
