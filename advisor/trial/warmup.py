@@ -56,8 +56,10 @@ def warm_up(
     (autotuning); with fp16, until the GradScaler's scale has settled, since it starts at 2^16
     and skips optimizer steps while it backs off. All of it within `budget_s` seconds: a
     configuration whose steps are that slow ends its warm-up early, even within a step (its
-    window then times the parts of a step: `advisor.trial.measure`). With `whole_steps` the
-    budget ends it only after an optimizer step, and after one at the least. With `settle_s`
+    window then times the parts of a step: `advisor.trial.measure`). With `whole_steps` (a
+    finalist's re-run) it lasts the budget and one optimizer step at the least, the `first`
+    micro-step's seconds counted (with workers, only as below); under DDP, where the ranks end
+    it after an optimizer step, counted apart they often cost a second whole cycle. With `settle_s`
     (a search trial), it may end after one optimizer step and one round of the workers, once it
     has lasted `settle_s`: early steps' extra costs are milliseconds, which only short steps
     need several steps to outlast; or within its first optimizer step, once its micro-steps
@@ -73,9 +75,15 @@ def warm_up(
     `agree`, and end it together after an optimizer step.
     """
     extra = BENCHMARK_EXTRA_STEPS if trainer.config.cudnn_benchmark else 0
+    if trainer.config.num_workers and not (first is not None and first.data_bound):
+        first = None  # batches the workers queued meanwhile must drain in the warm-up
     if whole_steps and budget_s is not None:
         bounds = Bounds(
-            min_steps=1 + extra, min_seconds=budget_s, max_steps=steps + extra, stop_at_once=True
+            min_steps=1 + extra,
+            min_seconds=max(0.0, budget_s - (first.seconds if first is not None else 0.0)),
+            max_steps=steps + extra,
+            stop_at_once=True,
+            earlier_micro=_first_round_micro(first, trainer.config.num_workers),
         )
     elif settle_s is None:
         bounds = Bounds(
@@ -85,8 +93,6 @@ def warm_up(
             agree_every_micro_step=budget_s is not None,
         )
     else:
-        if trainer.config.num_workers and not (first is not None and first.data_bound):
-            first = None  # batches the workers queued meanwhile must drain in the warm-up
         bounds = _settling(trainer, steps + extra, extra, budget_s, settle_s, first)
         bounds = replace(bounds, cycle_beyond_s=cycle_beyond_s)
         settled = (

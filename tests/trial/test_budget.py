@@ -42,6 +42,24 @@ def test_a_cycle_longer_than_the_window_is_estimated_within_the_budget(tmp_path,
     assert survivors(marked) == []
 
 
+def test_a_re_run_counts_its_first_micro_step_towards_its_warm_up(tmp_path):
+    """DDP ranks end a warm-up only after an optimizer step. A finalist's re-run whose first
+    cycle outlasts the window's time only with its first micro-step (the rest, 3 micro-steps,
+    0.3 s; the window 0.38 s) warms up for that cycle alone. Counted apart, a second cycle
+    followed: on examples/data_bound.py, a quarter of a DDP re-run's wall."""
+    config = TrialConfig(batch_size=16, accumulation_steps=4, parallel_mode="ddp", world_size=2)
+    launch = TrialLaunch(
+        spec=f"{TINY}:slow_micro_steps", cwd=ROOT, warmup_steps=3, trial_seconds=0.38,
+        timeout_s=120,
+    )  # fmt: skip
+
+    result = run_trial(launch, config, tmp_path / "t.log", whole_cycles=True)
+
+    assert result.status == "ok" and not result.estimated, result.reason
+    assert result.warmup_s < 5 * MICRO_STEP_S  # the first cycle's rest (0.3 s), not 0.7 s
+    assert result.steps_measured >= 2
+
+
 def test_a_search_trial_ends_its_warm_up_once_a_cycle_is_known_too_long(tmp_path):
     config = TrialConfig(batch_size=16, accumulation_steps=ACCUMULATION)
 
