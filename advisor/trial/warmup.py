@@ -80,7 +80,7 @@ def warm_up(
     if whole_steps and budget_s is not None:
         bounds = Bounds(
             min_steps=1 + extra,
-            min_seconds=max(0.0, budget_s - (first.seconds if first is not None else 0.0)),
+            min_seconds=_left_after(first, budget_s),
             max_steps=steps + extra,
             stop_at_once=True,
             earlier_micro=_first_round_micro(first, trainer.config.num_workers),
@@ -121,10 +121,9 @@ def _settling(
     """A search trial's warm-up: `settle_s` from the first micro-step's start, one optimizer
     step and one round of the workers at least, the first micro-step included."""
     config = trainer.config
-    before = first.seconds if first is not None else 0.0
     return Bounds(
         min_steps=1 + extra - int(first is not None and first.stepped),
-        min_seconds=max(0.0, settle_s - before),
+        min_seconds=_left_after(first, settle_s),
         max_steps=max(steps, math.ceil(config.num_workers / trainer.cycle)),
         max_seconds=budget_s,
         worker_rounds=1,
@@ -134,6 +133,11 @@ def _settling(
         stop_at_once=True,
         agree_every_micro_step=budget_s is not None,
     )
+
+
+def _left_after(first: FirstStep | None, seconds: float) -> float:
+    """What is left of `seconds` once the `first` micro-step (if it counts) took its share."""
+    return max(0.0, seconds - (first.seconds if first is not None else 0.0))
 
 
 def _first_cycle_too_long(
