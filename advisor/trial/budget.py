@@ -4,9 +4,11 @@ Warm-up and window each keep to `trial_seconds`, whatever the batch: where one o
 (accumulation x micro-steps) does not fit the window, the window times its parts instead,
 micro-steps and optimizer steps apart, and samples/s is estimated from them. Re-runs of
 finalists (`whole_cycles`) time whole cycles however long, at least one in the warm-up. A
-window times at least two cycles that take more than half of it each, three otherwise. A
-search trial (`precise_window`) settles sooner and may end its window once its rate is precise,
-or clearly below the best's (`advisor.trial.window`).
+window times at least two cycles that take more than half of it each, three otherwise; an
+estimate two (plain, stepped) pairs of micro-steps. A search trial (`precise_window`) settles
+sooner and may end its window once its rate is precise (an estimate whose micro-steps are alike
+after one pair), or clearly below the best's (`advisor.trial.window`); its window ends at the
+step nearest its time rather than the first after it.
 """
 
 from __future__ import annotations
@@ -102,7 +104,9 @@ def timed_window(
     )
     bounds = Bounds(
         min_steps=2 if estimate or long_cycles else 3,
+        precise_min_steps=1 if estimate else None,
         min_seconds=request.trial_seconds,
+        nearest_step=request.precise_window and not request.whole_cycles,
         max_steps=request.max_measure_steps,
         stop_at_once=True,  # the parent's stop: it keeps the steps it timed, if any
         worker_rounds=0 if estimate else 2,  # a long micro-step times the workers' bursts anyway

@@ -209,6 +209,9 @@ class Bounds:
     """When a window may end: the minimums, and the limits that end it regardless."""
 
     min_steps: int = 1  # optimizer steps; an estimate's (`estimate_accumulation`): its pairs
+    # A precise rate (`precise_after_s`) may end the window after this many steps, fewer than
+    # `min_steps`; an estimate's micro-steps, if alike, are precise after one pair.
+    precise_min_steps: int | None = None
     min_seconds: float = 0.0
     max_steps: int | None = None
     max_seconds: float | None = None  # a budget: ends it even before the minimums
@@ -235,6 +238,10 @@ class Bounds:
     # `min_seconds` ends it only after an optimizer step: the window that follows then starts
     # with a whole cycle (a budget, a stop or a cycle too long may still end it within one).
     min_seconds_at_a_step: bool = False
+    # `min_seconds` is reached at the step boundary nearest it, not the first after it: half a
+    # step (the window's mean so far) short of it counts. A window of steps that are long
+    # against it then lasts `min_seconds` on average, rather than up to a step longer.
+    nearest_step: bool = False
     # DDP ranks decide after every micro-step, not only after optimizer steps: a budget then
     # ends a long cycle in its middle on every rank alike.
     agree_every_micro_step: bool = False
@@ -328,9 +335,30 @@ def _window_done(
     # An estimate's steps are its (plain, stepped) pairs: a stepped micro-step that starts it
     # ends a cycle begun before, pairs with nothing, and does not count.
     steps = window.steps if bounds.estimate_accumulation is None else len(window.pairs())
-    minimums = steps >= bounds.min_steps and window.micro_batches >= min_micro
-    on_time = elapsed >= bounds.min_seconds and (stepped or not bounds.min_seconds_at_a_step)
-    return minimums and (ended or on_time)
+    if window.micro_batches < min_micro or steps < _precise_min(bounds):
+        return False
+    on_time = elapsed + _short_of_time_s(window, bounds, elapsed) >= bounds.min_seconds and (
+        stepped or not bounds.min_seconds_at_a_step
+    )
+    return (ended and steps >= _precise_min(bounds)) or (steps >= bounds.min_steps and on_time)
+
+
+def _precise_min(bounds: Bounds) -> int:
+    """The steps after which a precise rate may end a window: at most `min_steps`."""
+    if bounds.precise_min_steps is None:
+        return bounds.min_steps
+    return min(bounds.min_steps, bounds.precise_min_steps)
+
+
+def _short_of_time_s(window: Window, bounds: Bounds, elapsed: float) -> float:
+    """With `Bounds.nearest_step`, how far short of `min_seconds` a window may end: half its
+    mean step so far (an estimate's: half a pair, one micro-step)."""
+    if not bounds.nearest_step:
+        return 0.0
+    if bounds.estimate_accumulation is not None:
+        timed = len(window.micro_times_s)
+        return elapsed / timed if timed else 0.0
+    return elapsed / window.steps / 2 if window.steps else 0.0
 
 
 class _EarlyEnd:

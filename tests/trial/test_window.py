@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -144,3 +145,37 @@ def test_an_estimate_ends_after_two_pairs_not_two_optimizer_steps():
     assert _window_done(window, bounds, 0, False, False, 3.5, True)
     # Whole cycles count their optimizer steps.
     assert _window_done(_window([0.5, 0.5]), Bounds(min_steps=2), 0, False, False, 1.0, True)
+
+
+def test_a_precise_estimate_may_end_after_one_pair():
+    # One pair after the stepped micro-step that ends the warm-up's cycle: precise (its
+    # micro-steps alike), it ends a search window; imprecise, the window waits for a second.
+    bounds = Bounds(min_steps=2, min_seconds=2.0, estimate_accumulation=4, precise_min_steps=1)
+    window = _micro([(0.6, True), (0.6, False), (0.6, True)])
+
+    assert _window_done(window, bounds, 0, False, True, 1.8, True)
+    assert not _window_done(window, bounds, 0, False, False, 2.5, True)
+    # Without `precise_min_steps` (a finalist's re-run never estimates; a test harness may),
+    # even a precise estimate times two pairs.
+    assert not _window_done(
+        window, replace(bounds, precise_min_steps=None), 0, False, True, 1.8, True
+    )
+
+
+def test_a_search_window_of_long_steps_ends_at_the_step_nearest_its_time():
+    # Steps of 0.6 s in a 2-s window: the third ends 0.2 s short of it, the fourth 0.4 s past.
+    window = _window([0.6] * 3)
+    nearest = Bounds(min_steps=3, min_seconds=2.0, nearest_step=True)
+
+    assert _window_done(window, nearest, 0, False, False, 1.8, True)
+    assert not _window_done(
+        window, replace(nearest, nearest_step=False), 0, False, False, 1.8, True
+    )
+    # Shorter steps: the window ends past its time as before, at most half a step short.
+    assert not _window_done(_window([0.4] * 4), nearest, 0, False, False, 1.6, True)
+    assert _window_done(_window([0.4] * 5), nearest, 0, False, False, 2.0, True)
+    # An estimate's unit is its pair: half of one is a micro-step.
+    estimate = replace(nearest, min_steps=2, estimate_accumulation=4)
+    pairs = _micro([(0.6, True)] + [(0.45, False), (0.45, True)] * 2)
+    assert _window_done(pairs, replace(estimate, min_seconds=2.6), 0, False, False, 2.4, True)
+    assert not _window_done(pairs, replace(estimate, min_seconds=3.0), 0, False, False, 2.4, True)
