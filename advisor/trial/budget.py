@@ -81,6 +81,7 @@ def timed_window(
     trainer: Trainer,
     request: TrialRequest,
     warmup: Window,
+    first: FirstStep,
     watch: ParentWatch | None,
     estimate: bool,
 ) -> Window:
@@ -99,14 +100,18 @@ def timed_window(
         )
     if estimate:
         trainer.cycle = 2
-    long_cycles = bool(warmup.step_times_s) and (
-        max(warmup.step_times_s) > WHOLE_CYCLE_FRACTION * request.trial_seconds
-    )
+    # the warm-up's steps, or the first micro-step where it was a whole step (a search trial's
+    # warm-up may have taken none after it): one-off costs in it only lower the minimum of
+    # steps, which the window's seconds then exceed anyway where steps are short
+    steps_s = [*warmup.step_times_s, *([first.seconds] if first.stepped else [])]
+    long_cycles = bool(steps_s) and max(steps_s) > WHOLE_CYCLE_FRACTION * request.trial_seconds
+    search = request.precise_window and not request.whole_cycles
     bounds = Bounds(
         min_steps=2 if estimate or long_cycles else 3,
         precise_min_steps=1 if estimate else None,
         min_seconds=request.trial_seconds,
-        nearest_step=request.precise_window and not request.whole_cycles,
+        nearest_step=search,
+        one_long_pair=estimate and search,
         max_steps=request.max_measure_steps,
         stop_at_once=True,  # the parent's stop: it keeps the steps it timed, if any
         worker_rounds=0 if estimate else 2,  # a long micro-step times the workers' bursts anyway

@@ -162,7 +162,7 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
         decision = torch.tensor([int(estimate)], device=trainer.device)
         dist.broadcast(decision, src=0)
         estimate = bool(decision.item())
-    window = timed_window(trainer, request, warmup, watch, estimate)
+    window = timed_window(trainer, request, warmup, first, watch, estimate)
     trainer.close()
     cycle_s = estimated_cycle_s(window, config.accumulation_steps) if estimate else None
     if window.stopped_early and (not window.step_times_s or (estimate and cycle_s is None)):

@@ -242,6 +242,10 @@ class Bounds:
     # step (the window's mean so far) short of it counts. A window of steps that are long
     # against it then lasts `min_seconds` on average, rather than up to a step longer.
     nearest_step: bool = False
+    # An estimate's second pair is timed only where a pair is shorter than `min_seconds`: one
+    # that takes the window's time alone ends it (micro-steps of seconds each, whose two pairs
+    # had cost five of them after the first).
+    one_long_pair: bool = False
     # DDP ranks decide after every micro-step, not only after optimizer steps: a budget then
     # ends a long cycle in its middle on every rank alike.
     agree_every_micro_step: bool = False
@@ -335,12 +339,21 @@ def _window_done(
     # An estimate's steps are its (plain, stepped) pairs: a stepped micro-step that starts it
     # ends a cycle begun before, pairs with nothing, and does not count.
     steps = window.steps if bounds.estimate_accumulation is None else len(window.pairs())
-    if window.micro_batches < min_micro or steps < _precise_min(bounds):
+    if window.micro_batches < min_micro:
         return False
+    if ended and steps >= _precise_min(bounds):
+        return True
     on_time = elapsed + _short_of_time_s(window, bounds, elapsed) >= bounds.min_seconds and (
         stepped or not bounds.min_seconds_at_a_step
     )
-    return (ended and steps >= _precise_min(bounds)) or (steps >= bounds.min_steps and on_time)
+    enough = steps >= bounds.min_steps or (steps >= 1 and _pairs_too_long(window, bounds))
+    return enough and on_time
+
+
+def _pairs_too_long(window: Window, bounds: Bounds) -> bool:
+    """With `Bounds.one_long_pair`, whether the estimate's pairs take `min_seconds` each."""
+    pairs = window.pairs() if bounds.one_long_pair else []
+    return bool(pairs) and min(p.seconds + s.seconds for p, s in pairs) >= bounds.min_seconds
 
 
 def _precise_min(bounds: Bounds) -> int:

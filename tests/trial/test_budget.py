@@ -147,6 +147,19 @@ def test_a_search_trial_of_alike_micro_steps_estimates_its_cycle_from_one_pair(t
     assert search.samples_per_s == pytest.approx(whole.samples_per_s, rel=0.2)
 
 
+def test_a_search_trial_whose_first_step_is_long_times_two_steps_not_three(tmp_path):
+    # Steps of 0.1 s against a 0.15-s window: the first step settles the warm-up, which then
+    # times none, and it already says that a step takes more than half the window.
+    launch = _launch()
+    launch.trial_seconds = 0.15
+    config = TrialConfig(batch_size=16)
+
+    search = run_trial(launch, config, tmp_path / "search.log", precise_window=True)
+
+    assert search.status == "ok", search.reason
+    assert search.warmup_s == 0.0 and search.steps_measured == 2
+
+
 def test_a_cycle_that_fits_the_window_is_timed_whole(tmp_path):
     config = TrialConfig(batch_size=16, accumulation_steps=2)
     launch = _launch()

@@ -179,3 +179,18 @@ def test_a_search_window_of_long_steps_ends_at_the_step_nearest_its_time():
     pairs = _micro([(0.6, True)] + [(0.45, False), (0.45, True)] * 2)
     assert _window_done(pairs, replace(estimate, min_seconds=2.6), 0, False, False, 2.4, True)
     assert not _window_done(pairs, replace(estimate, min_seconds=3.0), 0, False, False, 2.4, True)
+
+
+def test_an_estimate_whose_pair_takes_the_window_ends_after_one():
+    # Micro-steps of 1.2 s in a 2-s search window: one pair takes 2.4 s, a second would take
+    # as long again, and the trial's bound (3 x window and start-up) with it.
+    bounds = Bounds(min_steps=2, min_seconds=2.0, estimate_accumulation=4, one_long_pair=True)
+    one_pair = _micro([(1.2, True), (1.2, False), (1.2, True)])
+
+    assert _window_done(one_pair, bounds, 0, False, False, 3.6, True)
+    assert not _window_done(
+        one_pair, replace(bounds, one_long_pair=False), 0, False, False, 3.6, True
+    )
+    # Pairs shorter than the window: two of them, as before.
+    short = _micro([(0.6, True), (0.6, False), (0.6, True)])
+    assert not _window_done(short, bounds, 0, False, False, 1.8, True)
