@@ -341,7 +341,7 @@ def _window_done(
     steps = window.steps if bounds.estimate_accumulation is None else len(window.pairs())
     if window.micro_batches < min_micro:
         return False
-    if ended and steps >= _precise_min(bounds):
+    if ended and steps >= min(bounds.min_steps, bounds.precise_min_steps or bounds.min_steps):
         return True
     on_time = elapsed + _short_of_time_s(window, bounds, elapsed) >= bounds.min_seconds and (
         stepped or not bounds.min_seconds_at_a_step
@@ -354,13 +354,6 @@ def _pairs_too_long(window: Window, bounds: Bounds) -> bool:
     """With `Bounds.one_long_pair`, whether the estimate's pairs take `min_seconds` each."""
     pairs = window.pairs() if bounds.one_long_pair else []
     return bool(pairs) and min(p.seconds + s.seconds for p, s in pairs) >= bounds.min_seconds
-
-
-def _precise_min(bounds: Bounds) -> int:
-    """The steps after which a precise rate may end a window: at most `min_steps`."""
-    if bounds.precise_min_steps is None:
-        return bounds.min_steps
-    return min(bounds.min_steps, bounds.precise_min_steps)
 
 
 def _short_of_time_s(window: Window, bounds: Bounds, elapsed: float) -> float:
