@@ -114,7 +114,7 @@ def timed_window(
         one_long_pair=estimate and search,
         max_steps=request.max_measure_steps,
         stop_at_once=True,  # the parent's stop: it keeps the steps it timed, if any
-        worker_rounds=0 if estimate else 2,  # a long micro-step times the workers' bursts anyway
+        worker_rounds=_worker_rounds(estimate=estimate, long_cycles=long_cycles and search),
         # precise: its batch means span worker rounds, and a draining burst keeps it imprecise
         prefetched_rounds=not request.precise_window,
         precise_after_s=PRECISE_AFTER_FRACTION * request.trial_seconds
@@ -126,6 +126,16 @@ def timed_window(
         else None,
     )
     return run_window(trainer, bounds, agree=agree, monitor=watch, time_micro=estimate)
+
+
+def _worker_rounds(*, estimate: bool, long_cycles: bool) -> int:
+    """The rounds of the loader's workers a window spans: none for an estimate, whose long
+    micro-steps time the workers' bursts anyway; one for a search window of steps longer than
+    half of it (two rounds of two workers had made such a window time four steps of 2.6 s on
+    examples/hf_gpt2.py); two otherwise, so that a burst drains within the window."""
+    if estimate:
+        return 0
+    return 1 if long_cycles else 2
 
 
 def estimated_cycle_s(window: Window, accumulation: int) -> float | None:

@@ -160,6 +160,21 @@ def test_a_search_trial_whose_first_step_is_long_times_two_steps_not_three(tmp_p
     assert search.warmup_s == 0.0 and search.steps_measured == 2
 
 
+def test_a_search_window_of_long_steps_spans_one_round_of_the_workers(tmp_path):
+    # Steps of 0.1 s against a 0.15-s window, two loader workers: one round of their batches is
+    # two steps, which the window times, where two rounds had taken four.
+    launch = _launch()
+    launch.trial_seconds = 0.15
+    config = TrialConfig(batch_size=16, num_workers=2)
+
+    search = run_trial(launch, config, tmp_path / "search.log", precise_window=True)
+    whole = run_trial(launch, config, tmp_path / "whole.log", whole_cycles=True)
+
+    assert search.status == "ok" and whole.status == "ok", (search.reason, whole.reason)
+    assert search.steps_measured == 2
+    assert whole.steps_measured >= 4  # a re-run still spans two rounds
+
+
 def test_a_cycle_that_fits_the_window_is_timed_whole(tmp_path):
     config = TrialConfig(batch_size=16, accumulation_steps=2)
     launch = _launch()
