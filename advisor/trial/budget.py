@@ -85,10 +85,10 @@ def timed_window(
     watch: ParentWatch | None,
     estimate: bool,
 ) -> Window:
-    """The measured window: at least `trial_seconds`, on every DDP rank, unless the parent
-    watching it ends it early or, with `precise_window`, its rate is precise from an eighth of
-    that on. Estimating, it runs cycles of two micro-steps, one without and one with the
-    optimizer step, and times each."""
+    """The measured window: at least `trial_seconds` (a search trial's, to the step nearest
+    it), on every DDP rank, unless the parent watching it ends it early or, with
+    `precise_window`, its rate is precise from an eighth of that on. Estimating, it runs cycles
+    of two micro-steps, one without and one with the optimizer step, and times each."""
     agree = None
     if trainer.config.world_size > 1:
         dist.barrier()  # all windows start together
