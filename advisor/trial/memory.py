@@ -47,6 +47,9 @@ class PeakMemory:
 
     def start(self) -> None:
         if self._device.type == "cuda":
+            # The allocator's statistics exist only once CUDA is initialised; before the model's
+            # first allocation, resetting them fails with "Invalid device argument".
+            torch.cuda.init()
             for gpu in self._gpus:
                 torch.cuda.reset_peak_memory_stats(gpu)
             return
