@@ -103,7 +103,8 @@ def timed_window(
     # the warm-up's steps, or the first micro-step where it was a whole step (a search trial's
     # warm-up may have taken none after it): one-off costs in it only lower the minimum of
     # steps, which the window's seconds then exceed anyway where steps are short
-    steps_s = [*warmup.step_times_s, *([first.seconds] if first.stepped else [])]
+    whole_first = first.stepped and first.predicts_steps
+    steps_s = [*warmup.step_times_s, *([first.seconds] if whole_first else [])]
     long_cycles = bool(steps_s) and max(steps_s) > WHOLE_CYCLE_FRACTION * request.trial_seconds
     search = request.precise_window and not request.whole_cycles
     bounds = Bounds(

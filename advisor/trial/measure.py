@@ -185,7 +185,9 @@ def _first_micro_step(trainer: Trainer) -> tuple[FirstStep, list[float]]:
     losses = [trainer.last_loss.item()] if stepped else []
     if not all(math.isfinite(loss) for loss in losses):
         raise DivergedError(f"the loss became non-finite ({losses[0]} at the first step)")
-    return FirstStep(seconds, stepped, trainer.data_wait_s - waited_before), losses
+    waited = trainer.data_wait_s - waited_before
+    on_cuda = trainer.device.type == "cuda"
+    return FirstStep(seconds, stepped, waited, predicts_steps=not on_cuda), losses
 
 
 def _converged(

@@ -24,11 +24,19 @@ DATA_BOUND_FIRST_STEP = 0.5
 class FirstStep:
     """The trial's first micro-step, run alone before its warm-up: its seconds, whether it
     ended an optimizer step (it does without accumulation), and of its seconds those it waited
-    for its batch."""
+    for its batch; and whether its seconds predict the steps after it.
+
+    They do not on CUDA: there the first step also loads the kernels it runs (CUDA loads a
+    kernel's module at its first use), creates the cuBLAS and cuDNN handles and starts while the
+    GPU's clocks still ramp up from idle. On an H200, examples/cnn.py at batch 256 took 0.35 s
+    for its first micro-step and 8 ms for each after it; taken as a step's length, it ended
+    search trials' warm-ups at once and read their rates low by a third.
+    """
 
     seconds: float
     stepped: bool
     wait_s: float = 0.0
+    predicts_steps: bool = True
 
     @property
     def data_bound(self) -> bool:
@@ -75,6 +83,8 @@ def warm_up(
     `agree`, and end it together after an optimizer step.
     """
     extra = BENCHMARK_EXTRA_STEPS if trainer.config.cudnn_benchmark else 0
+    if first is not None and not first.predicts_steps:
+        first = None  # its one-off costs say nothing of the steps, nor settle them
     if trainer.config.num_workers and not (first is not None and first.data_bound):
         first = None  # batches the workers queued meanwhile must drain in the warm-up
     if whole_steps and budget_s is not None:

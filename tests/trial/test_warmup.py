@@ -1,0 +1,32 @@
+"""A search trial's warm-up, in this process: what a first micro-step may settle."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from advisor.knobs import TrialConfig
+from advisor.task import build_task
+from advisor.trial.loop import Trainer
+from advisor.trial.warmup import FirstStep, warm_up
+from tests.conftest import TINY
+
+SETTLE_S = 0.2
+
+
+@pytest.mark.parametrize("predicts_steps", [True, False], ids=["cpu", "cuda-like"])
+def test_a_long_first_step_settles_the_warm_up_only_where_it_predicts_the_steps(predicts_steps):
+    task, _ = build_task(f"{TINY}:factory")
+    trainer = Trainer(task, TrialConfig(batch_size=16), torch.device("cpu"))
+    trainer.micro_step()  # the first step, run apart; its seconds are made up below
+    # A first step five times the time to settle in, as on CUDA, where it loads its kernels:
+    # steps after it are milliseconds here, as there.
+    first = FirstStep(seconds=5 * SETTLE_S, stepped=True, predicts_steps=predicts_steps)
+
+    window = warm_up(trainer, steps=3, budget_s=2.0, settle_s=SETTLE_S, first=first)
+    trainer.close()
+
+    if predicts_steps:  # steps that long settle the warm-up: the window follows at once
+        assert window.steps == 0
+    else:  # its one-off costs say nothing of the steps: they warm up as in any trial
+        assert window.steps == 3
