@@ -2,10 +2,11 @@
 
     python benchmarks/measurement_noise.py [--repeats 5] [--trial-seconds 2]
 
-For each example workload, five configurations (the baseline, batch 32; batch 256 with bf16
-autocast where the CPU has it; two DDP processes at batch 128; batch 512 with two loader
+For each example workload, six configurations on CPU (the baseline, batch 32; batch 256 with
+bf16 autocast where the CPU has it; two DDP processes at batch 128; batch 512 with two loader
 workers, whose batches arrive in bursts; batch 512 with 4 accumulation steps, a cycle a search
-trial estimates from its parts) are measured `--repeats` times each, two ways, all interleaved
+trial estimates from its parts; that with two DDP ranks of two workers each), or five on a GPU
+(`--device`; `_gpu_configs`), are measured `--repeats` times each, two ways, all interleaved
 so that drift of the machine spreads over every one:
   whole    warm-up steps, then a window of `--trial-seconds`, as finalists' re-runs measure;
   precise  a search trial: its warm-up settles from an eighth of that on, and its window may
@@ -38,19 +39,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--trial-seconds", type=float, default=2.0)
     parser.add_argument("--specs", nargs="*", default=list(EXAMPLES))
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     args = parser.parse_args()
-    amp = "bf16" if probe().cpu_bf16 else "off"
-    configs = (
-        TrialConfig(batch_size=32),
-        TrialConfig(batch_size=256, amp=amp),
-        TrialConfig(batch_size=128, parallel_mode="ddp", world_size=2),
-        TrialConfig(batch_size=512, num_workers=2),
-        TrialConfig(batch_size=512, accumulation_steps=4),
-        # an estimate where two ranks' workers deliver batches in rounds
-        TrialConfig(
-            batch_size=512, accumulation_steps=4, num_workers=2, parallel_mode="ddp", world_size=2
-        ),
-    )
+    hardware = probe()
+    cuda = args.device == "cuda" or (args.device == "auto" and bool(hardware.gpus))
+    configs = _gpu_configs(len(hardware.gpus)) if cuda else _cpu_configs(hardware.cpu_bf16)
     rows = []
     for spec in args.specs:
         launch = TrialLaunch(
@@ -78,6 +71,34 @@ def main() -> None:
     (RESULTS / "measurement_noise.json").write_text(
         json.dumps({"trial_seconds": args.trial_seconds, "rows": rows}, indent=2)
     )
+
+
+def _cpu_configs(bf16: bool) -> tuple[TrialConfig, ...]:
+    return (
+        TrialConfig(batch_size=32),
+        TrialConfig(batch_size=256, amp="bf16" if bf16 else "off"),
+        TrialConfig(batch_size=128, parallel_mode="ddp", world_size=2),
+        TrialConfig(batch_size=512, num_workers=2),
+        TrialConfig(batch_size=512, accumulation_steps=4),
+        # an estimate where two ranks' workers deliver batches in rounds
+        TrialConfig(
+            batch_size=512, accumulation_steps=4, num_workers=2, parallel_mode="ddp", world_size=2
+        ),
+    )
+
+
+def _gpu_configs(gpus: int) -> tuple[TrialConfig, ...]:
+    """Steps of milliseconds, where the first step's one-off costs and the GPU's clocks
+    ramping up from idle weigh most."""
+    configs = (
+        TrialConfig(device="cuda", batch_size=64),
+        TrialConfig(device="cuda", batch_size=256),
+        TrialConfig(device="cuda", batch_size=256, accumulation_steps=2),
+        TrialConfig(device="cuda", batch_size=256, amp="bf16"),
+        TrialConfig(device="cuda", batch_size=512, num_workers=2, pin_memory=True),
+    )
+    ddp = TrialConfig(device="cuda", batch_size=256, parallel_mode="ddp", world_size=2)
+    return (*configs, ddp) if gpus >= 2 else configs
 
 
 def _row(

@@ -4,6 +4,8 @@ cudnn.deterministic, TF32, multi-GPU.
 Skipped without CUDA (see conftest.py); run them wherever a GPU is available.
 """
 
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,12 @@ from advisor.search.checks import maths_problem
 from advisor.trial.probe import probe
 from advisor.trial.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY
+from tests.report.test_codegen import (
+    _logged_losses,
+    _recommendation,
+    _trial_losses,
+    _write_and_run,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -95,3 +103,29 @@ def test_deterministic_cudnn_keeps_the_maths_of_its_twin(tmp_path):
     twin = run_trial(launch, config.maths_twin, tmp_path / "twin.log", mode="reference")
     assert result.status == "ok", result.reason
     assert maths_problem(result, twin) is None
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"amp": "fp16", "num_workers": 2, "pin_memory": True, "cudnn_benchmark": True},
+        {"amp": "bf16", "accumulation_steps": 2, "channels_last": True, "matmul_precision": "high"},
+    ],
+    ids=["fp16-scaler-pinned-workers", "bf16-accumulation-channels-last"],
+)
+def test_generated_script_trains_on_cuda_as_the_trial_did(knobs, tmp_path):
+    spec = f"{TINY}:conv"
+    config = TrialConfig(device="cuda", batch_size=32, **knobs)
+    (ROOT / "reports").mkdir(exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="test-gpu-codegen-", dir=ROOT / "reports"))
+    try:
+        completed = _write_and_run(
+            _recommendation(spec, config), folder, "--max-steps", "3", "--log-every", "1"
+        )
+        assert completed.returncode == 0, completed.stderr
+        assert "done: 3 steps; with warm-up" in completed.stdout
+    finally:
+        shutil.rmtree(folder)
+    # Same seed, weights and batches; autotuned and low-precision kernels may round apart.
+    expected = _trial_losses(spec, config, tmp_path)
+    assert _logged_losses(completed.stdout) == pytest.approx(expected, rel=1e-2)
