@@ -5,8 +5,10 @@ from these."""
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
@@ -19,6 +21,12 @@ __all__ = [
     "RaceCurve",
     "RacePoint",
 ]
+
+# A race's verdict must hold at targets from the baseline's lowest loss up to this many times its
+# curve's noise above it (`RaceCurve.target_losses`).
+TARGET_NOISE_BAND = 2.0
+# The fewest evaluations in a curve's second half that its noise is estimated from.
+NOISE_MIN_POINTS = 6
 
 LossKind = Literal["held-out", "train"]
 LrRule = Literal["yours", "sqrt", "linear"]
@@ -78,6 +86,31 @@ class RaceCurve(_Frozen):
     def best_loss(self) -> float:
         """The lowest loss of the race: its end, unless the loss rose again."""
         return min(point.loss for point in self.points)
+
+    @property
+    def noise(self) -> float:
+        """The spread of single evaluations about the curve's trend: the residuals' standard
+        deviation about a quadratic fitted to its second half, where a loss curve bends least;
+        0 with fewer than NOISE_MIN_POINTS evaluations there."""
+        end = self.points[-1].seconds
+        half = [point for point in self.points if point.seconds >= end / 2]
+        if len(half) < NOISE_MIN_POINTS:
+            return 0.0
+        seconds = np.array([point.seconds for point in half])
+        losses = np.array([point.loss for point in half])
+        trend = np.polyval(np.polyfit(seconds, losses, 2), seconds)
+        return math.sqrt(float(np.sum((losses - trend) ** 2)) / (len(half) - 3))
+
+    @property
+    def target_losses(self) -> tuple[float, ...]:
+        """The losses a race's verdict must hold at: the lowest, and that plus TARGET_NOISE_BAND
+        times the curve's noise (where it has any). Where the curve has flattened, its lowest
+        evaluation is its level less a chance dip, and the time another racer takes to match
+        that dip is noise too: on a GPU, one racer matched a plateau's lowest evaluation 6.27x
+        sooner than the baseline, then 1.30x in the next tune. Where the curve still falls, the
+        two are close."""
+        band = TARGET_NOISE_BAND * self.noise
+        return (self.best_loss, self.best_loss + band) if band > 0 else (self.best_loss,)
 
 
 class GradientNorms(_Frozen):

@@ -344,7 +344,8 @@ class RaceSummary(_Frozen):
     loss_kind: LossKind
     target_loss: float | None = Field(
         description="the baseline's lowest loss in the race (its end-of-race loss, unless its "
-        "loss rose again)"
+        "loss rose again), or that plus twice the noise of its evaluations where the verdict "
+        "there is the smaller claim"
     )
     racers: tuple[Racer, ...]
     winner: int | None = Field(description="index into racers; None: none finished")

@@ -377,7 +377,7 @@ def test_a_race_from_the_same_weights_decides_and_the_reports_show_it(first_run)
     assert baseline.role == "baseline" and baseline.config == rec.baseline_config
     curves = [r.curve for r in race.racers if r.curve]
     assert len({c.points[0].loss for c in curves}) == 1  # the same initial weights, same slice
-    assert race.target_loss == min(p.loss for p in baseline.curve.points)
+    assert race.target_loss in baseline.curve.target_losses  # its lowest, or that plus the noise
     winner = race.racers[race.winner]
     assert (winner.config, winner.lr) == (rec.config, rec.lr)
     if rec.global_batch_changed:  # a changed batch must have won the race by the margin

@@ -93,7 +93,7 @@ def confirmed_recommendation(
 
 
 def _time_to_loss_speedup(race: RaceSummary | None) -> float | None:
-    """The baseline's time to its own lowest race loss over the winner's."""
+    """The baseline's time to its own race target over the winner's."""
     if race is None or race.winner is None:
         return None
     baseline = next((r for r in race.racers if r.role == "baseline"), None)

@@ -11,7 +11,8 @@ optimisation. So, after the throughput search:
    and the fastest at each predicted batch, twice: with the user's learning rate and with the
    optimizer family's scaling rule (`plan_racers`, `run_race`);
 3. the winner reaches the baseline's lowest loss in the race (its end-of-race loss, unless it
-   rose again) soonest, by more than the noise; otherwise
+   rose again) soonest, by more than the noise, and also that loss plus twice the noise of the
+   baseline's evaluations (`RaceCurve.target_losses`); otherwise
    the fastest configuration at B0 wins (`advisor.search.race_verdict`).
 
 Only the baseline trains the whole race time: it sets the target. Every later racer stops once
@@ -286,7 +287,8 @@ def run_race(study: optuna.Study, context: SearchContext, plans: Sequence[RacePl
 
 def _target(racers: Sequence[Racer]) -> float | None:
     """The loss to reach, once the racer that sets it has run: the baseline's lowest (or, if
-    the baseline failed, the best at the user's batch's), as `decide_race` takes it."""
+    the baseline failed, the best at the user's batch's), the lowest of the targets
+    `decide_race` times racers to: reached last, it bounds how long a racer can still win."""
     reference = reference_racer(racers)
     return reference.curve.best_loss if reference is not None and reference.curve else None
 

@@ -3,7 +3,9 @@
 The target is the baseline's lowest loss in the race (the best at the user's batch's, if the
 baseline failed). The winner reaches it soonest, by more than `RACE_MARGIN`; otherwise the
 fastest configuration at the user's global batch B0 is kept, unless it reached the loss
-clearly later than the baseline (its numerics cost more than its speed gains). Pure functions
+clearly later than the baseline (its numerics cost more than its speed gains). Where the
+baseline's evaluations are noisy, the verdict must also hold at that loss plus twice their
+noise (`RaceCurve.target_losses`), and the smaller claim is the one made. Pure functions
 of the racers, so the race (`advisor.search.race`) can also ask, while it runs, how long a
 racer may still train before it can no longer win.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from advisor.convergence import RaceCurve
 from advisor.knobs import TrialConfig
@@ -46,7 +49,7 @@ def time_to_loss(curve: RaceCurve, target: float) -> float | None:
 
 
 def decide_race(racers: Sequence[Racer], seconds: float) -> RaceSummary:
-    """Time each racer to the baseline's lowest loss and choose (see the module's doc)."""
+    """Time each racer to the baseline's target loss and choose (see the module's doc)."""
     reference = reference_racer(racers)
     if reference is None or reference.curve is None:
         failed = next((r for r in racers if r.role in ("baseline", "your batch")), None)
@@ -59,7 +62,31 @@ def decide_race(racers: Sequence[Racer], seconds: float) -> RaceSummary:
             winner=None,
             verdict=f"the race at your global batch failed ({why}): advisor keeps it",
         )
-    target = reference.curve.best_loss
+    verdicts = [_verdict_at(racers, target) for target in reference.curve.target_losses]
+    # It must hold at every target: kept if kept at one, else the smallest claim.
+    chosen = next((v for v in verdicts if v.winner == v.at_batch0), None)
+    chosen = chosen or min(verdicts, key=_speedup)
+    return RaceSummary(
+        seconds=seconds,
+        loss_kind=reference.curve.loss_kind,
+        target_loss=chosen.target,
+        racers=chosen.racers,
+        winner=chosen.winner,
+        verdict=chosen.text,
+    )
+
+
+class _Verdict(NamedTuple):
+    target: float
+    racers: tuple[Racer, ...]  # timed to `target`
+    winner: int
+    at_batch0: int
+    text: str
+
+
+def _verdict_at(racers: Sequence[Racer], target: float) -> _Verdict:
+    """Time each racer to `target` and choose: the candidate that reached it soonest, if it beat
+    the pick at the user's batch by the margin; else that pick."""
     timed = tuple(
         r.model_copy(
             update={"time_to_target_s": time_to_loss(r.curve, target) if r.curve else None}
@@ -68,17 +95,18 @@ def decide_race(racers: Sequence[Racer], seconds: float) -> RaceSummary:
     )
     at_batch0 = pick_at_batch0(timed)
     best = _best_candidate(timed)
-    winner, verdict = at_batch0, _kept_verdict(timed, at_batch0, best, target)
     if best is not None and _beats(timed[best], timed[at_batch0]):
-        winner, verdict = best, _won_verdict(timed, best, at_batch0, target)
-    return RaceSummary(
-        seconds=seconds,
-        loss_kind=reference.curve.loss_kind,
-        target_loss=target,
-        racers=timed,
-        winner=winner,
-        verdict=verdict,
-    )
+        text = _won_verdict(timed, best, at_batch0, target)
+        return _Verdict(target, timed, best, at_batch0, text)
+    text = _kept_verdict(timed, at_batch0, best, target)
+    return _Verdict(target, timed, at_batch0, at_batch0, text)
+
+
+def _speedup(verdict: _Verdict) -> float:
+    """How much sooner the winner reached the target than the pick at the user's batch."""
+    won = verdict.racers[verdict.winner].time_to_target_s
+    kept = verdict.racers[verdict.at_batch0].time_to_target_s
+    return kept / won if won and kept else math.inf
 
 
 def pick_at_batch0(racers: Sequence[Racer]) -> int:
@@ -124,7 +152,7 @@ def _beats(first: Racer, second: Racer) -> bool:
 def _won_verdict(racers: Sequence[Racer], winner: int, kept: int, target: float) -> str:
     won, other = racers[winner], racers[kept]
     return (
-        f"{won.label} (global batch {won.config.global_batch_size}) reached your best race "
+        f"{won.label} (global batch {won.config.global_batch_size}) reached your race "
         f"loss {target:.4g} after {won.time_to_target_s:.1f} s of training, against "
         f"{_seconds(other)} for the best at your global batch {other.config.global_batch_size}"
     )
@@ -134,7 +162,7 @@ def _kept_verdict(racers: Sequence[Racer], kept: int, best: int | None, target: 
     chosen = racers[kept]
     text = (
         f"the best at your global batch {chosen.config.global_batch_size} ({chosen.label}) "
-        f"reached your best race loss {target:.4g} after {_seconds(chosen)}"
+        f"reached your race loss {target:.4g} after {_seconds(chosen)}"
     )
     if best is None:
         return text + "; no other global batch reached it"

@@ -134,6 +134,80 @@ def test_time_to_loss_interpolates_between_evaluations():
     assert time_to_loss(curve, 0.5) is None
 
 
+def _plateau(reached_s: float, dips: dict[float, float]) -> list[float]:
+    """A held-out loss that falls from 2.3164 to a plateau of 2.3025 by `reached_s`, then
+    wiggles by +-0.0003 about it (evaluations every 0.5 s for 10 s), with `dips` below it."""
+    wiggle = [0.0002, -0.0001, 0.0003, -0.0002, 0.0001, -0.0003, 0.0, 0.0002]
+    losses = []
+    for i in range(21):
+        seconds = i * 0.5
+        fall = max(0.0, 1 - seconds / reached_s)
+        losses.append(2.3025 + 0.0139 * fall**2 + wiggle[i % len(wiggle)] * (fall == 0))
+        losses[-1] = dips.get(seconds, losses[-1])
+    return losses
+
+
+def _half_seconds(role: str, config: TrialConfig, losses: list[float]) -> Racer:
+    racer = _racer(role, config, losses)
+    points = tuple(p.model_copy(update={"seconds": p.seconds / 2}) for p in racer.curve.points)
+    result = racer.result.model_copy(
+        update={"race": racer.curve.model_copy(update={"points": points})}
+    )
+    return racer.model_copy(update={"race_seconds": 10.0, "result": result})
+
+
+def test_a_chance_dip_on_a_plateau_wins_no_race():
+    # Both reach the plateau at 1.5 s; the baseline's lowest evaluation is a dip at 8.5 s, and
+    # the candidate dips as low at 1.5 s: matching the lowest evaluation alone, it would have
+    # won 5.7x sooner.
+    racers = [
+        _half_seconds("baseline", SMALL, _plateau(1.5, {8.5: 2.3020})),
+        _half_seconds("candidate", BIG, _plateau(1.5, {1.5: 2.3019})),
+    ]
+    assert time_to_loss(racers[1].curve, 2.3020) == pytest.approx(1.5, abs=0.05)
+    assert time_to_loss(racers[0].curve, 2.3020) == pytest.approx(8.5, abs=0.05)
+
+    race = decide_race(racers, 10)
+
+    noise = racers[0].curve.noise
+    assert 0.0001 < noise < 0.0004  # the wiggle's spread
+    assert race.target_loss == pytest.approx(2.3020 + 2 * noise)
+    assert race.racers[race.winner].config == SMALL
+    assert race.racers[1].time_to_target_s > 0.85 * race.racers[0].time_to_target_s
+
+
+def test_a_win_that_holds_at_every_target_claims_the_smaller_speedup():
+    # The baseline reaches its lowest loss, 1.0, at 10 s, then wobbles by 0.1 about 1.15; the
+    # candidate falls three times as fast. Within the band above 1.0 it wins by more.
+    wobble = [0.1, -0.08, 0.06, -0.1, 0.08, -0.06, 0.1, -0.09, 0.07, -0.05]
+    baseline = [4 - 0.3 * i for i in range(11)] + [1.15 + w for w in wobble]
+    candidate = [max(1.0, 4 - 0.9 * i) - 0.01 * i for i in range(21)]
+    racers = [_racer("baseline", SMALL, baseline), _racer("candidate", BIG, candidate)]
+    low, high = racers[0].curve.target_losses
+    assert low == 1.0 and high > 1.1
+
+    def speedup(target: float) -> float:
+        return time_to_loss(racers[0].curve, target) / time_to_loss(racers[1].curve, target)
+
+    assert speedup(high) > speedup(low) > 1 / (1 - RACE_MARGIN)
+
+    race = decide_race(racers, 20)
+
+    assert race.winner == 1 and race.target_loss == low
+    assert race.racers[0].time_to_target_s == pytest.approx(10.0)
+
+
+def test_a_falling_curve_keeps_its_targets_close():
+    losses = [2.0 * 0.8**i + 0.1 for i in range(21)]  # still falling at the end, noiseless
+    curve = _racer("baseline", SMALL, losses).curve
+    assert max(curve.target_losses) - curve.best_loss < 0.01 * (losses[0] - losses[-1])
+
+
+def test_a_curve_too_short_for_its_noise_has_its_lowest_loss_as_its_one_target():
+    curve = _racer("baseline", SMALL, [4, 3, 2, 1.5, 1.2, 1.0]).curve
+    assert curve.noise == 0.0 and curve.target_losses == (1.0,)
+
+
 def test_a_candidate_must_beat_the_best_at_your_batch_by_more_than_the_noise():
     faster = TrialConfig(batch_size=8, num_workers=1)
     racers = [
