@@ -1,6 +1,7 @@
 """Measurement noise: the same configuration measured several times, as isolated trials.
 
     python benchmarks/measurement_noise.py [--repeats 5] [--trial-seconds 2]
+                                           [--device auto|cpu|cuda]
 
 For each example workload, six configurations on CPU (the baseline, batch 32; batch 256 with
 bf16 autocast where the CPU has it; two DDP processes at batch 128; batch 512 with two loader
@@ -69,7 +70,14 @@ def main() -> None:
             print(_line(rows[-1]))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "measurement_noise.json").write_text(
-        json.dumps({"trial_seconds": args.trial_seconds, "rows": rows}, indent=2)
+        json.dumps(
+            {
+                "device": "cuda" if cuda else "cpu",
+                "trial_seconds": args.trial_seconds,
+                "rows": rows,
+            },
+            indent=2,
+        )
     )
 
 
@@ -122,10 +130,11 @@ def _line(row: dict[str, object]) -> str:
     rates = ", ".join(f"{v:,.0f}" for v in row["samples_per_s"])  # type: ignore[attr-defined]
     window = statistics.fmean(row["window_s"])  # type: ignore[arg-type]
     wall = statistics.fmean(row["wall_s"])  # type: ignore[arg-type]
+    cv = "–" if row["cv"] is None else f"{row['cv']:.1%}"
     return (
         f"{row['spec']:32} {row['config']:28} {row['way']:7} window {window:.2f} s "
         f"wall {wall:.2f} s "
-        f"mean {row['mean']:,.0f} CV {row['cv']:.1%}  ({rates})"
+        f"mean {row['mean']:,.0f} CV {cv}  ({rates})"
     )
 
 
