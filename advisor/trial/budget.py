@@ -107,9 +107,16 @@ def timed_window(
     steps_s = [*warmup.step_times_s, *([first.seconds] if whole_first else [])]
     long_cycles = bool(steps_s) and max(steps_s) > WHOLE_CYCLE_FRACTION * request.trial_seconds
     search = request.precise_window and not request.whole_cycles
+    # A search window right after a whole first step (its warm-up took none), with at most one
+    # loader worker (two or more deliver batches in rounds): that step joins the test of
+    # precision, as the lone stepped micro-step of an estimate does, and three steps alike may
+    # end it after two. Its one-off costs only make it less alike.
+    alone = search and whole_first and not warmup.step_times_s
+    earlier = (first.seconds,) if alone and trainer.config.num_workers <= 1 else ()
     bounds = Bounds(
         min_steps=2 if estimate or long_cycles else 3,
-        precise_min_steps=1 if estimate else None,
+        precise_min_steps=1 if estimate else 2 if earlier else None,
+        earlier_steps_s=earlier,
         min_seconds=request.trial_seconds,
         nearest_step=search,
         one_long_pair=estimate and search,

@@ -225,6 +225,9 @@ class Bounds:
     # From then on, a window past its other minimums ends once `Window.relative_error` is at
     # most PRECISE_RELATIVE_ERROR, even before `min_seconds`.
     precise_after_s: float | None = None
+    # Seconds of whole steps just before the window that join its steps in that test of
+    # precision, not in its rate (`_EarlyEnd`).
+    earlier_steps_s: tuple[float, ...] = ()
     # A window timing the parts of cycles of this many micro-steps: its precision, and the
     # best's bar, are of the cycles that its timed micro-steps estimate.
     estimate_accumulation: int | None = None
@@ -372,7 +375,9 @@ class _EarlyEnd:
     from `bounds.precise_after_s` on, every PRECISE_CHECK_EVERY_S (each check reads every step
     time); once it is, it stays so. An estimate is precise once the cycles its pairs of
     micro-steps estimate are, or its micro-steps alike, plain and stepped ones: where the
-    optimizer step adds little, a cycle is as precise as its micro-steps."""
+    optimizer step adds little, a cycle is as precise as its micro-steps. Steps just before
+    the window (`Bounds.earlier_steps_s`) may show its steps precise sooner: they only widen
+    the spread where their one-off costs made them longer."""
 
     def __init__(self, bounds: Bounds, workers: int, cycle: int) -> None:
         after_s = bounds.precise_after_s
@@ -382,6 +387,7 @@ class _EarlyEnd:
         self._batch_micro = max(1, workers)
         self._accumulation = bounds.estimate_accumulation
         self._beat_step_s = bounds.beat_step_s
+        self._earlier_s = list(bounds.earlier_steps_s)
         self._ended = False
         self.below_best = False  # it ended so, not precise
 
@@ -393,6 +399,9 @@ class _EarlyEnd:
         half_width = error * _T_975[PRECISE_BATCHES - 1]  # of the 95 % interval, relative
         if self._accumulation is not None:
             error = min(error, window.micro_error(self._batch_micro))
+        elif self._earlier_s:  # steps alike with those before the window: precise sooner
+            every = self._earlier_s + window.step_times_s
+            error = min(error, _mean_and_error(every, self._batch_steps)[1])
         if error <= PRECISE_RELATIVE_ERROR:
             self._ended = True
         elif self._beat_step_s is not None and _clearly_longer(

@@ -89,10 +89,13 @@ def test_a_search_trial_of_long_steps_is_settled_by_its_first_step(tmp_path, kno
     # workers it has not: the batches they queued meanwhile must drain first (a round of them).
     # The window then spans three steps and two rounds of the workers at least (three rounds
     # pin an idle machine's rate down; on a busy one, steps of 0.12 s reach the window's time
-    # after five).
+    # after five). Without workers, the first step joins the test of precision: alike, it and
+    # two more show the rate precise
     assert warmup_steps * MICRO_STEP_S <= search.warmup_s < (warmup_steps + 1) * MICRO_STEP_S
     assert whole.warmup_s >= 3 * MICRO_STEP_S
-    assert search.steps_measured >= max(3, 2 * config.num_workers)
+    # (`test_window`; a busy machine's jitter may keep them from it).
+    assert search.steps_measured >= (max(3, 2 * config.num_workers) if config.num_workers else 2)
+    assert whole.steps_measured >= 3
     # No queued batch read as a fast step: a step cannot beat its 0.1-s sleep (a busy machine
     # slows DDP steps, the whole window's more than three).
     assert search.samples_per_s <= 1.05 * config.global_batch_size / MICRO_STEP_S

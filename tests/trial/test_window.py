@@ -13,6 +13,7 @@ from advisor.trial.window import (
     Bounds,
     Window,
     _clearly_longer,
+    _EarlyEnd,
     _window_done,
 )
 
@@ -194,3 +195,22 @@ def test_an_estimate_whose_pair_takes_the_window_ends_after_one():
     # Pairs shorter than the window: two of them, as before.
     short = _micro([(0.6, True), (0.6, False), (0.6, True)])
     assert not _window_done(short, bounds, 0, False, False, 1.8, True)
+
+
+@pytest.mark.parametrize(
+    ("first_s", "precise"), [(0.61, True), (0.9, False)], ids=["alike", "one-off costs"]
+)
+def test_a_first_step_alike_to_the_next_two_shows_their_rate_precise(first_s, precise):
+    # A search window of 0.6-s steps right after a first step: two steps cannot be precise
+    # alone, but with the first step alike to them they are, and the window ends after two.
+    bounds = Bounds(
+        min_steps=3, min_seconds=2.0, precise_after_s=0.25, earlier_steps_s=(first_s,),
+        precise_min_steps=2,
+    )  # fmt: skip
+    window = _window([0.6, 0.6])
+
+    ended = _EarlyEnd(bounds, workers=0, cycle=1)(window, 1.2)
+
+    assert ended is precise
+    assert _window_done(window, bounds, 0, False, ended, 1.2, True) is precise
+    assert not _EarlyEnd(replace(bounds, earlier_steps_s=()), workers=0, cycle=1)(window, 1.2)
