@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.status import Status
 from rich.table import Table
 
+from advisor.convergence import NoiseScale
 from advisor.knobs import TrialConfig
 from advisor.results import (
     HardwareProfile,
@@ -60,9 +61,7 @@ class ConsoleProgress:
             self._status.update(self.status_text(phase))
 
     def trial_finished(self, record: TrialRecord, best: float | None) -> None:
-        if self._status is not None:
-            self._status.stop()
-            self._status = None
+        self._end_status()
         self._best = best or self._best
         stopped = record.result.status == "stopped"  # far slower than the best: no failure
         if record.role != "confirm" and not record.eligible and not stopped:
@@ -85,9 +84,7 @@ class ConsoleProgress:
         self._console.print(f"{mark} {self._label}  {outcome}", highlight=False)
 
     def racer_finished(self, racer: Racer) -> None:
-        if self._status is not None:
-            self._status.stop()
-            self._status = None
+        self._end_status()
         if self._quiet:
             return
         curve = racer.curve
@@ -101,6 +98,27 @@ class ConsoleProgress:
             f"{end.seconds:.1f} s ({end.steps:,} steps, {end.samples:,} samples)",
             highlight=False,
         )
+
+    def noise_finished(self, noise: NoiseScale | None, failure: str | None) -> None:
+        self._end_status()
+        if self._quiet:
+            return
+        if noise is None:
+            why = escape(failure or "")
+            self._console.print(f"[red]✗[/] {self._label}  [red]failed[/] {why}", highlight=False)
+            return
+        if noise.value is None:
+            outcome = f"phi: no signal above the noise in {noise.steps:,} steps"
+        else:
+            interval = f"{noise.low or 0:.3g}-{noise.high or 0:.3g}"
+            outcome = f"phi = {noise.value:.3g} (95 % interval {interval}), {noise.steps:,} steps"
+        self._console.print(f"[green]✓[/] {self._label}  {outcome}", highlight=False)
+
+    def _end_status(self) -> None:
+        """Stop the running trial's live line, if any: one at a time."""
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
 
     def status_text(self, phase: str) -> str:
         """The live line: the running trial and its phase, the best so far, failures by kind."""

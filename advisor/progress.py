@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from advisor.convergence import NoiseScale
 from advisor.knobs import TrialConfig
 from advisor.results import Racer, TrialRecord
 
@@ -28,6 +29,9 @@ class Progress(Protocol):
     def racer_finished(self, racer: Racer) -> None:
         """A race trial ended (any status)."""
 
+    def noise_finished(self, noise: NoiseScale | None, failure: str | None) -> None:
+        """The noise-scale trial ended: what it measured, or why it failed (`noise` None)."""
+
 
 class NullProgress:
     """Progress that shows nothing: the Python API's default."""
@@ -45,4 +49,7 @@ class NullProgress:
         pass
 
     def racer_finished(self, racer: Racer) -> None:
+        pass
+
+    def noise_finished(self, noise: NoiseScale | None, failure: str | None) -> None:
         pass

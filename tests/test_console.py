@@ -5,6 +5,7 @@ import io
 from rich.console import Console
 
 from advisor.console import ConsoleProgress
+from advisor.convergence import NoiseScale
 from advisor.knobs import TrialConfig
 from advisor.results import TrialRecord, TrialResult
 
@@ -69,3 +70,26 @@ def test_a_stopped_trial_says_why_and_is_no_failure():
     )
     progress.trial_started("trial 3/3", CONFIG)
     assert "failed" not in progress.status_text("measure")
+
+
+def test_the_noise_scale_trial_ends_its_live_line_with_what_it_measured():
+    buffer = io.StringIO()
+    terminal = Console(file=buffer, force_terminal=True, color_system=None, width=200)
+    progress = ConsoleProgress(terminal)
+    noise = NoiseScale(value=59.6, low=15.3, high=104.0, small_batch=64, big_batch=512, steps=135)
+    progress.trial_started("noise-scale trial", CONFIG)
+    progress.noise_finished(noise, None)
+    # Its spinner stopped (before, it kept spinning under the re-runs and the race).
+    assert progress._status is None
+    measured = "phi = 59.6 (95 % interval 15.3-104), 135 steps"
+    assert f"✓ noise-scale trial  bs=32 acc=1 amp=bf16 workers=0  {measured}" in buffer.getvalue()
+
+
+def test_a_failed_noise_scale_trial_says_why():
+    buffer = io.StringIO()
+    progress = ConsoleProgress(Console(file=buffer, force_terminal=False, width=200))
+    progress.trial_started("noise-scale trial", CONFIG)
+    progress.noise_finished(None, "error: RuntimeError: boom")
+    assert buffer.getvalue().splitlines()[-1] == (
+        "✗ noise-scale trial  bs=32 acc=1 amp=bf16 workers=0  failed error: RuntimeError: boom"
+    )

@@ -32,7 +32,7 @@ import optuna
 
 from advisor.convergence import BatchPrediction, LrPlan, NoiseScale
 from advisor.knobs import TrialConfig
-from advisor.results import Racer, RaceSummary, TrialRecord
+from advisor.results import Racer, RaceSummary, TrialRecord, TrialResult
 from advisor.search.context import SearchContext
 from advisor.search.race_verdict import RACE_MARGIN, pick_at_batch0, reference_racer, time_to_loss
 from advisor.search.records import read_noise, read_racers, write_noise, write_racer
@@ -68,21 +68,35 @@ def measure_noise_scale(
     config = baseline.model_copy(
         update={"accumulation_steps": max(NOISE_ACCUMULATION, baseline.accumulation_steps)}
     )
-    result = read_noise(study)
-    if result is None or result.config != config:
-        context.progress.trial_started("noise-scale trial", config)
-        launch = context.launch.lasting(max(NOISE_SECONDS, context.settings.trial_seconds))
-        result = run_trial(
-            launch,
-            config,
-            context.logs_dir / "noise-scale.log",
-            mode="noise",
-            on_phase=context.progress.trial_phase,
-        )
-        write_noise(study, result)
+    stored = read_noise(study)
+    if stored is not None and stored.config == config:
+        noise = _noise_scale(stored)
+        if noise is None:
+            context.progress.stage(f"the noise-scale trial failed: {_failure(stored)}")
+        return noise
+    context.progress.trial_started("noise-scale trial", config)
+    launch = context.launch.lasting(max(NOISE_SECONDS, context.settings.trial_seconds))
+    result = run_trial(
+        launch,
+        config,
+        context.logs_dir / "noise-scale.log",
+        mode="noise",
+        on_phase=context.progress.trial_phase,
+    )
+    write_noise(study, result)
+    noise = _noise_scale(result)
+    context.progress.noise_finished(noise, None if noise else _failure(result))
+    return noise
+
+
+def _failure(result: TrialResult) -> str:
+    return result.reason or result.status
+
+
+def _noise_scale(result: TrialResult) -> NoiseScale | None:
+    """phi from a noise trial's gradient norms; None if it has too few."""
     norms = result.gradient_norms
     if norms is None or len(norms.small_sq) < 2:
-        context.progress.stage(f"the noise-scale trial failed: {result.reason or result.status}")
         return None
     estimate = estimate_noise_scale(
         norms.small_sq, norms.big_sq, norms.small_batch, norms.big_batch
