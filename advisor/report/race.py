@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from advisor.convergence import NoiseScale
 from advisor.results import Racer, RaceSummary, Recommendation
+from advisor.search.race_verdict import reference_racer
 
 __all__ = ["RaceRow", "RaceView", "baseline_kept", "race_view"]
 
@@ -55,12 +56,37 @@ def race_view(rec: Recommendation) -> RaceView:
         headline=_headline(rec),
         verdict=race.verdict if race else None,
         loss_text=_loss_text(race) if race else None,
-        target=f"{race.target_loss:.4g}" if race and race.target_loss is not None else None,
+        target=_target_text(race) if race else None,
         rows=_rows(race) if race else (),
         lr_text=_lr_text(rec),
         pick_text=_pick_text(rec),
         noise_text=_noise_text(rec.noise_scale) if rec.noise_scale else None,
         kept=baseline_kept(rec),
+    )
+
+
+def _target_text(race: RaceSummary) -> str | None:
+    """What the target is: the reference's lowest race loss, or that plus its noise band."""
+    reference = reference_racer(race.racers)
+    if race.target_loss is None or reference is None or reference.curve is None:
+        return None
+    curve = reference.curve
+    low, high = curve.target_losses[0], curve.target_losses[-1]
+    digits = next((d for d in range(4, 9) if f"{low:.{d}g}" != f"{high:.{d}g}"), 4)
+    shown = {loss: f"{loss:.{digits}g}" for loss in (low, high, race.target_loss)}
+    lowest = (
+        f"the lowest loss your configuration reached in the race, {shown[low]} (its "
+        "end-of-race loss unless it rose again)"
+    )
+    band = f"twice the noise of its evaluations about their trend ({curve.noise:.2g})"
+    rule = "another global batch must win at both, and the smaller claim is the one made"
+    if low == high:
+        return lowest
+    if race.target_loss == low:
+        return f"{lowest}, or that plus {band}, {shown[high]}: {rule}"
+    return (
+        f"{shown[high]}: {lowest}, plus {band}; {rule} (the band keeps a chance dip of a "
+        "flattened loss from deciding)"
     )
 
 

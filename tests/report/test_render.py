@@ -86,3 +86,24 @@ def test_a_kept_baseline_is_said_to_have_won_a_race_only_where_one_ran():
     rec = result.recommendation.model_copy(update={"config": TrialConfig(batch_size=32)})
     html = render_html(result.model_copy(update={"recommendation": rec}))
     assert "<b>Your configuration was the fastest one measured</b>" in html
+
+
+def test_the_report_names_both_targets_a_race_verdict_must_hold_at():
+    from advisor.report.race import _target_text
+    from advisor.search.race_verdict import decide_race
+    from tests.search.test_race import BIG, SMALL, _half_seconds, _plateau
+
+    racers = [
+        _half_seconds("baseline", SMALL, _plateau(1.5, {8.5: 2.3020})),
+        _half_seconds("candidate", BIG, _plateau(1.5, {1.5: 2.3019})),
+    ]
+    race = decide_race(racers, 10)
+    curve = racers[0].curve
+    low, high = curve.target_losses
+
+    text = _target_text(race)
+
+    # Kept at the band's target: it is the one named first, then the lowest loss and the noise.
+    assert race.target_loss == high
+    assert text.startswith(f"{high:.4g}: the lowest loss your configuration reached in the race, ")
+    assert f"race, {low:.4g} (" in text and f"({curve.noise:.2g})" in text
