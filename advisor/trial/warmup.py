@@ -27,10 +27,10 @@ class FirstStep:
     for its batch; and whether its seconds predict the steps after it.
 
     They do not on CUDA: there the first step also loads the kernels it runs (CUDA loads a
-    kernel's module at its first use), creates the cuBLAS and cuDNN handles and starts while the
-    GPU's clocks still ramp up from idle. On an H200, examples/cnn.py at batch 256 took 0.35 s
-    for its first micro-step and 8 ms for each after it; taken as a step's length, it ended
-    search trials' warm-ups at once and read their rates low by a third.
+    kernel's module at its first use) and creates the cuBLAS and cuDNN handles. On an H200,
+    examples/cnn.py at batch 256 took 0.35 s for its first micro-step and 5-8 ms for each after
+    it; taken as a step's length, it ended search trials' warm-ups at once and had cycles of
+    16 ms (accumulation 2) timed in parts, as if too long for the window.
     """
 
     seconds: float
