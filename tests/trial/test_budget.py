@@ -123,15 +123,19 @@ def test_a_search_trial_estimates_a_cycle_when_three_do_not_fit_its_window(tmp_p
     launch = _launch()
     launch.trial_seconds = 1.0  # a cycle of 0.4 s: two fit, three do not
 
-    search = run_trial(launch, config, tmp_path / "search.log", precise_window=True)
     whole = run_trial(launch, config, tmp_path / "whole.log")
+    search = run_trial(launch, config, tmp_path / "search.log", precise_window=True)
+    again = run_trial(launch, config, tmp_path / "again.log")  # a busy machine's pace drifts
 
-    assert search.status == "ok" and whole.status == "ok", (search.reason, whole.reason)
+    assert all(r.status == "ok" for r in (search, whole, again)), (search.reason, whole.reason)
     # A search window needs three cycles to be precise: it times the parts instead, in less
     # time than three cycles take (within its own 1 s, but for a busy machine's overrun).
     assert search.estimated and not whole.estimated
     assert search.window_s < 3 * 4 * MICRO_STEP_S
-    assert search.samples_per_s == pytest.approx(whole.samples_per_s, rel=0.1)
+    # Within 10 % of whole cycles, measured before and after it. (Once, on CI's two cores under
+    # three test workers, a single whole trial read 157 samples/s and the estimate 130.)
+    low, high = sorted((whole.samples_per_s, again.samples_per_s))
+    assert 0.9 * low <= search.samples_per_s <= 1.1 * high
 
 
 @pytest.mark.parametrize("knobs", [{}, {"parallel_mode": "ddp", "world_size": 2}])
