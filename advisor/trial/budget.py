@@ -99,7 +99,7 @@ def timed_window(
             check_every_s=ParentWatch.INTERVAL_S if watch or request.precise_window else None,
         )
     if estimate:
-        trainer.cycle = 2
+        trainer.restart_cycle(2)
     # the warm-up's steps, or the first micro-step where it was a whole step (a search trial's
     # warm-up may have taken none after it): one-off costs in it only lower the minimum of
     # steps, which the window's seconds then exceed anyway where steps are short
@@ -107,12 +107,15 @@ def timed_window(
     steps_s = [*warmup.step_times_s, *([first.seconds] if whole_first else [])]
     long_cycles = bool(steps_s) and max(steps_s) > WHOLE_CYCLE_FRACTION * request.trial_seconds
     search = request.precise_window and not request.whole_cycles
-    # A search window right after a whole first step (its warm-up took none), with at most one
-    # loader worker (two or more deliver batches in rounds): that step joins the test of
-    # precision, as the lone stepped micro-step of an estimate does, and three steps alike may
-    # end it after two. Its one-off costs only make it less alike.
-    alone = search and whole_first and not warmup.step_times_s
-    earlier = (first.seconds,) if alone and trainer.config.num_workers <= 1 else ()
+    # A search window right after the first micro-step (the warm-up took none after it), with
+    # at most one loader worker (two or more deliver batches in rounds): that micro-step joins
+    # the test of precision, of the window's steps where it was a whole step (three alike may
+    # end it after two), of an estimate's micro-steps otherwise (three alike may end it after
+    # one pair). Its one-off costs only make it less alike.
+    alone = not warmup.micro_times_s and not warmup.step_times_s
+    alike = first.predicts_steps and (estimate or first.stepped)
+    few_workers = trainer.config.num_workers <= 1
+    earlier = (first.seconds,) if search and alone and alike and few_workers else ()
     bounds = Bounds(
         min_steps=2 if estimate or long_cycles else 3,
         precise_min_steps=1 if estimate else 2 if earlier else None,

@@ -107,10 +107,11 @@ class Window:
 
     def pairs(self) -> list[tuple[Timed, Timed]]:
         """Each plain timed micro-step and the stepped one after it. A stepped one that starts
-        the window ends a cycle the warm-up began, and is left out: its batch was the second of
-        a round of two workers whose first the warm-up took, ready at once; counted, it read two
-        DDP ranks with two workers each 1.14-1.34x faster than whole cycles
-        (examples/data_bound.py, batch 512, accumulation 4)."""
+        the window would end a cycle begun before it (`Trainer.restart_cycle` prevents that),
+        and is left out: its batch was the second of a round of two workers whose first the
+        warm-up took, ready at once; counted alone, it read two DDP ranks with two workers each
+        1.14-1.34x faster than whole cycles (examples/data_bound.py, batch 512,
+        accumulation 4)."""
         pairs, plain = [], None
         for (seconds, stepped), wait in zip(self.micro_times_s, self.micro_waits_s, strict=True):
             if stepped and plain is not None:
@@ -146,9 +147,11 @@ class Window:
             return _mean_and_error(self.step_times_s, batch_steps)
         return _mean_and_error(self.estimated_cycles_s(accumulation), batch_steps)
 
-    def micro_error(self, batch_micro: int = 1) -> float:
-        """`relative_error` of the timed micro-steps' mean, plain and stepped ones alike."""
-        return _mean_and_error([seconds for seconds, _ in self.micro_times_s], batch_micro)[1]
+    def micro_error(self, batch_micro: int = 1, earlier_s: list[float] | None = None) -> float:
+        """`relative_error` of the timed micro-steps' mean, plain and stepped ones alike, and
+        of the micro-steps of `earlier_s` seconds before them."""
+        every = [*(earlier_s or []), *(seconds for seconds, _ in self.micro_times_s)]
+        return _mean_and_error(every, batch_micro)[1]
 
     def estimated_cycles_s(self, accumulation: int) -> list[float]:
         """Of the timed micro-steps, each plain one and the stepped one after it: the seconds of
@@ -226,7 +229,7 @@ class Bounds:
     # most PRECISE_RELATIVE_ERROR, even before `min_seconds`.
     precise_after_s: float | None = None
     # Seconds of whole steps just before the window that join its steps in that test of
-    # precision, not in its rate (`_EarlyEnd`).
+    # precision, not in its rate (`_EarlyEnd`); an estimate's: of micro-steps, joining its own.
     earlier_steps_s: tuple[float, ...] = ()
     # A window timing the parts of cycles of this many micro-steps: its precision, and the
     # best's bar, are of the cycles that its timed micro-steps estimate.
@@ -376,8 +379,9 @@ class _EarlyEnd:
     time); once it is, it stays so. An estimate is precise once the cycles its pairs of
     micro-steps estimate are, or its micro-steps alike, plain and stepped ones: where the
     optimizer step adds little, a cycle is as precise as its micro-steps. Steps just before
-    the window (`Bounds.earlier_steps_s`) may show its steps precise sooner: they only widen
-    the spread where their one-off costs made them longer."""
+    the window (`Bounds.earlier_steps_s`; an estimate's: micro-steps) may show its steps (its
+    micro-steps) precise sooner: they only widen the spread where their one-off costs made
+    them longer."""
 
     def __init__(self, bounds: Bounds, workers: int, cycle: int) -> None:
         after_s = bounds.precise_after_s
@@ -398,7 +402,7 @@ class _EarlyEnd:
         mean, error = window.mean_step(self._batch_steps, accumulation=self._accumulation)
         half_width = error * _T_975[PRECISE_BATCHES - 1]  # of the 95 % interval, relative
         if self._accumulation is not None:
-            error = min(error, window.micro_error(self._batch_micro))
+            error = min(error, window.micro_error(self._batch_micro, self._earlier_s))
         elif self._earlier_s:  # steps alike with those before the window: precise sooner
             every = self._earlier_s + window.step_times_s
             error = min(error, _mean_and_error(every, self._batch_steps)[1])

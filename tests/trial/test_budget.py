@@ -146,11 +146,12 @@ def test_a_search_trial_of_alike_micro_steps_estimates_its_cycle_from_one_pair(t
     whole = run_trial(_launch(), config, tmp_path / "whole.log", whole_cycles=True)
 
     assert search.status == "ok" and whole.status == "ok", (search.reason, whole.reason)
-    # Micro-steps of 0.1 s, with or without the optimizer step: after the one that ends the
-    # warm-up's cycle, one (plain, stepped) pair is precise, short of the 0.5-s window that
-    # two pairs would fill.
-    assert search.estimated
-    assert search.window_s < 4 * MICRO_STEP_S
+    # Micro-steps of 0.1 s, with or without the optimizer step: the first micro-step settles
+    # the warm-up, the window starts a cycle of its own (none that ends the first one's), and
+    # one (plain, stepped) pair alike to the first micro-step is precise, short of the 0.5-s
+    # window that two pairs would fill.
+    assert search.estimated and search.warmup_s == 0.0
+    assert search.window_s < 3 * MICRO_STEP_S
     assert search.samples_per_s == pytest.approx(whole.samples_per_s, rel=0.2)
 
 

@@ -214,3 +214,22 @@ def test_a_first_step_alike_to_the_next_two_shows_their_rate_precise(first_s, pr
     assert ended is precise
     assert _window_done(window, bounds, 0, False, ended, 1.2, True) is precise
     assert not _EarlyEnd(replace(bounds, earlier_steps_s=()), workers=0, cycle=1)(window, 1.2)
+
+
+@pytest.mark.parametrize(
+    ("first_s", "precise"), [(0.46, True), (0.9, False)], ids=["alike", "one-off costs"]
+)
+def test_a_first_micro_step_alike_to_an_estimates_pair_shows_it_precise(first_s, precise):
+    # An estimate's window of 0.45-s micro-steps right after the first micro-step: one (plain,
+    # stepped) pair cannot be precise alone, but with the first micro-step alike to them it is.
+    bounds = Bounds(
+        min_steps=2, min_seconds=2.0, precise_after_s=0.25, earlier_steps_s=(first_s,),
+        precise_min_steps=1, estimate_accumulation=4,
+    )  # fmt: skip
+    window = _micro([(0.45, False), (0.45, True)])
+
+    ended = _EarlyEnd(bounds, workers=0, cycle=2)(window, 0.9)
+
+    assert ended is precise
+    assert _window_done(window, bounds, 0, False, ended, 0.9, True) is precise
+    assert not _EarlyEnd(replace(bounds, earlier_steps_s=()), workers=0, cycle=2)(window, 0.9)
