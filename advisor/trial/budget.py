@@ -135,6 +135,8 @@ def timed_window(
         beat_step_s=trainer.config.global_batch_size / request.beat_samples_per_s
         if request.beat_samples_per_s
         else None,
+        # an estimate's micro-steps are long: a pair and the micro-step after it may be precise
+        agree_every_micro_step=estimate,
     )
     return run_window(trainer, bounds, agree=agree, monitor=watch, time_micro=estimate)
 

@@ -253,7 +253,8 @@ class Bounds:
     # had cost five of them after the first).
     one_long_pair: bool = False
     # DDP ranks decide after every micro-step, not only after optimizer steps: a budget then
-    # ends a long cycle in its middle on every rank alike.
+    # ends a long cycle in its middle on every rank alike, and an estimate's window may end
+    # after the micro-step that shows its pair precise.
     agree_every_micro_step: bool = False
 
 
@@ -270,8 +271,9 @@ def run_window(
     The window also spans `bounds.worker_rounds` rounds of the loader's workers. A `monitor`
     may end the
     window before `min_seconds`, never before the other minimums unless `stop_at_once`. DDP
-    ranks pass `agree` and decide only after optimizer steps: they stop together, once every
-    rank is done (one waiting for the others would hang). `time_micro` times every micro-step,
+    ranks pass `agree` and decide only after optimizer steps (after every micro-step with
+    `bounds.agree_every_micro_step`): they stop together, once every rank is done (one waiting
+    for the others would hang). `time_micro` times every micro-step,
     synchronising the device after each. With `bounds.precise_after_s`, the window is checked
     every PRECISE_CHECK_EVERY_S from then on and ends once its rate is precise, or clearly
     below `bounds.beat_step_s`'s (`Window.below_best`).
@@ -308,8 +310,9 @@ def run_window(
         done = _window_done(window, bounds, min_micro, stop, ended, now - started, stepped) or (
             now - started >= bounds.min_seconds and _cycle_too_long(window, bounds, trainer)
         )
-        if agree is not None:
-            done = agree.all_done(window.steps, done)
+        if agree is not None:  # each rank's count of the points where they decide
+            counted = window.micro_batches if bounds.agree_every_micro_step else window.steps
+            done = agree.all_done(counted, done)
         if done or (stepped and window.steps == bounds.max_steps):
             if agree is not None:  # one rank's stop stops all: none may wait for the others
                 stop = agree.any_rank(stop)
@@ -402,7 +405,11 @@ class _EarlyEnd:
         mean, error = window.mean_step(self._batch_steps, accumulation=self._accumulation)
         half_width = error * _T_975[PRECISE_BATCHES - 1]  # of the 95 % interval, relative
         if self._accumulation is not None:
-            error = min(error, window.micro_error(self._batch_micro, self._earlier_s))
+            error = min(
+                error,
+                window.micro_error(self._batch_micro),
+                window.micro_error(self._batch_micro, self._earlier_s),
+            )
         elif self._earlier_s:  # steps alike with those before the window: precise sooner
             every = self._earlier_s + window.step_times_s
             error = min(error, _mean_and_error(every, self._batch_steps)[1])

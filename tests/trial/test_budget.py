@@ -155,6 +155,24 @@ def test_a_search_trial_of_alike_micro_steps_estimates_its_cycle_from_one_pair(t
     assert search.samples_per_s == pytest.approx(whole.samples_per_s, rel=0.2)
 
 
+@pytest.mark.parametrize("knobs", [{}, {"parallel_mode": "ddp", "world_size": 2}])
+def test_an_estimate_ends_at_the_micro_step_that_shows_its_pair_precise(tmp_path, knobs):
+    # A first micro-step unlike the rest (0.3 s, then 0.1 s each): one pair cannot be shown
+    # precise with it, but a pair and the micro-step after it are, alone. DDP ranks too decide
+    # after that plain micro-step, not only after the next pair's optimizer step.
+    config = TrialConfig(batch_size=16, accumulation_steps=ACCUMULATION, **knobs)
+    launch = _launch()
+    launch.spec = f"{TINY}:slow_micro_steps_slow_first"
+
+    search = run_trial(launch, config, tmp_path / "search.log", precise_window=True)
+    whole = run_trial(launch, config, tmp_path / "whole.log", whole_cycles=True)
+
+    assert search.status == "ok" and whole.status == "ok", (search.reason, whole.reason)
+    assert search.estimated and search.warmup_s == 0.0
+    assert search.window_s < 3.5 * MICRO_STEP_S  # three micro-steps, not two pairs
+    assert search.samples_per_s == pytest.approx(whole.samples_per_s, rel=0.2)
+
+
 def test_a_search_trial_whose_first_step_is_long_times_two_steps_not_three(tmp_path):
     # Steps of 0.1 s against a 0.15-s window: the first step settles the warm-up, which then
     # times none, and it already says that a step takes more than half the window.

@@ -366,8 +366,14 @@ def _half_a_second_under_autocast(model: Faulty, features: torch.Tensor) -> None
         time.sleep(0.5)
 
 
+def _a_tenth_of_a_second_after_a_slow_first(model: Faulty, features: torch.Tensor) -> None:
+    time.sleep(3 * MICRO_STEP_S if model.calls == 1 else MICRO_STEP_S)
+
+
 # Every micro-step takes 0.1 s, whatever the machine: with accumulation, long optimizer cycles.
 slow_micro_steps = _fault_factory(_a_tenth_of_a_second)
+# The same, but for a first micro-step of 0.3 s (one-off costs, as compilation's): unlike the rest.
+slow_micro_steps_slow_first = _fault_factory(_a_tenth_of_a_second_after_a_slow_first)
 # bf16 micro-steps take half a second: hundreds of times slower than fp32 here.
 very_slow_with_bf16 = _fault_factory(_half_a_second_under_autocast)
 
