@@ -410,6 +410,10 @@ class _EarlyEnd:
                 window.micro_error(self._batch_micro),
                 window.micro_error(self._batch_micro, self._earlier_s),
             )
+            cycles = window.estimated_cycles_s(self._accumulation)
+            if math.isnan(mean) and cycles:  # too few pairs for their own interval
+                mean = sum(cycles) / len(cycles)
+                half_width = error * _T_975[PRECISE_BATCHES - 1]  # as precise as its micro-steps
         elif self._earlier_s:  # steps alike with those before the window: precise sooner
             every = self._earlier_s + window.step_times_s
             error = min(error, _mean_and_error(every, self._batch_steps)[1])

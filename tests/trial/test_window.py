@@ -233,3 +233,19 @@ def test_a_first_micro_step_alike_to_an_estimates_pair_shows_it_precise(first_s,
     assert ended is precise
     assert _window_done(window, bounds, 0, False, ended, 0.9, True) is precise
     assert not _EarlyEnd(replace(bounds, earlier_steps_s=()), workers=0, cycle=2)(window, 0.9)
+
+
+def test_an_estimate_too_short_for_its_pairs_own_interval_ends_once_clearly_below_the_best():
+    # One (plain, stepped) pair and the micro-step after it, of 0.45-0.5 s each, spread too
+    # much to be precise; its cycle of four (about 1.9 s) is still clearly longer than the
+    # best's 1-s cycle, as its micro-steps' interval says.
+    bounds = Bounds(
+        min_steps=2, min_seconds=2.0, precise_after_s=0.25, precise_min_steps=1,
+        estimate_accumulation=4, beat_step_s=1.0,
+    )  # fmt: skip
+    window = _micro([(0.45, False), (0.5, True), (0.42, False)])
+
+    early = _EarlyEnd(bounds, workers=0, cycle=2)
+
+    assert early(window, 1.4) and early.below_best
+    assert not _EarlyEnd(replace(bounds, beat_step_s=1.8), workers=0, cycle=2)(window, 1.4)
