@@ -77,7 +77,8 @@ class RankAgreement:
     steps; such a pace had put a 2-s window's first check a minute away), and this bounds the
     overrun to the steps already run. A window the parent may end early is checked about
     every `check_every_s` (an all-reduce of two integers: tens of microseconds over gloo), so
-    that the ranks stop soon after the parent asks.
+    that the ranks stop soon after the parent asks. Its steps are whatever the window counts
+    where the ranks decide: optimizer steps, or an estimate's micro-steps.
     """
 
     def __init__(self, device: torch.device, seconds: float, check_every_s: float | None) -> None:

@@ -44,7 +44,7 @@ class Trainer:
     `micro_step()` one micro-batch of it.
 
     An optimizer step takes a cycle of `cycle` micro-batches: the configuration's accumulation
-    steps, unless a measurement shortens it (`advisor.trial.measure`: a cycle too long for the
+    steps, unless a measurement shortens it (`advisor.trial.budget`: a cycle too long for the
     window is timed in parts). Under DDP this is one rank: the process group must be initialised
     before, and `rank` picks this process's shard of the dataset.
     """
@@ -84,7 +84,8 @@ class Trainer:
         self.cycle = config.accumulation_steps
         self.last_loss = torch.zeros((), device=device)  # of the last optimizer step
         self._micro_done = 0  # of the current cycle
-        self._cycle_loss = torch.zeros((), device=device)
+        self._cycle_loss = torch.zeros((), device=device)  # of the micro-batches in the gradients
+        self._cycle_micro = 0  # those micro-batches
         self._iterator: Iterator[Any] | None = None  # over the loader's current epoch
         self._batches = self._endless_batches()
 
@@ -112,12 +113,13 @@ class Trainer:
         if on_backward is not None:
             on_backward(micro)
         self._cycle_loss += loss.detach().float()
+        self._cycle_micro += 1
         self._micro_done += 1
         if not final:
             return False
-        self.last_loss = self._cycle_loss / self._micro_done
+        self.last_loss = self._cycle_loss / self._cycle_micro
         self._cycle_loss = torch.zeros((), device=self.device)
-        self._micro_done = 0
+        self._micro_done = self._cycle_micro = 0
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -131,12 +133,12 @@ class Trainer:
         A window that times a cycle's parts (`advisor.trial.budget`) starts so, even where the
         first micro-step or the warm-up began a cycle: the micro-batches it accumulated stay
         in the gradients that the next optimizer step applies (a timing does not depend on
-        them), their losses leave its mean loss. Before, such a window began with the stepped
-        micro-step that ended the cycle begun earlier, a micro-step it could not pair and did
-        not count, on examples/data_bound.py one of five (0.6 s) in a DDP search trial."""
+        them), and their losses in its mean loss, whose check for a non-finite loss they join.
+        Before, such a window began with the stepped micro-step that ended the cycle begun
+        earlier, a micro-step it could not pair and did not count, on examples/data_bound.py
+        one of five (0.6 s) in a DDP search trial."""
         self.cycle = cycle
         self._micro_done = 0
-        self._cycle_loss = torch.zeros((), device=self.device)
 
     def close(self) -> None:
         """Stop the loader's worker processes now rather than at garbage collection.

@@ -49,7 +49,8 @@ class Agreement(Protocol):
     """How DDP ranks decide together when a window ends."""
 
     def all_done(self, steps: int, done: bool) -> bool:
-        """Whether every rank is done; each rank calls it after the same steps."""
+        """Whether every rank is done; each rank calls it after the same steps (or
+        micro-steps: `Bounds.agree_every_micro_step`), `steps` their count so far."""
         ...
 
     def any_rank(self, flag: bool) -> bool:
@@ -106,12 +107,13 @@ class Window:
         return statistics.median(times) if times else None
 
     def pairs(self) -> list[tuple[Timed, Timed]]:
-        """Each plain timed micro-step and the stepped one after it. A stepped one that starts
-        the window would end a cycle begun before it (`Trainer.restart_cycle` prevents that),
-        and is left out: its batch was the second of a round of two workers whose first the
-        warm-up took, ready at once; counted alone, it read two DDP ranks with two workers each
-        1.14-1.34x faster than whole cycles (examples/data_bound.py, batch 512,
-        accumulation 4)."""
+        """Each plain timed micro-step and the stepped one after it; a stepped one without a
+        plain one before it pairs with nothing. (A window that times a cycle's parts starts a
+        cycle of its own: `Trainer.restart_cycle`. Before, it began with a stepped micro-step
+        that ended the cycle the warm-up had begun: its batch was the second of a round of two
+        workers whose first the warm-up took, ready at once, and counted, it read two DDP ranks
+        with two workers each 1.14-1.34x faster than whole cycles, examples/data_bound.py,
+        batch 512, accumulation 4.)"""
         pairs, plain = [], None
         for (seconds, stepped), wait in zip(self.micro_times_s, self.micro_waits_s, strict=True):
             if stepped and plain is not None:
@@ -345,8 +347,7 @@ def _window_done(
         bounds.max_seconds is not None and elapsed >= bounds.max_seconds
     ):
         return True
-    # An estimate's steps are its (plain, stepped) pairs: a stepped micro-step that starts it
-    # ends a cycle begun before, pairs with nothing, and does not count.
+    # An estimate's steps are its (plain, stepped) pairs (`Window.pairs`).
     steps = window.steps if bounds.estimate_accumulation is None else len(window.pairs())
     if window.micro_batches < min_micro:
         return False
@@ -384,7 +385,8 @@ class _EarlyEnd:
     optimizer step adds little, a cycle is as precise as its micro-steps. Steps just before
     the window (`Bounds.earlier_steps_s`; an estimate's: micro-steps) may show its steps (its
     micro-steps) precise sooner: they only widen the spread where their one-off costs made
-    them longer."""
+    them longer. With too few pairs for their own interval, an estimate's cycle is taken to be
+    as precise as its micro-steps in the test against the best's too."""
 
     def __init__(self, bounds: Bounds, workers: int, cycle: int) -> None:
         after_s = bounds.precise_after_s

@@ -147,11 +147,11 @@ def test_a_search_trial_of_alike_micro_steps_estimates_its_cycle_from_one_pair(t
 
     assert search.status == "ok" and whole.status == "ok", (search.reason, whole.reason)
     # Micro-steps of 0.1 s, with or without the optimizer step: the first micro-step settles
-    # the warm-up, the window starts a cycle of its own (none that ends the first one's), and
-    # one (plain, stepped) pair alike to the first micro-step is precise, short of the 0.5-s
-    # window that two pairs would fill.
+    # the warm-up, and one (plain, stepped) pair alike to it (or, where a busy machine made
+    # the first one longer, with the micro-step after it) is precise, short of the 0.5-s window
+    # that two pairs would fill.
     assert search.estimated and search.warmup_s == 0.0
-    assert search.window_s < 3 * MICRO_STEP_S
+    assert search.window_s < 3.5 * MICRO_STEP_S
     assert search.samples_per_s == pytest.approx(whole.samples_per_s, rel=0.2)
 
 

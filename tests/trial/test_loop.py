@@ -7,6 +7,7 @@ import contextlib
 import psutil
 import torch
 
+from advisor import TrainingTask
 from advisor.knobs import TrialConfig
 from advisor.task import build_task
 from advisor.trial.loop import Trainer
@@ -33,3 +34,40 @@ def test_closing_a_trainer_leaves_no_loader_worker_even_one_deaf_to_sigterm():
 
 def _children_but(pids: set[int]) -> list[psutil.Process]:
     return [child for child in psutil.Process().children() if child.pid not in pids]
+
+
+class _NanAtFirstCall(torch.nn.Module):
+    """A linear model whose first forward pass gives NaN, as a bad first batch would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 2)
+        self.calls = 0
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        out = self.linear(features)
+        return out * float("nan") if self.calls == 1 else out
+
+
+def test_a_restarted_cycle_times_its_own_micro_steps_and_keeps_the_losses_before_it():
+    # A window timing a cycle's parts restarts it after the first micro-step: the next
+    # micro-step starts a cycle of two, and the loss of the step that ends it still holds the
+    # first micro-step's, whose NaN the window's check must see.
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(64, 4, generator=generator)
+    task = TrainingTask(
+        model=_NanAtFirstCall(),
+        dataset=torch.utils.data.TensorDataset(features, (features[:, 0] > 0).long()),
+        loss_fn=torch.nn.CrossEntropyLoss(),
+        batch_size=8,
+    )
+    trainer = Trainer(task, TrialConfig(batch_size=8, accumulation_steps=4), torch.device("cpu"))
+
+    assert trainer.micro_step() is False
+    trainer.restart_cycle(2)
+
+    assert trainer.micro_step() is False  # the first of its own cycle, not the end of one
+    assert trainer.micro_step() is True
+    assert torch.isnan(trainer.last_loss)
+    trainer.close()
