@@ -17,9 +17,10 @@ import torch.distributed as dist
 
 from advisor.trial.agreement import EveryStep, ParentWatch, RankAgreement
 from advisor.trial.loop import Trainer
+from advisor.trial.precision import PRECISE_MIN_BATCHES
 from advisor.trial.protocol import PRECISE_AFTER_FRACTION, TrialRequest
 from advisor.trial.warmup import FirstStep, warm_up
-from advisor.trial.window import PRECISE_MIN_BATCHES, Bounds, Window, cycle_s, run_window
+from advisor.trial.window import Bounds, Window, cycle_s, run_window
 
 __all__ = ["estimated_cycle_s", "timed_window", "too_long_for_window", "warm_up_trial"]
 

@@ -46,7 +46,7 @@ class TrialRequest(BaseModel):
     precise_window: bool = Field(
         default=False,
         description="a search trial's window may end from an eighth of `trial_seconds` on, once "
-        "the rate it measures is precise (advisor.trial.window.PRECISE_RELATIVE_ERROR)",
+        "the rate it measures is precise (advisor.trial.precision.PRECISE_RELATIVE_ERROR)",
     )
     beat_samples_per_s: float | None = Field(
         default=None,

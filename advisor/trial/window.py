@@ -5,13 +5,12 @@ A window runs a `Trainer` (`advisor.trial.loop`), bounded in seconds as well as 
 DDP the ranks decide together when it ends (`Agreement`), so that a long optimizer cycle can
 be cut in its middle on every rank alike; a search trial's parent may stop it after any
 micro-step (`WindowMonitor`). A search trial's window may also end before its time once the
-rate it measures is precise (`Bounds.precise_after_s`, `relative_error`), or clearly below the
-best trial's (`Bounds.beat_step_s`).
+rate it measures is precise (`Bounds.precise_after_s`, `advisor.trial.precision`), or clearly
+below the best trial's (`Bounds.beat_step_s`).
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -20,9 +19,9 @@ from typing import NamedTuple, Protocol
 import torch
 
 from advisor.trial.loop import DivergedError, Trainer
+from advisor.trial.precision import EarlyEnd, mean_and_error
 
 __all__ = [
-    "PRECISE_MIN_BATCHES",
     "Agreement",
     "Bounds",
     "Window",
@@ -30,19 +29,6 @@ __all__ = [
     "cycle_s",
     "run_window",
 ]
-
-# A window that may end once precise: its mean step time from batch means of consecutive steps
-# (loaders and allocators make neighbouring steps alike, so single steps overstate precision).
-PRECISE_BATCHES = 8
-# The standard error of the mean step time over the mean, from PRECISE_BATCHES batch means: half
-# the spread from one run to the next (a coefficient of variation of 9-17 % on a 2-core VM,
-# benchmarks/measurement_noise.py), which a longer window does not reduce.
-PRECISE_RELATIVE_ERROR = 0.05
-# Steps long enough that fewer than PRECISE_BATCHES fit are batched one by one, at least this
-# many: the same confidence interval (Student's t) then asks for a smaller standard error.
-PRECISE_MIN_BATCHES = 3
-_T_975 = {2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365}  # by degrees of freedom
-PRECISE_CHECK_EVERY_S = 0.05
 
 
 class Agreement(Protocol):
@@ -146,14 +132,14 @@ class Window:
     ) -> tuple[float, float]:
         """The mean step time of the batches `relative_error` reads, and that error."""
         if accumulation is None:
-            return _mean_and_error(self.step_times_s, batch_steps)
-        return _mean_and_error(self.estimated_cycles_s(accumulation), batch_steps)
+            return mean_and_error(self.step_times_s, batch_steps)
+        return mean_and_error(self.estimated_cycles_s(accumulation), batch_steps)
 
     def micro_error(self, batch_micro: int = 1, earlier_s: list[float] | None = None) -> float:
         """`relative_error` of the timed micro-steps' mean, plain and stepped ones alike, and
         of the micro-steps of `earlier_s` seconds before them."""
         every = [*(earlier_s or []), *(seconds for seconds, _ in self.micro_times_s)]
-        return _mean_and_error(every, batch_micro)[1]
+        return mean_and_error(every, batch_micro)[1]
 
     def estimated_cycles_s(self, accumulation: int) -> list[float]:
         """Of the timed micro-steps, each plain one and the stepped one after it: the seconds of
@@ -195,20 +181,6 @@ def cycle_s(
     return accumulation / 2 * pair_s - (accumulation / 2 - 1) * saved_s
 
 
-def _mean_and_error(every: list[float], batch_steps: int) -> tuple[float, float]:
-    """`Window.mean_step` of these step times."""
-    count = min(PRECISE_BATCHES, len(every) // batch_steps)
-    if count < PRECISE_MIN_BATCHES:
-        return math.nan, math.inf
-    size = len(every) // count
-    times = every[len(every) - size * count :]
-    means = [sum(times[i : i + size]) / size for i in range(0, len(times), size)]
-    mean = sum(means) / len(means)
-    variance = sum((m - mean) ** 2 for m in means) / (len(means) - 1)
-    standard_error = math.sqrt(variance / len(means)) / mean
-    return mean, standard_error * _T_975[count - 1] / _T_975[PRECISE_BATCHES - 1]
-
-
 @dataclass(frozen=True)
 class Bounds:
     """When a window may end: the minimums, and the limits that end it regardless."""
@@ -228,10 +200,10 @@ class Bounds:
     earlier_micro: int = 0  # micro-batches run before this window that count in those rounds
     stop_at_once: bool = False  # the monitor's stop ends it even before the minimums
     # From then on, a window past its other minimums ends once `Window.relative_error` is at
-    # most PRECISE_RELATIVE_ERROR, even before `min_seconds`.
+    # most `PRECISE_RELATIVE_ERROR`, even before `min_seconds`.
     precise_after_s: float | None = None
     # Seconds of whole steps just before the window that join its steps in that test of
-    # precision, not in its rate (`_EarlyEnd`); an estimate's: of micro-steps, joining its own.
+    # precision, not in its rate (`EarlyEnd`); an estimate's: of micro-steps, joining its own.
     earlier_steps_s: tuple[float, ...] = ()
     # A window timing the parts of cycles of this many micro-steps: its precision, and the
     # best's bar, are of the cycles that its timed micro-steps estimate.
@@ -277,7 +249,7 @@ def run_window(
     `bounds.agree_every_micro_step`): they stop together, once every rank is done (one waiting
     for the others would hang). `time_micro` times every micro-step,
     synchronising the device after each. With `bounds.precise_after_s`, the window is checked
-    every PRECISE_CHECK_EVERY_S from then on and ends once its rate is precise, or clearly
+    every `PRECISE_CHECK_EVERY_S` from then on and ends once its rate is precise, or clearly
     below `bounds.beat_step_s`'s (`Window.below_best`).
     """
     config = trainer.config
@@ -288,7 +260,7 @@ def run_window(
     trainer.synchronize()
     wait_before = wait_last = trainer.data_wait_s
     started = last_step = last_micro = time.perf_counter()
-    precise = _EarlyEnd(bounds, config.num_workers, trainer.cycle)
+    precise = EarlyEnd(bounds, config.num_workers, trainer.cycle)
     while True:
         stepped = trainer.micro_step()
         if time_micro:
@@ -375,68 +347,6 @@ def _short_of_time_s(window: Window, bounds: Bounds, elapsed: float) -> float:
         timed = len(window.micro_times_s)
         return elapsed / timed if timed else 0.0
     return elapsed / window.steps / 2 if window.steps else 0.0
-
-
-class _EarlyEnd:
-    """Whether a window's rate is precise enough to end it, or clearly below the best's: checked
-    from `bounds.precise_after_s` on, every PRECISE_CHECK_EVERY_S (each check reads every step
-    time); once it is, it stays so. An estimate is precise once the cycles its pairs of
-    micro-steps estimate are, or its micro-steps alike, plain and stepped ones: where the
-    optimizer step adds little, a cycle is as precise as its micro-steps. Steps just before
-    the window (`Bounds.earlier_steps_s`; an estimate's: micro-steps) may show its steps (its
-    micro-steps) precise sooner: they only widen the spread where their one-off costs made
-    them longer. With too few pairs for their own interval, an estimate's cycle is taken to be
-    as precise as its micro-steps in the test against the best's too."""
-
-    def __init__(self, bounds: Bounds, workers: int, cycle: int) -> None:
-        after_s = bounds.precise_after_s
-        self._next_s = math.inf if after_s is None else after_s
-        # a batch mean spans a round of the workers: steps (or estimated cycles), micro-steps
-        self._batch_steps = max(1, math.ceil(workers / cycle))
-        self._batch_micro = max(1, workers)
-        self._accumulation = bounds.estimate_accumulation
-        self._beat_step_s = bounds.beat_step_s
-        self._earlier_s = list(bounds.earlier_steps_s)
-        self._ended = False
-        self.below_best = False  # it ended so, not precise
-
-    def __call__(self, window: Window, elapsed_s: float) -> bool:
-        if self._ended or elapsed_s < self._next_s:
-            return self._ended
-        self._next_s = elapsed_s + PRECISE_CHECK_EVERY_S
-        mean, error = window.mean_step(self._batch_steps, accumulation=self._accumulation)
-        half_width = error * _T_975[PRECISE_BATCHES - 1]  # of the 95 % interval, relative
-        if self._accumulation is not None:
-            error = min(
-                error,
-                window.micro_error(self._batch_micro),
-                window.micro_error(self._batch_micro, self._earlier_s),
-            )
-            cycles = window.estimated_cycles_s(self._accumulation)
-            if math.isnan(mean) and cycles:  # too few pairs for their own interval
-                mean = sum(cycles) / len(cycles)
-                half_width = error * _T_975[PRECISE_BATCHES - 1]  # as precise as its micro-steps
-        elif self._earlier_s:  # steps alike with those before the window: precise sooner
-            every = self._earlier_s + window.step_times_s
-            error = min(error, _mean_and_error(every, self._batch_steps)[1])
-        if error <= PRECISE_RELATIVE_ERROR:
-            self._ended = True
-        elif self._beat_step_s is not None and _clearly_longer(
-            window, mean, half_width, self._beat_step_s, estimate=self._accumulation is not None
-        ):
-            self._ended = self.below_best = True
-        return self._ended
-
-
-def _clearly_longer(
-    window: Window, mean: float, half_width: float, beat_s: float, *, estimate: bool
-) -> bool:
-    """Whether a window's step (or estimated cycle) time is clearly longer than `beat_s`: the
-    95 % interval around its batch means' lies above it, and so does the interval around the
-    mean the window will report (all its steps over their time; an estimate reports its own)."""
-    steps = window.step_times_s
-    reported = mean if estimate or not steps else sum(steps) / len(steps)
-    return min(mean, reported) * (1 - half_width) > beat_s
 
 
 def _cycle_too_long(window: Window, bounds: Bounds, trainer: Trainer) -> bool:

@@ -8,14 +8,8 @@ from dataclasses import replace
 import pytest
 
 from advisor.trial.budget import estimated_cycle_s
-from advisor.trial.window import (
-    PRECISE_MIN_BATCHES,
-    Bounds,
-    Window,
-    _clearly_longer,
-    _EarlyEnd,
-    _window_done,
-)
+from advisor.trial.precision import PRECISE_MIN_BATCHES, EarlyEnd, clearly_longer
+from advisor.trial.window import Bounds, Window, _window_done
 
 
 def _window(step_times: list[float]) -> Window:
@@ -89,8 +83,8 @@ def test_clearly_slower_than_the_best_only_if_the_reported_rate_is_too():
     mean, error = window.mean_step()
 
     assert mean == pytest.approx(0.03) and error == pytest.approx(0.0, abs=1e-12)
-    assert _clearly_longer(window, mean, 0.0, 0.02, estimate=False)
-    assert not _clearly_longer(window, mean, 0.0, 0.025, estimate=False)
+    assert clearly_longer(window, mean, 0.0, 0.02, estimate=False)
+    assert not clearly_longer(window, mean, 0.0, 0.025, estimate=False)
 
 
 def _micro(times: list[tuple[float, bool]], waits: list[float] | None = None, workers: int = 0):
@@ -209,11 +203,11 @@ def test_a_first_step_alike_to_the_next_two_shows_their_rate_precise(first_s, pr
     )  # fmt: skip
     window = _window([0.6, 0.6])
 
-    ended = _EarlyEnd(bounds, workers=0, cycle=1)(window, 1.2)
+    ended = EarlyEnd(bounds, workers=0, cycle=1)(window, 1.2)
 
     assert ended is precise
     assert _window_done(window, bounds, 0, False, ended, 1.2, True) is precise
-    assert not _EarlyEnd(replace(bounds, earlier_steps_s=()), workers=0, cycle=1)(window, 1.2)
+    assert not EarlyEnd(replace(bounds, earlier_steps_s=()), workers=0, cycle=1)(window, 1.2)
 
 
 @pytest.mark.parametrize(
@@ -228,11 +222,11 @@ def test_a_first_micro_step_alike_to_an_estimates_pair_shows_it_precise(first_s,
     )  # fmt: skip
     window = _micro([(0.45, False), (0.45, True)])
 
-    ended = _EarlyEnd(bounds, workers=0, cycle=2)(window, 0.9)
+    ended = EarlyEnd(bounds, workers=0, cycle=2)(window, 0.9)
 
     assert ended is precise
     assert _window_done(window, bounds, 0, False, ended, 0.9, True) is precise
-    assert not _EarlyEnd(replace(bounds, earlier_steps_s=()), workers=0, cycle=2)(window, 0.9)
+    assert not EarlyEnd(replace(bounds, earlier_steps_s=()), workers=0, cycle=2)(window, 0.9)
 
 
 def test_an_estimate_too_short_for_its_pairs_own_interval_ends_once_clearly_below_the_best():
@@ -245,7 +239,7 @@ def test_an_estimate_too_short_for_its_pairs_own_interval_ends_once_clearly_belo
     )  # fmt: skip
     window = _micro([(0.45, False), (0.5, True), (0.42, False)])
 
-    early = _EarlyEnd(bounds, workers=0, cycle=2)
+    early = EarlyEnd(bounds, workers=0, cycle=2)
 
     assert early(window, 1.4) and early.below_best
-    assert not _EarlyEnd(replace(bounds, beat_step_s=1.8), workers=0, cycle=2)(window, 1.4)
+    assert not EarlyEnd(replace(bounds, beat_step_s=1.8), workers=0, cycle=2)(window, 1.4)
