@@ -6,19 +6,49 @@ or clearly below the best trial's (`EarlyEnd`), from the step times of a `Window
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from advisor.trial.window import Bounds, Window
+from typing import Protocol
 
 __all__ = [
     "PRECISE_BATCHES",
     "PRECISE_MIN_BATCHES",
     "PRECISE_RELATIVE_ERROR",
     "EarlyEnd",
+    "EndLimits",
+    "TimedSteps",
     "clearly_longer",
     "mean_and_error",
 ]
+
+
+class TimedSteps(Protocol):
+    """What `EarlyEnd` reads of a window (`advisor.trial.window.Window`)."""
+
+    step_times_s: list[float]
+
+    def mean_step(
+        self, batch_steps: int = 1, *, accumulation: int | None = None
+    ) -> tuple[float, float]: ...
+
+    def micro_error(self, batch_micro: int = 1, earlier_s: list[float] | None = None) -> float: ...
+
+    def estimated_cycles_s(self, accumulation: int) -> list[float]: ...
+
+
+class EndLimits(Protocol):
+    """What `EarlyEnd` reads of a window's limits (`advisor.trial.window.Bounds`)."""
+
+    @property
+    def precise_after_s(self) -> float | None: ...
+
+    @property
+    def earlier_steps_s(self) -> tuple[float, ...]: ...
+
+    @property
+    def estimate_accumulation(self) -> int | None: ...
+
+    @property
+    def beat_step_s(self) -> float | None: ...
+
 
 # A window that may end once precise: its mean step time from batch means of consecutive steps
 # (loaders and allocators make neighbouring steps alike, so single steps overstate precision).
@@ -61,7 +91,7 @@ class EarlyEnd:
     them longer. With too few pairs for their own interval, an estimate's cycle is taken to be
     as precise as its micro-steps in the test against the best's too."""
 
-    def __init__(self, bounds: Bounds, workers: int, cycle: int) -> None:
+    def __init__(self, bounds: EndLimits, workers: int, cycle: int) -> None:
         after_s = bounds.precise_after_s
         self._next_s = math.inf if after_s is None else after_s
         # a batch mean spans a round of the workers: steps (or estimated cycles), micro-steps
@@ -73,7 +103,7 @@ class EarlyEnd:
         self._ended = False
         self.below_best = False  # it ended so, not precise
 
-    def __call__(self, window: Window, elapsed_s: float) -> bool:
+    def __call__(self, window: TimedSteps, elapsed_s: float) -> bool:
         if self._ended or elapsed_s < self._next_s:
             return self._ended
         self._next_s = elapsed_s + PRECISE_CHECK_EVERY_S
@@ -102,7 +132,7 @@ class EarlyEnd:
 
 
 def clearly_longer(
-    window: Window, mean: float, half_width: float, beat_s: float, *, estimate: bool
+    window: TimedSteps, mean: float, half_width: float, beat_s: float, *, estimate: bool
 ) -> bool:
     """Whether a window's step (or estimated cycle) time is clearly longer than `beat_s`: the
     95 % interval around its batch means' lies above it, and so does the interval around the
