@@ -110,11 +110,9 @@ class EarlyEnd:
         mean, error = window.mean_step(self._batch_steps, accumulation=self._accumulation)
         half_width = error * _T_975[PRECISE_BATCHES - 1]  # of the 95 % interval, relative
         if self._accumulation is not None:
-            error = min(
-                error,
-                window.micro_error(self._batch_micro),
-                window.micro_error(self._batch_micro, self._earlier_s),
-            )
+            error = min(error, window.micro_error(self._batch_micro))
+            if self._earlier_s:  # micro-steps alike with the one before the window
+                error = min(error, window.micro_error(self._batch_micro, self._earlier_s))
             cycles = window.estimated_cycles_s(self._accumulation)
             if math.isnan(mean) and cycles:  # too few pairs for their own interval
                 mean = sum(cycles) / len(cycles)
