@@ -83,7 +83,10 @@ def test_racers_start_from_the_same_weights_and_report_training_time(tmp_path):
         seconds = [point.seconds for point in curve.points]
         assert seconds == sorted(seconds) and seconds[0] == 0.0
         assert 1.5 <= seconds[-1] < 2.5
-        assert len(curve.points) == EVALUATIONS + 1
+        # EVALUATIONS after the initial point; one fewer where a busy machine's step carried an
+        # evaluation past the race's end (it stops there: seen once on the 2-core VM, under three
+        # test workers).
+        assert EVALUATIONS <= len(curve.points) <= EVALUATIONS + 1
         assert all(point.samples == point.steps * batch for point in curve.points)
         assert curve.final_loss < curve.points[0].loss
 
