@@ -32,14 +32,17 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from advisor.trial.preload import import_ahead
 
 __all__ = [
     "LaunchOrder",
     "Launcher",
     "LauncherGoneError",
+    "UnsafePreloadError",
     "child_env",
     "json_safe",
     "shared_launcher",
@@ -67,10 +70,29 @@ class LaunchOrder(BaseModel):
     log_path: str
     cwd: str
     env: dict[str, str]
+    preload: tuple[str, ...] = Field(
+        default=(),
+        description="installed packages the trial's module imports: the launcher imports "
+        "them first, once (`advisor.trial.preload`)",
+    )
 
 
 class LauncherGoneError(RuntimeError):
     """The launcher process exited while a trial was running."""
+
+
+class UnsafePreloadError(LauncherGoneError):
+    """A package the launcher imported for the trials started threads or initialised CUDA
+    (`advisor.trial.preload.import_ahead`): that launcher is gone, and none after it imports
+    the package."""
+
+    def __init__(self, package: str) -> None:
+        super().__init__(f"importing {package} left advisor's trial launcher unsafe to fork")
+        self.package = package
+
+
+# Packages that made a launcher unsafe to fork: the trials import them themselves.
+_UNSAFE: set[str] = set()
 
 
 # --- the launcher process ----------------------------------------------------------------------
@@ -83,6 +105,10 @@ def main() -> int:
     _send({"ready": os.getpid()})
     for line in sys.stdin:
         order = LaunchOrder.model_validate_json(line)
+        unsafe = import_ahead(order.preload)
+        if unsafe is not None:  # no child of this process is safe now
+            _send({"order": order.number, "unsafe_preload": unsafe})
+            return 3
         with warnings.catch_warnings():  # torch's import leaves an idle BLAS thread behind
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
@@ -98,7 +124,7 @@ def main() -> int:
     return 0
 
 
-def _send(message: dict[str, int]) -> None:
+def _send(message: dict[str, int | str]) -> None:
     sys.stdout.write(json.dumps(message) + "\n")
     sys.stdout.flush()
 
@@ -213,10 +239,17 @@ class Launcher:
         return self._process.poll() is None
 
     def fork(
-        self, request_path: str, log_path: str, cwd: str, job: Literal["trial", "probe"] = "trial"
+        self,
+        request_path: str,
+        log_path: str,
+        cwd: str,
+        job: Literal["trial", "probe"] = "trial",
+        preload: tuple[str, ...] = (),
     ) -> ForkedTrial:
-        """Start a trial child (or the hardware probe's); raises `LauncherGoneError` if the
-        launcher is not there.
+        """Start a trial child (or the hardware probe's), the launcher having imported the
+        `preload` packages first; raises `LauncherGoneError` if the launcher is not there, and
+        `UnsafePreloadError` if one of them started threads or initialised CUDA (the next
+        launcher leaves that package to the trials).
 
         Anything that stops this call half-way (Ctrl-C, a timeout) kills the launcher: a child
         it started unwatched then dies with it (`advisor.trial.worker.exit_with_parent`), and
@@ -230,6 +263,7 @@ class Launcher:
             log_path=log_path,
             cwd=cwd,
             env=self.env,
+            preload=tuple(package for package in preload if package not in _UNSAFE),
         )
         try:
             return self._fork(order)
@@ -253,6 +287,9 @@ class Launcher:
             message = self.read(timeout_s=READY_TIMEOUT_S)
             if message is None:
                 raise LauncherGoneError("advisor's trial launcher did not start the trial")
+            if message.get("order") == order.number and "unsafe_preload" in message:
+                _UNSAFE.add(str(message["unsafe_preload"]))
+                raise UnsafePreloadError(str(message["unsafe_preload"]))
             if message.get("order") == order.number and "returncode" not in message:
                 return ForkedTrial(self, message["pid"])
 
@@ -261,7 +298,7 @@ class Launcher:
             self._process.kill()
         self._process.wait()
 
-    def read(self, timeout_s: float) -> dict[str, int] | None:
+    def read(self, timeout_s: float) -> dict[str, Any] | None:
         """The launcher's next message, or None if none came within `timeout_s`."""
         stdout = self._process.stdout
         assert stdout is not None

@@ -29,7 +29,14 @@ import psutil
 from advisor.convergence import LrPlan
 from advisor.knobs import TrialConfig
 from advisor.results import FailurePhase, TrialResult
-from advisor.trial.launcher import LauncherGoneError, child_env, json_safe, shared_launcher
+from advisor.trial.launcher import (
+    LauncherGoneError,
+    UnsafePreloadError,
+    child_env,
+    json_safe,
+    shared_launcher,
+)
+from advisor.trial.preload import installed_imports
 from advisor.trial.protocol import PROGRESS_INTERVAL_S, TrialRequest, died_without_result
 
 __all__ = ["ProgressCallback", "TrialLaunch", "run_trial"]
@@ -180,8 +187,12 @@ def _start_child(request_path: Path, launch: TrialLaunch, log_path: Path) -> _Ch
     """A trial child leading a session of its own, its output going to `log_path`."""
     env = child_env()
     if launch.preloaded and json_safe(env):
-        launcher = shared_launcher(env, launch.cwd)
-        return launcher.fork(str(request_path), str(log_path), str(launch.cwd))
+        paths = (str(request_path), str(log_path), str(launch.cwd))
+        preload = installed_imports(launch.spec, launch.cwd)
+        try:
+            return shared_launcher(env, launch.cwd).fork(*paths, preload=preload)
+        except UnsafePreloadError:  # that launcher is gone; the next leaves it to the trial
+            return shared_launcher(env, launch.cwd).fork(*paths, preload=preload)
     with log_path.open("w") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "advisor.trial.worker", str(request_path)],
