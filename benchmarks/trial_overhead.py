@@ -3,10 +3,13 @@
     python benchmarks/trial_overhead.py [--spec examples/mlp.py:factory] [--repeats 5]
 
 Runs the baseline configuration of a factory, and its two-rank DDP version, as real isolated
-trials, interleaved: forked from advisor's pre-imported launcher (the default) and in a fresh
-interpreter (`TrialLaunch(preloaded=False)`, how trials started before). Reports per trial:
-start-up (parent's launch to the end of the first training step: interpreter, imports, factory
-build, first step), warm-up, the timed window, and the wall time the parent saw.
+trials, the layouts interleaved, the ways to start one after the other: in a fresh interpreter
+(`TrialLaunch(preloaded=False)`, how trials started before); forked from advisor's pre-imported
+launcher without its import of the installed packages the factory's module imports
+(`TrialLaunch(import_ahead=False)`: each trial imports them); and with it (the default).
+Reports per trial: start-up (parent's launch to the end of the first training step:
+interpreter, imports, factory build, first step), warm-up, the timed window, and the wall time
+the parent saw.
 """
 
 from __future__ import annotations
@@ -41,15 +44,19 @@ def main() -> None:
             warmup_steps=3,
             trial_seconds=args.trial_seconds,
             timeout_s=300,
-            preloaded=start == "launcher",
+            preloaded=start != "fresh interpreter",
+            import_ahead=start == "launcher",
         )
-        for start in ("fresh interpreter", "launcher")
+        for start in ("fresh interpreter", "launcher, packages per trial", "launcher")
     }
     rows: dict[str, list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as logs:
-        run_trial(launches["launcher"], LAYOUTS["one process"], Path(logs) / "up.log")  # start it
-        for index in range(args.repeats):
-            for start, launch in launches.items():
+        # start it, importing nothing of the factory's: every fork of it would find what it
+        # imported, so the launcher's own imports come last, after all trials without them
+        up = launches["launcher, packages per trial"]
+        run_trial(up, LAYOUTS["one process"], Path(logs) / "up.log")
+        for start, launch in launches.items():
+            for index in range(args.repeats):
                 for layout, config in LAYOUTS.items():
                     result = run_trial(launch, config, Path(logs) / f"{index}.log")
                     row = {field: getattr(result, field, None) for field in FIELDS[:-1]}
