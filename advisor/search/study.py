@@ -145,7 +145,8 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
         if len(measured.keys() | _ruled_out(study, space)) >= space.size:
             context.progress.stage("every configuration is measured or ruled out")
             return records
-        if deadline is not None and time.monotonic() > deadline:
+        # Your baseline is measured however short the budget: every speed-up is against it.
+        if deadline is not None and measured and time.monotonic() > deadline:
             context.progress.stage(f"--timeout {settings.timeout:g} s reached")
             return records
         if objective.unmeasured_in_a_row >= MAX_UNMEASURED_IN_A_ROW:
