@@ -31,12 +31,13 @@ import sys
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.trial.preload import import_ahead
+from advisor.trial.preload import import_ahead, package_of
 
 __all__ = [
     "LaunchOrder",
@@ -82,17 +83,21 @@ class LauncherGoneError(RuntimeError):
 
 
 class UnsafePreloadError(LauncherGoneError):
-    """A package the launcher imported for the trials started threads or initialised CUDA
-    (`advisor.trial.preload.import_ahead`): that launcher is gone, and none after it imports
-    the package."""
+    """A package the launcher imported for the trials left it unsafe to fork, or its import
+    did not end within PRELOAD_TIMEOUT_S (`advisor.trial.preload.import_ahead`): that launcher
+    is gone, and none after it imports the package."""
 
-    def __init__(self, package: str) -> None:
-        super().__init__(f"importing {package} left advisor's trial launcher unsafe to fork")
-        self.package = package
+    def __init__(self, entry: str, why: str = "left advisor's trial launcher unsafe to fork"):
+        super().__init__(f"importing {entry} {why}")
+        self.package = package_of(entry)
+        _UNSAFE.add(self.package)
 
 
 # Packages that made a launcher unsafe to fork: the trials import them themselves.
 _UNSAFE: set[str] = set()
+# The longest the parent waits for one package's import in the launcher: transformers took
+# 2.1 s on the 2-core VM. One that takes longer is left to the trials, and their timeouts.
+PRELOAD_TIMEOUT_S = 60.0
 
 
 # --- the launcher process ----------------------------------------------------------------------
@@ -105,7 +110,7 @@ def main() -> int:
     _send({"ready": os.getpid()})
     for line in sys.stdin:
         order = LaunchOrder.model_validate_json(line)
-        unsafe = import_ahead(order.preload)
+        unsafe = import_ahead(order.preload, announce=_announcer(order.number))
         if unsafe is not None:  # no child of this process is safe now
             _send({"order": order.number, "unsafe_preload": unsafe})
             return 3
@@ -122,6 +127,11 @@ def main() -> int:
             return 1
         _send({"order": order.number, "pid": pid, "returncode": returncode})
     return 0
+
+
+def _announcer(number: int) -> Callable[[str], None]:
+    """Tells the parent which package the launcher imports now, for order `number`."""
+    return lambda entry: _send({"order": number, "importing": entry})
 
 
 def _send(message: dict[str, int | str]) -> None:
@@ -229,6 +239,7 @@ class Launcher:
         self._buffer = b""
         self._ready = False
         self._orders = 0
+        self.imported: set[str] = set()  # what its orders had it import (`LaunchOrder.preload`)
 
     @property
     def pid(self) -> int:
@@ -248,8 +259,8 @@ class Launcher:
     ) -> ForkedTrial:
         """Start a trial child (or the hardware probe's), the launcher having imported the
         `preload` packages first; raises `LauncherGoneError` if the launcher is not there, and
-        `UnsafePreloadError` if one of them started threads or initialised CUDA (the next
-        launcher leaves that package to the trials).
+        `UnsafePreloadError` if one of them left it unsafe to fork or took longer than
+        PRELOAD_TIMEOUT_S (the next launcher leaves that package to the trials).
 
         Anything that stops this call half-way (Ctrl-C, a timeout) kills the launcher: a child
         it started unwatched then dies with it (`advisor.trial.worker.exit_with_parent`), and
@@ -263,8 +274,9 @@ class Launcher:
             log_path=log_path,
             cwd=cwd,
             env=self.env,
-            preload=tuple(package for package in preload if package not in _UNSAFE),
+            preload=tuple(entry for entry in preload if package_of(entry) not in _UNSAFE),
         )
+        self.imported.update(order.preload)
         try:
             return self._fork(order)
         except BaseException:
@@ -283,14 +295,20 @@ class Launcher:
             stdin.flush()
         except (BrokenPipeError, OSError) as exc:
             raise LauncherGoneError("advisor's trial launcher is not running") from exc
+        importing = None  # the package the launcher imports now, if any
         while True:  # past the exit of an earlier child that nobody waited for
-            message = self.read(timeout_s=READY_TIMEOUT_S)
+            message = self.read(timeout_s=PRELOAD_TIMEOUT_S if importing else READY_TIMEOUT_S)
+            if message is None and importing is not None:
+                raise UnsafePreloadError(importing, f"took over {PRELOAD_TIMEOUT_S:g} s")
             if message is None:
                 raise LauncherGoneError("advisor's trial launcher did not start the trial")
-            if message.get("order") == order.number and "unsafe_preload" in message:
-                _UNSAFE.add(str(message["unsafe_preload"]))
+            if message.get("order") != order.number:
+                continue
+            if "importing" in message:
+                importing = str(message["importing"])
+            elif "unsafe_preload" in message:
                 raise UnsafePreloadError(str(message["unsafe_preload"]))
-            if message.get("order") == order.number and "returncode" not in message:
+            elif "returncode" not in message:
                 return ForkedTrial(self, message["pid"])
 
     def kill(self) -> None:
@@ -357,16 +375,21 @@ def _close_shared() -> None:
         _shared.close()
 
 
-def shared_launcher(env: dict[str, str], cwd: Path) -> Launcher:
+def shared_launcher(
+    env: dict[str, str], cwd: Path, preload: tuple[str, ...] | None = None
+) -> Launcher:
     """This process's launcher, started on first use and again whenever the environment the
-    children need has changed (torch read it at import) or the last one died.
+    children need has changed (torch read it at import), it imported packages that this
+    `preload` does not ask for (another factory's: None, any will do), or the last one died.
 
     A variable no library reads at import (`PER_CALL_VARIABLES`) only changes what the next
     children get: pytest sets one for every test, and a launcher per test cost the suite
     about 2.5 s of CPU each.
     """
     global _shared
-    if _shared is not None and (_at_import(_shared.env) != _at_import(env) or not _shared.alive):
+    foreign = _shared is not None and preload is not None and bool(_shared.imported - {*preload})
+    stale = _shared is not None and _at_import(_shared.env) != _at_import(env)
+    if _shared is not None and (stale or foreign or not _shared.alive):
         _shared.close()
         _shared = None
     if _shared is None:

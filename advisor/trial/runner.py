@@ -194,10 +194,12 @@ def _start_child(request_path: Path, launch: TrialLaunch, log_path: Path) -> _Ch
     if launch.preloaded and json_safe(env):
         paths = (str(request_path), str(log_path), str(launch.cwd))
         preload = installed_imports(launch.spec, launch.cwd) if launch.import_ahead else ()
-        try:
-            return shared_launcher(env, launch.cwd).fork(*paths, preload=preload)
-        except UnsafePreloadError:  # that launcher is gone; the next leaves it to the trial
-            return shared_launcher(env, launch.cwd).fork(*paths, preload=preload)
+        for _ in preload:  # each try leaves one more package to the trials
+            try:
+                return shared_launcher(env, launch.cwd, preload).fork(*paths, preload=preload)
+            except UnsafePreloadError:  # that launcher is gone
+                continue
+        return shared_launcher(env, launch.cwd, ()).fork(*paths)
     with log_path.open("w") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "advisor.trial.worker", str(request_path)],

@@ -6,115 +6,166 @@ from pathlib import Path
 import pytest
 
 from advisor.knobs import TrialConfig
+from advisor.trial import launcher
 from advisor.trial.preload import installed_imports
 from advisor.trial.runner import TrialLaunch, run_trial
 
 # A package "installed" in a site-packages folder of its own that notes every process that
-# imports it; `{body}` adds what else its import does.
+# imports it, with what it read: `{body}` adds what else its import does.
 PACKAGE = """
 import os
 with open(os.environ["IMPORTED_BY"], "a") as record:
-    record.write(f"{{os.getpid()}}\\n")
+    record.write(f"{{os.getpid()}} {{os.environ.get('SET_BY_THE_MODULE', '-')}}\\n")
 {body}
-VALUE = 1
+VALUE = OTHER = 1
 """
 MODULE = """
-from {package} import VALUE
+{before}
+from {package} import VALUE, OTHER
 from tests.workloads.tiny import factory as _tiny
 
 
 def factory():
+{factory}
     return _tiny()
 """
+# A parallel tensor operation: it starts OpenMP's threads, and a fork of a process that ran
+# one hangs at its first own (in the factory: every trial runs it).
+PARALLEL = "import torch\n(torch.ones(1000, 1000) @ torch.ones(1000, 1000)).sum()"
 
 
-def test_only_installed_packages_are_imported_ahead(tmp_path):
+def test_the_leading_imports_of_installed_packages_are_imported_ahead(tmp_path):
     (tmp_path / "helper.py").write_text("X = 1\n")
-    (tmp_path / "work.py").write_text(
-        textwrap.dedent("""
+    (tmp_path / "optuna").mkdir()  # a local package that shadows the installed one
+    (tmp_path / "optuna" / "__init__.py").write_text("")
+    work = tmp_path / "work.py"
+    work.write_text(
+        textwrap.dedent('''
+        """A docstring."""
         import json, os.path
         import numpy as np
         import torch.nn
-        import helper
         from advisor import TrainingTask
-        from optuna.samplers import TPESampler
-        from . import sibling
-
-        def factory():
-            import pydantic
-        """)
+        from pydantic import BaseModel
+        import optuna
+        from click import echo
+        ''')
     )
-
+    # Not the standard library, torch or advisor (the launcher has them). The local optuna
+    # shadows the installed one: it is the user's code, and a trial imports what follows it.
     found = installed_imports("work.py:factory", tmp_path)
-
-    # not the standard library, torch or advisor (the launcher has them), nor the user's own
-    assert found == ("numpy", "optuna.samplers:TPESampler", "pydantic")
-    assert installed_imports("work:factory", tmp_path) == found  # a module spec alike
+    assert found == ("numpy", "pydantic:BaseModel")
+    assert installed_imports("work:factory", tmp_path) == found
     assert installed_imports("missing.py:factory", tmp_path) == ()
+
+    # What the user's own code runs may change what an import after it reads: a trial imports
+    # those itself. So do relative imports, and the imports of a spec's own package.
+    for before in (
+        'import os\nos.environ["HF_HUB_OFFLINE"] = "1"',
+        "import helper",
+        "from . import x",
+    ):
+        work.write_text(f"{before}\nimport numpy\n")
+        assert installed_imports("work.py:factory", tmp_path) == (), before
+    work.write_text("import numpy\nimport click\n")
+    assert installed_imports("click.core:factory", tmp_path) == ()  # not under tmp_path
+    (tmp_path / "click").mkdir()
+    (tmp_path / "click" / "core.py").write_text("import numpy\nimport click.testing\n")
+    assert installed_imports("click.core:factory", tmp_path) == ("numpy",)
 
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     """A project folder whose module imports `package`, made with `body` at its import."""
 
-    def make(package: str, body: str = "") -> tuple[TrialLaunch, Path]:
+    def make(package: str, body: str = "", before: str = "", factory: str = "") -> TrialLaunch:
         site = tmp_path / "site-packages"
         (site / package).mkdir(parents=True)
         (site / package / "__init__.py").write_text(PACKAGE.format(body=body))
         monkeypatch.syspath_prepend(str(site))  # the parent looks it up, importing nothing
         monkeypatch.setenv("PYTHONPATH", str(site))
-        record = tmp_path / "imported_by"
-        monkeypatch.setenv("IMPORTED_BY", str(record))
+        monkeypatch.setenv("IMPORTED_BY", str(tmp_path / "imported_by"))
         folder = tmp_path / "project"
         folder.mkdir()
-        (folder / "work.py").write_text(MODULE.format(package=package))
-        launch = TrialLaunch(
-            spec="work.py:factory", cwd=folder, warmup_steps=1, trial_seconds=0.2, timeout_s=120
+        code = MODULE.format(
+            package=package, before=before, factory=textwrap.indent(factory or "pass", "    ")
         )
-        return launch, record
+        (folder / "work.py").write_text(code)
+        return TrialLaunch(
+            spec="work.py:factory", cwd=folder, warmup_steps=1, trial_seconds=0.2, timeout_s=60
+        )
 
     return make
 
 
-def _importers(record: Path) -> list[str]:
-    return record.read_text().split() if record.exists() else []
+def _importers(tmp_path: Path) -> list[list[str]]:
+    record = tmp_path / "imported_by"
+    return [line.split() for line in record.read_text().splitlines()] if record.exists() else []
+
+
+def _two_trials(launch: TrialLaunch, tmp_path: Path) -> list[str]:
+    config = TrialConfig(batch_size=16)
+    results = [run_trial(launch, config, tmp_path / f"{n}.log") for n in range(2)]
+    return [f"{r.status} {r.reason or ''}".strip() for r in results]
 
 
 def test_trials_share_one_import_of_an_installed_package(project, tmp_path):
     # it prints at import: the launcher's answers on its stdout must not be mixed with that
-    launch, record = project("noted_package", body='print("imported")')
-    config = TrialConfig(batch_size=16)
+    launch = project("noted_package", body='print("imported")')
 
-    results = [run_trial(launch, config, tmp_path / f"{n}.log") for n in range(2)]
-
-    assert [r.status for r in results] == ["ok", "ok"], [r.reason for r in results]
-    assert len(_importers(record)) == 1  # the launcher's import, before it forked both
-    launch.preloaded = False  # fresh interpreters: each trial imports it again
-    run_trial(launch, config, tmp_path / "fresh.log")
-    assert len(_importers(record)) == 2
+    assert _two_trials(launch, tmp_path) == ["ok", "ok"]
+    assert len(_importers(tmp_path)) == 1  # the launcher's import, before it forked both
+    launch.import_ahead = False  # each trial imports it again
+    run_trial(launch, TrialConfig(batch_size=16), tmp_path / "each.log")
+    assert len(_importers(tmp_path)) == 2
 
 
-def test_a_package_that_starts_a_thread_at_import_is_left_to_the_trials(project, tmp_path):
-    # as an OpenMP pool after a parallel tensor operation: a fork of its process would hang
-    body = "import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()"
-    launch, record = project("threaded_package", body=body)
-    config = TrialConfig(batch_size=16)
+@pytest.mark.parametrize(
+    "body",
+    [
+        PARALLEL,
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()",
+        "import torch\ntorch.cuda._initialized = True",  # as if it had initialised CUDA
+    ],
+    ids=["parallel_op", "thread", "cuda"],
+)
+def test_a_package_that_leaves_a_process_unsafe_to_fork_is_left_to_the_trials(
+    project, tmp_path, body, request
+):
+    # Two names from it: the launcher must not try the same package again for the second.
+    name = f"unsafe_{request.node.callspec.id}"  # this process remembers unsafe packages
+    launch = project(name, body=body, factory=PARALLEL)
 
-    results = [run_trial(launch, config, tmp_path / f"{n}.log") for n in range(2)]
-
-    assert [r.status for r in results] == ["ok", "ok"], [r.reason for r in results]
+    assert _two_trials(launch, tmp_path) == ["ok", "ok"]  # none hung at its parallel op
     # the first launcher's import, which it then left with; each trial's own after that
-    assert len(set(_importers(record))) == 3
+    assert len({pid for pid, _ in _importers(tmp_path)}) == 3
+
+
+def test_an_import_that_hangs_in_the_launcher_is_left_to_the_trials(project, tmp_path, monkeypatch):
+    # It hangs only where the launcher imports it (torch's NVML check is set there, then).
+    body = "if os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK'):\n    import time; time.sleep(600)"
+    launch = project("hanging_package", body=body)
+    monkeypatch.setattr(launcher, "PRELOAD_TIMEOUT_S", 2.0)
+
+    assert _two_trials(launch, tmp_path) == ["ok", "ok"]
+
+
+def test_a_variable_the_module_sets_before_its_imports_reaches_them(project, tmp_path):
+    before = 'import os\nos.environ["SET_BY_THE_MODULE"] = "yes"'
+    launch = project("reading_package", before=before)
+
+    assert _two_trials(launch, tmp_path) == ["ok", "ok"]
+    assert [read for _, read in _importers(tmp_path)] == ["yes", "yes"]  # each trial's import
 
 
 def test_a_package_that_fails_to_import_fails_the_trial_as_without_the_launcher(project, tmp_path):
-    launch, _ = project("broken_package", body='raise RuntimeError("no licence server")')
+    launch = project("broken_package", body='raise RuntimeError("no licence server")')
     config = TrialConfig(batch_size=16)
 
-    forked = run_trial(launch, config, tmp_path / "forked.log")
+    ahead = run_trial(launch, config, tmp_path / "ahead.log")
     launch.preloaded = False
     fresh = run_trial(launch, config, tmp_path / "fresh.log")
 
-    assert forked.status == fresh.status == "error"
-    assert "no licence server" in forked.reason
-    assert forked.reason == fresh.reason
+    assert ahead.status == fresh.status == "error"
+    assert "no licence server" in ahead.reason
+    assert ahead.reason == fresh.reason
