@@ -140,14 +140,15 @@ def import_ahead(
     once for all trials (`announce(entry)` before each, if given). Returns the first whose
     import left the launcher unsafe to fork: it started a thread (an OpenMP pool after a
     parallel tensor operation: a fork then hangs at its first one), initialised CUDA or loaded
-    its driver (a fork cannot use it), or was not found in site-packages after all. One that
+    its driver where nothing had (`cuInit` does: a fork cannot use CUDA then), or was not found
+    in site-packages after all. One that
     fails is left to the trial, which reports it. Nothing is imported where threads cannot be
     counted."""
     import torch
 
     if not os.path.isdir(_TASKS):
         return None
-    threads = len(os.listdir(_TASKS))
+    threads, driver = len(os.listdir(_TASKS)), _cuda_driver_loaded()
     for entry in entries:
         if entry in _IMPORTED or entry in _FAILED:
             continue
@@ -155,7 +156,8 @@ def import_ahead(
             announce(entry)
         _import_quietly(entry)
         unsafe = len(os.listdir(_TASKS)) > threads or torch.cuda.is_initialized()
-        if unsafe or _cuda_driver_loaded() or not _from_site_packages(package_of(entry)):
+        unsafe = unsafe or (_cuda_driver_loaded() and not driver)
+        if unsafe or not _from_site_packages(package_of(entry)):
             return entry
     return None
 
@@ -192,8 +194,7 @@ def _import_quietly(entry: str) -> None:
 
 
 def _cuda_driver_loaded() -> bool:
-    """Whether the CUDA driver library is loaded: initialising the driver (`cuInit`) loads it,
-    and torch alone does not before its first CUDA call."""
+    """Whether the CUDA driver library is loaded in this process."""
     try:
         with open(_MAPS) as maps:
             return any("libcuda.so" in line for line in maps)
