@@ -88,6 +88,15 @@ class RaceCurve(_Frozen):
         return min(point.loss for point in self.points)
 
     @property
+    def fell(self) -> bool:
+        """Whether the loss fell in the race: its lowest below its first evaluation by more
+        than TARGET_NOISE_BAND times its noise. A held-out curve's first evaluation is of the
+        initial weights, a training loss's of the first steps. Where it did not (flat, or
+        rising from the start), the time another racer takes to match it is a chance dip's."""
+        drop = TARGET_NOISE_BAND * self.noise
+        return self.best_loss < self.points[0].loss - drop
+
+    @property
     def noise(self) -> float:
         """The spread of single evaluations about the curve's trend: the residuals' standard
         deviation about a quadratic fitted to its second half, where a loss curve bends least;

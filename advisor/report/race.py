@@ -9,7 +9,7 @@ from advisor.convergence import NoiseScale
 from advisor.results import Racer, RaceSummary, Recommendation
 from advisor.search.race_verdict import reference_racer
 
-__all__ = ["RaceRow", "RaceView", "baseline_kept", "race_view"]
+__all__ = ["PredictionRow", "RaceRow", "RaceView", "baseline_kept", "race_view"]
 
 ROLES = {
     "baseline": "your configuration",
@@ -35,6 +35,17 @@ class RaceRow:
 
 
 @dataclass(frozen=True)
+class PredictionRow:
+    """What the noise scale predicts for one global batch, as a table row."""
+
+    global_batch: int
+    samples_per_s: float
+    samples_ratio: str
+    time: str  # predicted time to the loss against the user's batch
+    raced: str
+
+
+@dataclass(frozen=True)
 class RaceView:
     """The race and its explanations, ready to render."""
 
@@ -46,6 +57,7 @@ class RaceView:
     lr_text: str
     pick_text: str | None
     noise_text: str | None
+    predictions: tuple[PredictionRow, ...]
     kept: tuple[str, str] | None  # why your configuration stays: (lead, the rest)
 
 
@@ -61,6 +73,7 @@ def race_view(rec: Recommendation) -> RaceView:
         lr_text=_lr_text(rec),
         pick_text=_pick_text(rec),
         noise_text=_noise_text(rec.noise_scale) if rec.noise_scale else None,
+        predictions=_prediction_rows(rec),
         kept=baseline_kept(rec),
     )
 
@@ -105,6 +118,12 @@ def baseline_kept(rec: Recommendation) -> tuple[str, str] | None:
             "the faster configurations change it and did not race, and without a race "
             "your global batch is kept",
         )
+    if rec.race.target_loss is None:
+        return (
+            "Your configuration was the fastest with your global batch",
+            "the race could not compare global batches (see its verdict), and without it your "
+            "global batch is kept",
+        )
     return (
         "Your configuration reached your loss soonest",
         "the configurations with more samples/s did not reach it sooner in the race",
@@ -147,7 +166,7 @@ def _rows(race: RaceSummary) -> tuple[RaceRow, ...]:
             lr=racer.lr.label,
             samples_per_s=racer.samples_per_s,
             final_loss=f"{racer.curve.final_loss:.4g}" if racer.curve else _failed(racer),
-            reaches=_reaches(racer),
+            reaches=_reaches(racer) if race.target_loss is not None else "–",
             sooner=_sooner(racer, reference),
             startup=f"{racer.result.startup_s:.2f} s" if racer.result.startup_s else "–",
             winner=index == race.winner,
@@ -171,8 +190,38 @@ def _reaches(racer: Racer) -> str:
 def _sooner(racer: Racer, reference: float | None) -> str:
     if racer.role == "baseline" or not reference or not racer.time_to_target_s:
         return "–"
-    ratio = reference / racer.time_to_target_s
+    return _relative_time(reference / racer.time_to_target_s)
+
+
+def _raced_text(batch: int, planned: bool, batch0: int, raced: set[int]) -> str:
+    if batch == batch0:
+        return "yours"
+    if batch in raced:
+        return "yes"
+    return "skipped: your loss did not fall" if planned else "no"
+
+
+def _relative_time(ratio: float) -> str:
+    """A time to the loss against the user's: `ratio` is theirs over this one."""
     return f"{ratio:.2f}x sooner" if ratio >= 1 else f"{1 / ratio:.2f}x later"
+
+
+def _prediction_rows(rec: Recommendation) -> tuple[PredictionRow, ...]:
+    """The noise scale's predictions, and whether each global batch raced."""
+    if rec.noise_scale is None:
+        return ()
+    raced = {r.config.global_batch_size for r in rec.race.racers} if rec.race else set()
+    batch0 = rec.baseline_config.global_batch_size
+    return tuple(
+        PredictionRow(
+            global_batch=p.global_batch,
+            samples_per_s=p.samples_per_s,
+            samples_ratio=f"{p.samples_ratio:.2f}x",
+            time=_relative_time(p.predicted_speedup),
+            raced=_raced_text(p.global_batch, p.raced, batch0, raced),
+        )
+        for p in rec.noise_scale.predictions
+    )
 
 
 def _lr_text(rec: Recommendation) -> str:
@@ -231,10 +280,16 @@ def _pick_text(rec: Recommendation) -> str | None:
         else None
     )
     if prediction is not None:
+        why = (
+            "it was to race, but your loss did not fall in the race, so nothing could be timed "
+            "to it"
+            if prediction.raced and rec.race is not None and rec.race.target_loss is None
+            else "so it did not race"
+        )
         return (
             f"{text}: at its global batch {batch} the noise scale predicts "
             f"{prediction.samples_ratio:.2f}x the samples to your loss, "
-            f"{prediction.predicted_speedup:.2f}x your batch's time at best, so it did not race."
+            f"{prediction.predicted_speedup:.2f}x your batch's time at best, {why}."
         )
     return f"{text}: its global batch {batch} did not race, so it is not recommended."
 

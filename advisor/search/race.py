@@ -15,7 +15,9 @@ optimisation. So, after the throughput search:
    baseline's evaluations (`RaceCurve.target_losses`); otherwise
    the fastest configuration at B0 wins (`advisor.search.race_verdict`).
 
-Only the baseline trains the whole race time: it sets the target. Every later racer stops once
+Only the baseline trains the whole race time: it sets the target. Where its loss did not fall
+(`RaceCurve.fell`: flat, or rising from the start), nothing can be timed to it: the other racers
+are skipped, and the user's global batch is kept. Every later racer stops once
 it has trained so long that it can no longer win (`_horizon`), and the best at the user's batch
 also once it reaches the target, so a race costs little more than the baseline's own. Each
 racer is stored in the study as it finishes, so an interrupted tune keeps it and a resumed one
@@ -259,6 +261,12 @@ def run_race(study: optuna.Study, context: SearchContext, plans: Sequence[RacePl
     stored = read_racers(study)
     racers: list[Racer] = []
     for index, plan in enumerate(plans):
+        if _did_not_fall(racers):
+            context.progress.stage(
+                "your loss did not fall in the race: it cannot compare global batches, so the "
+                f"other {len(plans) - index} racers are skipped"
+            )
+            break
         earlier = next(
             (
                 r
@@ -297,6 +305,13 @@ def run_race(study: optuna.Study, context: SearchContext, plans: Sequence[RacePl
         context.progress.racer_finished(racer)
         racers.append(racer)
     return racers
+
+
+def _did_not_fall(racers: Sequence[Racer]) -> bool:
+    """Whether the racer that sets the target has run, and its loss did not fall: then no
+    racer can be timed to it (`advisor.search.race_verdict.decide_race`)."""
+    reference = reference_racer(racers)
+    return reference is not None and reference.curve is not None and not reference.curve.fell
 
 
 def _target(racers: Sequence[Racer]) -> float | None:

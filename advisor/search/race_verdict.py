@@ -1,7 +1,9 @@
 """The race's verdict: time each racer to the loss the baseline reached, and choose.
 
 The target is the baseline's lowest loss in the race (the best at the user's batch's, if the
-baseline failed). The winner reaches it soonest, by more than `RACE_MARGIN`; otherwise the
+baseline failed). Where that loss did not fall in the race (`RaceCurve.fell`), time to it
+cannot compare global batches: nothing wins, and the user's global batch is kept. Otherwise the
+winner reaches it soonest, by more than `RACE_MARGIN`; otherwise the
 fastest configuration at the user's global batch B0 is kept, unless it reached the loss
 clearly later than the baseline (its numerics cost more than its speed gains). Where the
 baseline's evaluations are noisy, the verdict must also hold at that loss plus twice their
@@ -20,7 +22,14 @@ from advisor.convergence import RaceCurve
 from advisor.knobs import TrialConfig
 from advisor.results import Racer, RaceSummary
 
-__all__ = ["RACE_MARGIN", "decide_race", "pick_at_batch0", "reference_racer", "time_to_loss"]
+__all__ = [
+    "RACE_MARGIN",
+    "decide_race",
+    "no_fall_verdict",
+    "pick_at_batch0",
+    "reference_racer",
+    "time_to_loss",
+]
 
 # A racer must reach the loss this much sooner than the best at the user's batch to win:
 # benchmarks/machine_drift.py measured 12 % between two processes of the same configuration.
@@ -62,6 +71,15 @@ def decide_race(racers: Sequence[Racer], seconds: float) -> RaceSummary:
             winner=None,
             verdict=f"the race at your global batch failed ({why}): advisor keeps it",
         )
+    if not reference.curve.fell:
+        return RaceSummary(
+            seconds=seconds,
+            loss_kind=reference.curve.loss_kind,
+            target_loss=None,
+            racers=tuple(racers),
+            winner=None,
+            verdict=no_fall_verdict(reference.curve, seconds),
+        )
     verdicts = [_verdict_at(racers, target) for target in reference.curve.target_losses]
     # It must hold at every target: kept if kept at one, else the smallest claim.
     chosen = next((v for v in verdicts if v.winner == v.at_batch0), None)
@@ -73,6 +91,18 @@ def decide_race(racers: Sequence[Racer], seconds: float) -> RaceSummary:
         racers=chosen.racers,
         winner=chosen.winner,
         verdict=chosen.text,
+    )
+
+
+def no_fall_verdict(curve: RaceCurve, seconds: float) -> str:
+    """Why a race whose reference loss did not fall decides nothing."""
+    first, last = curve.points[0], curve.points[-1]
+    start = "at the start" if first.seconds == 0 else f"after {first.seconds:.1f} s"
+    return (
+        f"your loss did not fall in the race ({first.loss:.4g} {start}, lowest "
+        f"{curve.best_loss:.4g}, {last.loss:.4g} after {last.seconds:.1f} s): time to it cannot "
+        "compare global batches, so advisor keeps yours (a longer race, --race-seconds "
+        f"above {seconds:g}, may show it fall)"
     )
 
 

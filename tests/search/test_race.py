@@ -115,6 +115,44 @@ def test_an_interrupted_race_keeps_its_finished_racers_and_resumes_after_them(tm
     assert len(read_racers(study)) == 3
 
 
+def test_a_loss_that_does_not_fall_decides_no_race_and_skips_the_other_racers(tmp_path):
+    """At lr 0 the held-out loss stays where it started: time to it says nothing about a
+    global batch, so only the baseline trains and the user's global batch is kept."""
+    progress = _StopAfterFirstRacer()
+    progress.started.append("(never stop)")
+    context = _context(tmp_path, "known_noise_scale", progress)
+    racers = run_race(_study(tmp_path), context, _plans())
+    assert [r.role for r in racers] == ["baseline"] and len(progress.started) == 1 + 1
+    assert not racers[0].curve.fell
+
+    race = decide_race(racers, 2.5)
+
+    assert race.winner is None and race.target_loss is None
+    assert race.verdict.startswith("your loss did not fall in the race"), race.verdict
+
+
+def test_a_loss_that_rises_from_the_start_did_not_fall():
+    """Overfitting from the first steps (e.g. labels it cannot learn): its lowest loss is its
+    initial one, which every racer matches at once."""
+    rising = [2.30, 2.32, 2.33, 2.36, 2.35, 2.41, 2.45, 2.52, 2.60, 2.67, 2.78]
+    racers = [
+        _racer("baseline", SMALL, rising),
+        _racer("candidate", BIG, [2.30, 2.29, 2.31, 2.33, 2.34, 2.36, 2.40, 2.41, 2.45, 2.5, 2.6]),
+    ]
+    assert not racers[0].curve.fell
+
+    race = decide_race(racers, 10)
+
+    assert race.winner is None and race.target_loss is None
+    assert "2.3 at the start, lowest 2.3, 2.78 after 10.0 s" in race.verdict
+
+
+def test_a_loss_that_fell_then_rose_sets_its_lowest_as_the_target():
+    """Overfitting after a fall (a small dataset): the race is timed to the lowest loss."""
+    curve = _racer("baseline", SMALL, [0.64, 0.50, 0.52, 0.57, 0.61, 0.64, 0.70, 0.8]).curve
+    assert curve.fell and curve.target_losses[0] == 0.50
+
+
 def _racer(role: str, config: TrialConfig, losses: list[float], lr: LrPlan | None = None) -> Racer:
     lr = lr or LrPlan()
     points = tuple(
