@@ -14,7 +14,9 @@ For each workload and machine:
   (a) the grid: every configuration of search_quality.py's reduced space, amp included, each
       measured whole (warm-up steps, then a window of whole optimizer cycles, no early stop),
       as a tuner without time budgets measures it; cached per machine in
-      benchmarks/results/search_cost_grid.json;
+      benchmarks/results/search_cost_grid.json; with --fresh-grid, measured just before the
+      tune and again just after it, and the mean of the two walls taken (this VM's speed shifts
+      in episodes, benchmarks/machine_drift.py: a grid cached hours earlier biases the ratio);
   (b) advisor.tune over the same space with `--trials` and default settings otherwise.
 It reports wall per trial (median, p95, max), the search's wall (its trials) and the whole
 tune's (re-runs, noise trial and race included), each over the grid's wall; the longest trial
@@ -65,6 +67,12 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3, help="re-measurements for quality")
     parser.add_argument("--early-stop", type=float, default=None, help="advisor's --early-stop")
+    parser.add_argument(
+        "--fresh-grid",
+        action="store_true",
+        help="measure the grid just before the tune and again just after it, and divide by the "
+        "mean of the two (a VM whose speed shifts in episodes biases a cached grid)",
+    )
     args = parser.parse_args()
     rows = []
     for machine in args.machines:
@@ -99,13 +107,15 @@ def _simulate(machine: str) -> None:
 
 
 def _compare(spec: str, machine: str, args: argparse.Namespace) -> dict[str, Any]:
-    grid = _grid(spec, machine)
+    grid = _grid(spec, machine, fresh=args.fresh_grid)
     knobs = MACHINES[machine][1] or ("classic",)
     with tempfile.TemporaryDirectory() as out:
         started = time.monotonic()
         stop = {} if args.early_stop is None else {"early_stop": args.early_stop}
         result = advisor.tune(spec, trials=args.trials, knobs=knobs, out=out, **SPACE, **stop)
         tune_s = time.monotonic() - started
+    if args.fresh_grid:
+        grid = _bracket(grid, _grid(spec, machine, fresh=True))
     trials = [t for t in result.trials if t.role in ("baseline", "search")]
     finalists = {c.number for c in result.confirmations}
     walls = sorted(t.result.wall_s or 0.0 for t in trials)
@@ -148,6 +158,8 @@ def _compare(spec: str, machine: str, args: argparse.Namespace) -> dict[str, Any
         "grid_best": best.label(),
         "quality": statistics.median(rates["advisor"]) / statistics.median(rates["grid best"]),
     }
+    if "walls_s" in grid:
+        summary["grid_walls_s"] = grid["walls_s"]
     return {
         "summary": summary,
         "trials": [_trial_row(t) for t in trials],
@@ -170,8 +182,23 @@ def _trial_row(record: Any) -> dict[str, Any]:
     }
 
 
-def _grid(spec: str, machine: str) -> dict[str, Any]:
-    """Every configuration of the reduced space, amp included, measured whole; cached."""
+def _bracket(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The grid measured before the tune and after it: the mean of their walls, the best of
+    the two measurements together."""
+    rates = {k: (v + after["rates"][k]) / 2 for k, v in before["rates"].items()}
+    best = before if max(before["rates"].values()) >= max(after["rates"].values()) else after
+    return {
+        "configs": before["configs"],
+        "wall_s": (before["wall_s"] + after["wall_s"]) / 2,
+        "walls_s": [before["wall_s"], after["wall_s"]],
+        "best": best["best"],
+        "rates": rates,
+    }
+
+
+def _grid(spec: str, machine: str, *, fresh: bool = False) -> dict[str, Any]:
+    """Every configuration of the reduced space, amp included, measured whole; cached unless
+    `fresh`."""
     hardware = probe_isolated()
     settings = make_settings(spec, knobs=("classic", "amp"), **SPACE)
     space = build_space(settings, hardware, validate(spec).task)
@@ -180,6 +207,10 @@ def _grid(spec: str, machine: str) -> dict[str, Any]:
     terms.append(hardware.model_dump(include={"cpu_model", "cores", "torch_version"}))
     key = hashlib.sha256(json.dumps(terms, sort_keys=True).encode()).hexdigest()[:16]
     cache = json.loads(GRID_CACHE.read_text()) if GRID_CACHE.exists() else {}
+    if fresh:
+        grid = _measure_grid(spec, space.all_configs())
+        print(f"{spec} on {machine}: grid of {grid['configs']} in {grid['wall_s']:.0f} s (fresh)")
+        return grid
     if key not in cache:
         cache[key] = _measure_grid(spec, space.all_configs())
         RESULTS.mkdir(exist_ok=True)
@@ -224,7 +255,7 @@ def _markdown(rows: list[dict[str, Any]], trials: int) -> str:
         t = s["trial_s"]
         lines.append(
             f"| {s['spec']} | {s['machine']} | {s['amp']} | {s['grid_configs']}, "
-            f"{s['grid_s']:.0f} s | {s['trials']} ({s['stopped']}, {s['estimated']}) | "
+            f"{s['grid_s']:.0f} s{_fresh(s)} | {s['trials']} ({s['stopped']}, {s['estimated']}) | "
             f"{t['median']:.1f} / {t['p95']:.1f} / {t['max']:.1f} s | "
             f"{s['worst_non_finalist']['x_window_plus_startup']:.2f}x (window + start-up) | "
             f"{s['search_s']:.0f} s | {s['search_over_grid']:.2f} | {s['tune_s']:.0f} s | "
@@ -232,6 +263,12 @@ def _markdown(rows: list[dict[str, Any]], trials: int) -> str:
             f"{s['recommended']} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _fresh(summary: dict[str, Any]) -> str:
+    """How a fresh grid's wall was found: before and after the tune."""
+    walls = summary.get("grid_walls_s")
+    return f" (fresh: {walls[0]:.0f} s before, {walls[1]:.0f} s after)" if walls else ""
 
 
 if __name__ == "__main__":
