@@ -6,6 +6,7 @@ from these."""
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Literal
 
 import numpy as np
@@ -27,6 +28,11 @@ __all__ = [
 TARGET_NOISE_BAND = 2.0
 # The fewest evaluations in a curve's second half that its noise is estimated from.
 NOISE_MIN_POINTS = 6
+
+# The median absolute second difference of independent evaluations of spread sigma, over sigma:
+# a second difference has standard deviation sqrt(6) sigma, and a normal's median absolute
+# value is 0.6745 of its standard deviation.
+_MAD_OF_SECOND_DIFFERENCES = 0.6745 * math.sqrt(6)
 
 LossKind = Literal["held-out", "train"]
 LrRule = Literal["yours", "sqrt", "linear"]
@@ -89,12 +95,22 @@ class RaceCurve(_Frozen):
 
     @property
     def fell(self) -> bool:
-        """Whether the loss fell in the race: its lowest below its first evaluation by more
-        than TARGET_NOISE_BAND times its noise. A held-out curve's first evaluation is of the
-        initial weights, a training loss's of the first steps. Where it did not (flat, or
-        rising from the start), the time another racer takes to match it is a chance dip's."""
-        drop = TARGET_NOISE_BAND * self.noise
-        return self.best_loss < self.points[0].loss - drop
+        """Whether the loss fell in the race: the lowest of its evaluations smoothed as running
+        medians of three (a single dip or spike does not count) below its first by more than
+        TARGET_NOISE_BAND times their spread. A held-out curve's first evaluation is of the
+        initial weights, a training loss's of the first steps. The spread is from the
+        evaluations' second differences, which a steady fall leaves at zero, by their median
+        (a spike moves it little), so that it is estimated even from a short curve; where
+        the loss did not fall (flat, or rising from the start), the time another racer takes
+        to match it is a chance dip's."""
+        losses = [point.loss for point in self.points]
+        if len(losses) < 3:
+            return len(losses) == 2 and losses[1] < losses[0]
+        inner = range(1, len(losses) - 1)
+        smoothed = [statistics.median(losses[i - 1 : i + 2]) for i in inner]
+        bends = [abs(losses[i - 1] - 2 * losses[i] + losses[i + 1]) for i in inner]
+        spread = statistics.median(bends) / _MAD_OF_SECOND_DIFFERENCES
+        return losses[0] - min(smoothed) > TARGET_NOISE_BAND * spread
 
     @property
     def noise(self) -> float:

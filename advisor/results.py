@@ -345,11 +345,15 @@ class RaceSummary(_Frozen):
     target_loss: float | None = Field(
         description="the baseline's lowest loss in the race (its end-of-race loss, unless its "
         "loss rose again), or that plus twice the noise of its evaluations where the verdict "
-        "there is the smaller claim"
+        "there is the smaller claim; None where the race at the user's batch failed or its "
+        "loss did not fall (nothing could be timed to it)"
     )
     racers: tuple[Racer, ...]
-    winner: int | None = Field(description="index into racers; None: none finished")
-    verdict: str = Field(description="why the winner won, in a sentence")
+    winner: int | None = Field(
+        description="index into racers; None where no target was set: the user's global batch "
+        "is kept"
+    )
+    verdict: str = Field(description="why the winner won, or why nothing could, in a sentence")
 
 
 class ThroughputPick(_Frozen):

@@ -193,12 +193,18 @@ def _sooner(racer: Racer, reference: float | None) -> str:
     return _relative_time(reference / racer.time_to_target_s)
 
 
-def _raced_text(batch: int, planned: bool, batch0: int, raced: set[int]) -> str:
+def _raced_text(batch: int, skipped: bool, batch0: int, raced: set[int]) -> str:
     if batch == batch0:
         return "yours"
     if batch in raced:
         return "yes"
-    return "skipped: your loss did not fall" if planned else "no"
+    return "skipped: your loss did not fall" if skipped else "no"
+
+
+def _did_not_fall(race: RaceSummary | None) -> bool:
+    """Whether the race skipped its racers because the reference's loss did not fall."""
+    reference = reference_racer(race.racers) if race else None
+    return reference is not None and reference.curve is not None and not reference.curve.fell
 
 
 def _relative_time(ratio: float) -> str:
@@ -211,14 +217,15 @@ def _prediction_rows(rec: Recommendation) -> tuple[PredictionRow, ...]:
     if rec.noise_scale is None:
         return ()
     raced = {r.config.global_batch_size for r in rec.race.racers} if rec.race else set()
+    skipped = _did_not_fall(rec.race)
     batch0 = rec.baseline_config.global_batch_size
     return tuple(
         PredictionRow(
             global_batch=p.global_batch,
             samples_per_s=p.samples_per_s,
             samples_ratio=f"{p.samples_ratio:.2f}x",
-            time=_relative_time(p.predicted_speedup),
-            raced=_raced_text(p.global_batch, p.raced, batch0, raced),
+            time="–" if p.global_batch == batch0 else _relative_time(p.predicted_speedup),
+            raced=_raced_text(p.global_batch, p.raced and skipped, batch0, raced),
         )
         for p in rec.noise_scale.predictions
     )
@@ -283,13 +290,13 @@ def _pick_text(rec: Recommendation) -> str | None:
         why = (
             "it was to race, but your loss did not fall in the race, so nothing could be timed "
             "to it"
-            if prediction.raced and rec.race is not None and rec.race.target_loss is None
+            if prediction.raced and _did_not_fall(rec.race)
             else "so it did not race"
         )
         return (
             f"{text}: at its global batch {batch} the noise scale predicts "
             f"{prediction.samples_ratio:.2f}x the samples to your loss, "
-            f"{prediction.predicted_speedup:.2f}x your batch's time at best, {why}."
+            f"{_relative_time(prediction.predicted_speedup)} than your batch at best, {why}."
         )
     return f"{text}: its global batch {batch} did not race, so it is not recommended."
 

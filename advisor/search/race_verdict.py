@@ -99,7 +99,7 @@ def no_fall_verdict(curve: RaceCurve, seconds: float) -> str:
     first, last = curve.points[0], curve.points[-1]
     start = "at the start" if first.seconds == 0 else f"after {first.seconds:.1f} s"
     return (
-        f"your loss did not fall in the race ({first.loss:.4g} {start}, lowest "
+        f"your loss did not fall beyond its noise in the race ({first.loss:.4g} {start}, lowest "
         f"{curve.best_loss:.4g}, {last.loss:.4g} after {last.seconds:.1f} s): time to it cannot "
         "compare global batches, so advisor keeps yours (a longer race, --race-seconds "
         f"above {seconds:g}, may show it fall)"

@@ -2,11 +2,14 @@
 
 from pathlib import Path
 
+from advisor.convergence import BatchPrediction, NoiseScale
 from advisor.knobs import KNOB, TrialConfig
 from advisor.report.render import render_html, render_markdown
 from advisor.results import FixedKnob, RaceSummary, Recommendation, ThroughputPick, TuneResult
+from advisor.search.race_verdict import decide_race
 from advisor.settings import TuneSettings
 from tests.conftest import CPU_PROFILE
+from tests.search.test_race import _racer
 from tests.search.test_space import TASK
 
 WINNER = TrialConfig(parallel_mode="ddp", world_size=2, batch_size=256, accumulation_steps=2)
@@ -107,3 +110,65 @@ def test_the_report_names_both_targets_a_race_verdict_must_hold_at():
     assert race.target_loss == high
     assert text.startswith(f"{high:.4g}: the lowest loss your configuration reached in the race, ")
     assert f"race, {low:.4g} (" in text and f"({curve.noise:.2g})" in text
+
+
+def _with_race(race: RaceSummary, config: TrialConfig, *, html: bool = False) -> str:
+    """The reports of a time-to-loss tune with this race and a noise scale that planned to race
+    global batches 64 (predicted 1.6x sooner) and 1024 (0.66x: 1.52x later)."""
+
+    def predicted(batch: int, rate: float, samples: float, speedup: float) -> BatchPrediction:
+        return BatchPrediction(
+            global_batch=batch,
+            samples_per_s=rate,
+            samples_ratio=samples,
+            predicted_speedup=speedup,
+            raced=batch != 32,
+        )
+
+    predictions = (
+        predicted(32, 1e3, 1, 1),
+        predicted(64, 1900, 1.2, 1.6),
+        predicted(1024, 2e3, 3, 0.66),
+    )
+    noise = NoiseScale(value=1e2, small_batch=32, big_batch=256, steps=20, predictions=predictions)
+    result = _result()
+    rec = result.recommendation.model_copy(
+        update={
+            "config": config,
+            "objective": "time-to-loss",
+            "race": race,
+            "noise_scale": noise,
+            "global_batch_changed": config.global_batch_size != 32,
+            "throughput_pick": ThroughputPick(config=WINNER, trial=4, samples_per_s=2000.0),
+        }
+    )
+    tuned = result.model_copy(update={"recommendation": rec})
+    return render_html(tuned) if html else render_markdown(tuned)
+
+
+def test_a_race_whose_loss_did_not_fall_says_which_batches_it_skipped():
+    rising = [2.30, 2.32, 2.33, 2.36, 2.35, 2.41, 2.45, 2.52, 2.60, 2.67, 2.78]
+    race = decide_race([_racer("baseline", TrialConfig(batch_size=32), rising)], 10)
+    kept = TrialConfig(batch_size=32, channels_last=True)  # the fastest at your batch
+
+    markdown = _with_race(race, kept)
+
+    assert "your loss did not fall beyond its noise in the race" in markdown
+    assert "| 64 | 1,900 | 1.20x | 1.60x sooner | skipped: your loss did not fall |" in markdown
+    assert "| 1024 | 2,000 | 3.00x | 1.52x later | skipped: your loss did not fall |" in markdown
+    assert "The target is" not in markdown
+    assert "the dashed line is the target" not in _with_race(race, kept, html=True)
+
+
+def test_a_batch_that_was_to_race_but_did_not_is_not_said_skipped_where_the_loss_fell():
+    """E.g. its finalist failed its re-runs: the race ran, to a target."""
+    falling = [2.3, 2.0, 1.8, 1.7, 1.6, 1.55, 1.5, 1.45, 1.42, 1.4, 1.38]
+    small, big = TrialConfig(batch_size=32), TrialConfig(batch_size=64)
+    race = decide_race([_racer("baseline", small, falling), _racer("candidate", big, falling)], 10)
+    assert race.target_loss is not None
+
+    markdown = _with_race(race, small)
+
+    assert "| 64 | 1,900 | 1.20x | 1.60x sooner | yes |" in markdown
+    assert "| 1024 | 2,000 | 3.00x | 1.52x later | no |" in markdown
+    assert "The target is" in markdown

@@ -128,7 +128,7 @@ def test_a_loss_that_does_not_fall_decides_no_race_and_skips_the_other_racers(tm
     race = decide_race(racers, 2.5)
 
     assert race.winner is None and race.target_loss is None
-    assert race.verdict.startswith("your loss did not fall in the race"), race.verdict
+    assert race.verdict.startswith("your loss did not fall beyond its noise"), race.verdict
 
 
 def test_a_loss_that_rises_from_the_start_did_not_fall():
@@ -145,6 +145,24 @@ def test_a_loss_that_rises_from_the_start_did_not_fall():
 
     assert race.winner is None and race.target_loss is None
     assert "2.3 at the start, lowest 2.3, 2.78 after 10.0 s" in race.verdict
+
+
+def test_a_short_flat_curve_did_not_fall_though_one_evaluation_dipped():
+    """Seven evaluations (steps of seconds): too few for the noise about the trend, but a dip
+    of one evaluation within the others' wobble is not a fall, nor a racer's win."""
+    flat = [2.302, 2.3015, 2.305, 2.31, 2.32, 2.33, 2.34]
+    racers = [
+        _racer("baseline", SMALL, flat),
+        _racer("candidate", BIG, [2.302, 2.3012, 2.306, 2.31, 2.32, 2.33, 2.34]),
+    ]
+    assert racers[0].curve.noise == 0.0 and not racers[0].curve.fell
+    assert decide_race(racers, 6).winner is None
+
+
+def test_one_spike_does_not_hide_a_fall():
+    falling = [1.0 - 0.39 * (1 - 0.86**i) for i in range(21)]
+    falling[12] += 0.8  # one evaluation of a bad batch of held-out samples, say
+    assert _racer("baseline", SMALL, falling).curve.fell
 
 
 def test_a_loss_that_fell_then_rose_sets_its_lowest_as_the_target():
