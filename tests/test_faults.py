@@ -89,3 +89,19 @@ def test_user_strings_full_of_markup_stay_inert_everywhere(tmp_path, marked):
     )  # fmt: skip
     assert trained.returncode == 0, trained.stderr
     assert survivors(marked) == []
+
+
+def test_a_tune_whose_baseline_and_next_trials_raise_alike_stops_and_says_why(tmp_path):
+    """A corrupt record fails every configuration alike: after three trials the search stops,
+    rather than measure the same error --trials times."""
+    completed = run_advisor(
+        "tune", "tests/workloads/faults.py:corrupt",
+        "--trials", "10", "--trial-seconds", "0.3", "--warmup-steps", "2",
+        "--out", str(tmp_path),
+    )  # fmt: skip
+    assert completed.returncode == 3, completed.stderr
+    assert "your baseline and the next 2 trials all raised ValueError" in completed.stderr
+    assert "all 3 trials failed: 3 error (trial 0: ValueError: simulated: corrupt record)" in (
+        completed.stderr
+    )
+    assert "Traceback" not in completed.stderr

@@ -42,6 +42,10 @@ from advisor.trial.runner import ProgressCallback, run_trial
 __all__ = ["bind_study", "make_sampler", "run_search"]
 
 MAX_UNMEASURED_IN_A_ROW = 200
+# The search stops once the first trials of a run, the baseline's among them, this many, all
+# raised the same exception: the error is the user's code's or data's (a corrupt record, say),
+# not a configuration's, and every further trial would only fail with it again.
+SAME_ERROR_TRIALS = 3
 PENALTY = 0.0
 
 
@@ -126,6 +130,7 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
     """Measure configurations until this worker has measured `--trials` distinct ones, every
     configuration is measured, or a budget runs out."""
     settings, space = context.settings, context.space
+    first_number = len(study.get_trials(deepcopy=False))  # this run's trials come after
     _enqueue_baseline(study, space)
     deadline = time.monotonic() + settings.timeout if settings.timeout else None
     objective = _Objective(context)
@@ -149,6 +154,13 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
         if deadline is not None and measured and time.monotonic() > deadline:
             context.progress.stage(f"--timeout {settings.timeout:g} s reached")
             return records
+        if (error := _same_error(records, first_number)) is not None:
+            context.progress.stage(
+                f"your baseline and the next {SAME_ERROR_TRIALS - 1} trials all raised "
+                f"{error}: the error is your code's or data's, not a configuration's; the "
+                "search stops"
+            )
+            return records
         if objective.unmeasured_in_a_row >= MAX_UNMEASURED_IN_A_ROW:
             context.progress.stage(
                 "the sampler keeps proposing measured or impossible configurations"
@@ -164,6 +176,16 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
         # One trial per optimize() call: GridSampler stops the study when exhausted, which Optuna
         # allows only inside optimize(); an interrupt marks the running trial FAIL.
         optimize_one(study, objective, settings.storage_url)
+
+
+def _same_error(records: list[TrialRecord], first_number: int) -> str | None:
+    """The exception class every trial of this run raised, once SAME_ERROR_TRIALS have, the
+    baseline among them (a resumed study's baseline was measured before: never then)."""
+    ran = [r for r in records if r.number >= first_number and r.role in ("baseline", "search")]
+    if len(ran) < SAME_ERROR_TRIALS or not any(r.role == "baseline" for r in ran):
+        return None
+    kinds = {r.result.error_type if r.result.status == "error" else None for r in ran}
+    return next(iter(kinds)) if len(kinds) == 1 else None
 
 
 def _ruled_out(study: optuna.Study, space: SearchSpace) -> set[TrialConfig]:

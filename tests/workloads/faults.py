@@ -103,6 +103,14 @@ def mixed():
     return Mixed(), LoaderFault(_mixed_loader_fault), nn.CrossEntropyLoss()
 
 
+def _corrupt_after_the_validation(model: Faulty, features: torch.Tensor) -> None:
+    if model.calls > 4:  # advisor's validation takes two steps: every trial takes more
+        raise ValueError("simulated: corrupt record")
+
+
+corrupt = _fault_factory(_corrupt_after_the_validation)
+
+
 HOSTILE = 'rich [/] markup, <script>alert("x")</script> | a pipe,\nand a "quoted" newline'
 
 
