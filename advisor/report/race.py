@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from advisor.convergence import NoiseScale
 from advisor.results import Racer, RaceSummary, Recommendation
-from advisor.search.race_verdict import reference_racer
+from advisor.search.race_verdict import did_not_fall, reference_racer
 
 __all__ = ["PredictionRow", "RaceRow", "RaceView", "baseline_kept", "race_view"]
 
@@ -201,12 +201,6 @@ def _raced_text(batch: int, skipped: bool, batch0: int, raced: set[int]) -> str:
     return "skipped: your loss did not fall" if skipped else "no"
 
 
-def _did_not_fall(race: RaceSummary | None) -> bool:
-    """Whether the race skipped its racers because the reference's loss did not fall."""
-    reference = reference_racer(race.racers) if race else None
-    return reference is not None and reference.curve is not None and not reference.curve.fell
-
-
 def _relative_time(ratio: float) -> str:
     """A time to the loss against the user's: `ratio` is theirs over this one."""
     return f"{ratio:.2f}x sooner" if ratio >= 1 else f"{1 / ratio:.2f}x later"
@@ -217,7 +211,7 @@ def _prediction_rows(rec: Recommendation) -> tuple[PredictionRow, ...]:
     if rec.noise_scale is None:
         return ()
     raced = {r.config.global_batch_size for r in rec.race.racers} if rec.race else set()
-    skipped = _did_not_fall(rec.race)
+    skipped = rec.race is not None and did_not_fall(rec.race.racers)
     batch0 = rec.baseline_config.global_batch_size
     return tuple(
         PredictionRow(
@@ -290,7 +284,7 @@ def _pick_text(rec: Recommendation) -> str | None:
         why = (
             "it was to race, but your loss did not fall in the race, so nothing could be timed "
             "to it"
-            if prediction.raced and _did_not_fall(rec.race)
+            if prediction.raced and rec.race is not None and did_not_fall(rec.race.racers)
             else "so it did not race"
         )
         return (

@@ -36,7 +36,13 @@ from advisor.convergence import BatchPrediction, LrPlan, NoiseScale
 from advisor.knobs import TrialConfig
 from advisor.results import Racer, RaceSummary, TrialRecord, TrialResult
 from advisor.search.context import SearchContext
-from advisor.search.race_verdict import RACE_MARGIN, pick_at_batch0, reference_racer, time_to_loss
+from advisor.search.race_verdict import (
+    RACE_MARGIN,
+    did_not_fall,
+    pick_at_batch0,
+    reference_racer,
+    time_to_loss,
+)
 from advisor.search.records import read_noise, read_racers, write_noise, write_racer
 from advisor.search.selection import Selection
 from advisor.trial.noise_scale import estimate_noise_scale, samples_ratio
@@ -261,7 +267,7 @@ def run_race(study: optuna.Study, context: SearchContext, plans: Sequence[RacePl
     stored = read_racers(study)
     racers: list[Racer] = []
     for index, plan in enumerate(plans):
-        if _did_not_fall(racers):
+        if did_not_fall(racers):
             context.progress.stage(
                 "your loss did not fall in the race: it cannot compare global batches, so the "
                 f"other {len(plans) - index} racers are skipped"
@@ -305,13 +311,6 @@ def run_race(study: optuna.Study, context: SearchContext, plans: Sequence[RacePl
         context.progress.racer_finished(racer)
         racers.append(racer)
     return racers
-
-
-def _did_not_fall(racers: Sequence[Racer]) -> bool:
-    """Whether the racer that sets the target has run, and its loss did not fall: then no
-    racer can be timed to it (`advisor.search.race_verdict.decide_race`)."""
-    reference = reference_racer(racers)
-    return reference is not None and reference.curve is not None and not reference.curve.fell
 
 
 def _target(racers: Sequence[Racer]) -> float | None:

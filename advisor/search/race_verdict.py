@@ -25,7 +25,7 @@ from advisor.results import Racer, RaceSummary
 __all__ = [
     "RACE_MARGIN",
     "decide_race",
-    "no_fall_verdict",
+    "did_not_fall",
     "pick_at_batch0",
     "reference_racer",
     "time_to_loss",
@@ -41,6 +41,13 @@ def reference_racer(racers: Sequence[Racer]) -> Racer | None:
     batch; None if neither has a curve."""
     reference = next((r for r in racers if r.role == "baseline" and r.curve), None)
     return reference or next((r for r in racers if r.role == "your batch" and r.curve), None)
+
+
+def did_not_fall(racers: Sequence[Racer]) -> bool:
+    """Whether the racer that sets the target has run and its loss did not fall
+    (`RaceCurve.fell`): then nothing can be timed to it, and the race decides nothing."""
+    reference = reference_racer(racers)
+    return reference is not None and reference.curve is not None and not reference.curve.fell
 
 
 def time_to_loss(curve: RaceCurve, target: float) -> float | None:
@@ -71,14 +78,14 @@ def decide_race(racers: Sequence[Racer], seconds: float) -> RaceSummary:
             winner=None,
             verdict=f"the race at your global batch failed ({why}): advisor keeps it",
         )
-    if not reference.curve.fell:
+    if did_not_fall(racers):
         return RaceSummary(
             seconds=seconds,
             loss_kind=reference.curve.loss_kind,
             target_loss=None,
             racers=tuple(racers),
             winner=None,
-            verdict=no_fall_verdict(reference.curve, seconds),
+            verdict=_no_fall_verdict(reference.curve, seconds),
         )
     verdicts = [_verdict_at(racers, target) for target in reference.curve.target_losses]
     # It must hold at every target: kept if kept at one, else the smallest claim.
@@ -94,7 +101,7 @@ def decide_race(racers: Sequence[Racer], seconds: float) -> RaceSummary:
     )
 
 
-def no_fall_verdict(curve: RaceCurve, seconds: float) -> str:
+def _no_fall_verdict(curve: RaceCurve, seconds: float) -> str:
     """Why a race whose reference loss did not fall decides nothing."""
     first, last = curve.points[0], curve.points[-1]
     start = "at the start" if first.seconds == 0 else f"after {first.seconds:.1f} s"
