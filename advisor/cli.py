@@ -58,7 +58,12 @@ def cli(debug: bool) -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Settings from a .toml or .json file (names as the flags); flags override it.",
 )
-@click.option("--trials", type=int, help="Distinct configurations to measure [20].")
+@click.option(
+    "--trials",
+    type=int,
+    help="Distinct configurations to measure [20]; a trial timed in parts also measures its "
+    "other accumulation steps, each counted.",
+)
 @click.option("--timeout", type=float, help="Search budget in seconds (re-measurements follow).")
 @click.option(
     "--trial-seconds",

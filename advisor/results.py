@@ -168,6 +168,11 @@ class TrialResult(_Frozen):
         description="one optimizer cycle did not fit the window: samples/s was estimated from "
         "separately timed micro-steps and optimizer steps",
     )
+    sibling_rates: dict[int, float] = Field(
+        default_factory=dict,
+        description="an estimate's: samples/s at other accumulation steps (the request's "
+        "`sibling_accumulation`), from the same timed micro-steps and optimizer steps",
+    )
     ranks: tuple[RankResult, ...] = Field(default=(), description="per-rank figures under DDP")
     race: RaceCurve | None = Field(default=None, description="a race trial's loss curve")
     gradient_norms: GradientNorms | None = Field(
@@ -193,6 +198,11 @@ class TrialRecord(_Frozen):
         description="why an 'ok' trial is still not eligible (e.g. memory)",
     )
     duplicate_of: int | None = None
+    derived_from: int | None = Field(
+        default=None,
+        description="the trial whose timed micro-steps and optimizer steps gave this "
+        "configuration's samples/s (the same configuration at another accumulation steps)",
+    )
     worker: str | None = Field(default=None, description="the worker that measured it")
 
     @property
@@ -216,6 +226,12 @@ class TrialRecord(_Frozen):
             return (
                 f"window ended after {self.result.window_s or 0:.1f} s: clearly slower than the "
                 "best so far"
+            )
+        if self.result.estimated and self.result.sibling_rates:
+            others = ", ".join(map(str, sorted(self.result.sibling_rates)))
+            return (
+                "estimated from timed micro-steps and optimizer steps, which also gave its "
+                f"samples/s at accumulation {others}"
             )
         if self.result.estimated:
             return (

@@ -36,7 +36,12 @@ class TuneSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     spec: str = Field(min_length=1, description="factory spec: path/file.py:attr or pkg.mod:attr")
-    trials: int = Field(default=20, ge=1, description="distinct configurations to measure")
+    trials: int = Field(
+        default=20,
+        ge=1,
+        description="distinct configurations to measure; a trial timed in parts also measures "
+        "its other accumulation steps (`advisor.search.siblings`), each counted",
+    )
     timeout: float | None = Field(default=None, gt=0, description="search budget in seconds")
     trial_seconds: float = Field(
         default=2.0, gt=0, description="timed window of one trial; its warm-up gets as long"

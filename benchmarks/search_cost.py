@@ -18,7 +18,9 @@ For each workload and machine:
       tune and again just after it, and the mean of the two walls taken (this VM's speed shifts
       in episodes, benchmarks/machine_drift.py: a grid cached hours earlier biases the ratio);
   (b) advisor.tune over the same space with `--trials` and default settings otherwise.
-It reports wall per trial (median, p95, max), the search's wall (its trials) and the whole
+It reports the configurations measured (derived: from another trial's timed parts, at another
+accumulation, `advisor.search.siblings`, at no cost), the wall per trial run (median, p95,
+max), the search's wall (its trials) and the whole
 tune's (re-runs, noise trial and race included), each over the grid's wall; the longest trial
 that was not a finalist against 3 x (window + its start-up); and quality: the samples/s of the
 fastest configuration the search found over the grid's best, both re-measured in interleaved
@@ -117,11 +119,12 @@ def _compare(spec: str, machine: str, args: argparse.Namespace) -> dict[str, Any
     if args.fresh_grid:
         grid = _bracket(grid, _grid(spec, machine, fresh=True))
     trials = [t for t in result.trials if t.role in ("baseline", "search")]
+    ran = [t for t in trials if t.derived_from is None]  # the others came from their parts
     finalists = {c.number for c in result.confirmations}
-    walls = sorted(t.result.wall_s or 0.0 for t in trials)
+    walls = sorted(t.result.wall_s or 0.0 for t in ran)
     over = [
         (t.number, (t.result.wall_s or 0.0) / (WINDOW_S + (t.result.startup_s or 0.0)))
-        for t in trials
+        for t in ran
         if t.number not in finalists
     ]
     worst = max(over, key=lambda pair: pair[1], default=(None, 0.0))
@@ -141,8 +144,9 @@ def _compare(spec: str, machine: str, args: argparse.Namespace) -> dict[str, Any
         "grid_configs": grid["configs"],
         "grid_s": grid["wall_s"],
         "trials": len(trials),
-        "stopped": sum(t.result.status == "stopped" or t.result.stopped_early for t in trials),
-        "estimated": sum(t.result.estimated for t in trials),
+        "derived": len(trials) - len(ran),
+        "stopped": sum(t.result.status == "stopped" or t.result.stopped_early for t in ran),
+        "estimated": sum(t.result.estimated for t in ran),
         "trial_s": {
             "median": statistics.median(walls),
             "p95": walls[min(len(walls) - 1, round(0.95 * (len(walls) - 1)))],
@@ -178,6 +182,7 @@ def _trial_row(record: Any) -> dict[str, Any]:
         "wall_s": result.wall_s,
         "startup_s": result.startup_s,
         "estimated": result.estimated,
+        "derived_from": record.derived_from,
         "reason": record.note,
     }
 
@@ -245,9 +250,10 @@ def _markdown(rows: list[dict[str, Any]], trials: int) -> str:
         f"{SPACE['accumulation_steps']}, every parallel layout and worker count, amp off/bf16; "
         f"window {WINDOW_S:g} s; advisor with {trials} trials.",
         "",
-        "| workload | machine | amp | grid (configs, wall) | trials (stopped, estimated) "
-        "| per trial median / p95 / max | longest non-finalist | search | search ÷ grid "
-        "| whole tune | tune ÷ grid | fastest found | quality | recommended |",
+        "| workload | machine | amp | grid (configs, wall) | configurations (derived; of the "
+        "trials run: stopped, estimated) | per trial run median / p95 / max "
+        "| longest non-finalist | search | search ÷ grid | whole tune | tune ÷ grid "
+        "| fastest found | quality | recommended |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -255,7 +261,8 @@ def _markdown(rows: list[dict[str, Any]], trials: int) -> str:
         t = s["trial_s"]
         lines.append(
             f"| {s['spec']} | {s['machine']} | {s['amp']} | {s['grid_configs']}, "
-            f"{s['grid_s']:.0f} s{_fresh(s)} | {s['trials']} ({s['stopped']}, {s['estimated']}) | "
+            f"{s['grid_s']:.0f} s{_fresh(s)} | {s['trials']} ({s.get('derived', 0)}; "
+            f"{s['stopped']}, {s['estimated']}) | "
             f"{t['median']:.1f} / {t['p95']:.1f} / {t['max']:.1f} s | "
             f"{s['worst_non_finalist']['x_window_plus_startup']:.2f}x (window + start-up) | "
             f"{s['search_s']:.0f} s | {s['search_over_grid']:.2f} | {s['tune_s']:.0f} s | "

@@ -88,8 +88,9 @@ def _rules_out(
 
 def _rate(record: TrialRecord) -> float | None:
     """A search trial's samples/s: measured, or projected where it was stopped before its
-    window; None for a failure, a repeat or a re-run."""
-    if record.role not in ("baseline", "search"):
+    window; None for a failure, a repeat, a re-run or a configuration derived from another
+    trial (`advisor.search.siblings`: the same measurement, no evidence of its own)."""
+    if record.role not in ("baseline", "search") or record.derived_from is not None:
         return None
     if record.eligible or record.result.status == "stopped":
         return record.result.samples_per_s

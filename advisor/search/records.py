@@ -43,6 +43,7 @@ __all__ = [
     "read_noise",
     "read_racers",
     "read_study",
+    "record_attrs",
     "records_of",
     "write_noise",
     "write_outcome",
@@ -59,6 +60,7 @@ class TrialKey:
     RESULT: Final = "result"  # the TrialResult as JSON
     INFEASIBLE_REASON: Final = "infeasible_reason"
     DUPLICATE_OF: Final = "duplicate_of"
+    DERIVED_FROM: Final = "derived_from"  # the trial whose timed parts gave its result
     WORKER: Final = "worker"  # the worker's name (--worker, else the host)
     PROCESS: Final = "advisor_process"  # host:pid:start time of the process measuring it
     PRUNED_REASON: Final = "pruned_reason"
@@ -89,24 +91,34 @@ _ENQUEUED_PARAMS = "fixed_params"
 
 def write_record(trial: optuna.Trial, record: TrialRecord) -> None:
     """Store a measured (or repeated) trial's record; an ineligible one violates the constraint."""
-    trial.set_user_attr(TrialKey.ROLE, record.role)
-    trial.set_user_attr(TrialKey.RESULT, record.result.model_dump(mode="json"))
-    _write_summary(trial, record.result)
-    if record.infeasible_reason:
-        trial.set_user_attr(TrialKey.INFEASIBLE_REASON, record.infeasible_reason)
-    if record.duplicate_of is not None:
-        trial.set_user_attr(TrialKey.DUPLICATE_OF, record.duplicate_of)
+    for key, value in record_attrs(record).items():
+        trial.set_user_attr(key, value)
     trial.set_constraint(TrialKey.FEASIBLE, 0.0 if record.eligible else 1.0)
 
 
-def _write_summary(trial: optuna.Trial, result: TrialResult) -> None:
-    """The result's main figures as short attributes, for the dashboard."""
-    trial.set_user_attr(TrialKey.CONFIG, result.config.label())
-    trial.set_user_attr(TrialKey.STATUS, result.status)
+def record_attrs(record: TrialRecord) -> dict[str, Any]:
+    """The user attributes that store a trial's record (`write_record`)."""
+    result = record.result
+    attrs: dict[str, Any] = {
+        TrialKey.ROLE: record.role,
+        TrialKey.RESULT: result.model_dump(mode="json"),
+        # the result's main figures, short, for the dashboard
+        TrialKey.CONFIG: result.config.label(),
+        TrialKey.STATUS: result.status,
+    }
     if result.samples_per_s is not None:
-        trial.set_user_attr(TrialKey.SAMPLES_PER_S, round(result.samples_per_s, 1))
+        attrs[TrialKey.SAMPLES_PER_S] = round(result.samples_per_s, 1)
     if result.reason:
-        trial.set_user_attr(TrialKey.REASON, result.reason[:1000])
+        attrs[TrialKey.REASON] = result.reason[:1000]
+    if record.infeasible_reason:
+        attrs[TrialKey.INFEASIBLE_REASON] = record.infeasible_reason
+    if record.duplicate_of is not None:
+        attrs[TrialKey.DUPLICATE_OF] = record.duplicate_of
+    if record.derived_from is not None:
+        attrs[TrialKey.DERIVED_FROM] = record.derived_from
+    if record.worker is not None:
+        attrs[TrialKey.WORKER] = record.worker
+    return attrs
 
 
 def records_of(study: optuna.Study) -> list[TrialRecord]:
@@ -133,6 +145,7 @@ def _record_of(trial: FrozenTrial) -> TrialRecord:
         result=TrialResult.model_validate(attrs[TrialKey.RESULT]),
         infeasible_reason=attrs.get(TrialKey.INFEASIBLE_REASON),
         duplicate_of=attrs.get(TrialKey.DUPLICATE_OF),
+        derived_from=attrs.get(TrialKey.DERIVED_FROM),
         worker=attrs.get(TrialKey.WORKER),
     )
 

@@ -16,7 +16,8 @@ import time
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import FrozenTrial, TrialState
 
 from advisor.errors import SettingsError
 from advisor.knobs import BASE_GROUP, KNOBS, TrialConfig
@@ -30,10 +31,12 @@ from advisor.search.records import (
     TrialKey,
     claim,
     planned_params,
+    record_attrs,
     records_of,
     write_record,
 )
 from advisor.search.seeding import next_seed, seed_count
+from advisor.search.siblings import derived_siblings, sibling_accumulation
 from advisor.search.space import SearchSpace
 from advisor.search.storage import optimize_one
 from advisor.settings import TuneSettings
@@ -170,8 +173,9 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
         if context.numerics is not None:  # measured twins, also those of an earlier run
             for record in measured.values():
                 context.numerics.remember(record.result)
-        if settings.sampler == "tpe" and len(measured) < seed_count(settings):
-            _enqueue_seed(study, context, list(measured.values()))
+        ran = [r for r in measured.values() if r.derived_from is None]
+        if settings.sampler == "tpe" and len(ran) < seed_count(settings):
+            _enqueue_seed(study, context, list(measured.values()), turn=max(0, len(ran) - 1))
         _enqueue_neighbours(study, context, list(measured.values()), settings.trials - len(mine))
         # One trial per optimize() call: GridSampler stops the study when exhausted, which Optuna
         # allows only inside optimize(); an interrupt marks the running trial FAIL.
@@ -237,7 +241,30 @@ class _Objective:
         record = _measure(trial, config, role, label, self.context)
         value = _record(trial, record)
         self.context.progress.trial_finished(record, _best([*self.measured.values(), record]))
+        self._add_siblings(trial.study, record)
         return value
+
+    def _add_siblings(self, study: optuna.Study, record: TrialRecord) -> None:
+        """Add the configurations the trial's timed parts also measured, as trials of their
+        own (`advisor.search.siblings`), the fastest first, as many as `--trials` leaves."""
+        settings, space = self.context.settings, self.context.space
+        siblings = derived_siblings(space, record, set(self.measured))
+        siblings.sort(key=lambda sibling: -(sibling[1].samples_per_s or 0.0))
+        known = [*self.measured.values(), record]
+        room = max(0, settings.trials - self.done - 1)
+        for index, (config, result) in enumerate(siblings[:room], start=self.done + 2):
+            label = f"trial {index}/{settings.trials} (from trial {self.done + 1}'s timed parts)"
+            self.context.progress.trial_started(label, config)
+            sibling = TrialRecord(
+                number=len(study.get_trials(deepcopy=False)),
+                role="search",
+                result=result,
+                derived_from=record.number,
+                worker=settings.worker_name,
+            )
+            study.add_trial(_derived_trial(space, sibling))
+            known.append(sibling)
+            self.context.progress.trial_finished(sibling, _best(known))
 
     def _why_not_run(
         self, trial: optuna.Trial, params: dict[str, Any], config: TrialConfig | None
@@ -258,6 +285,18 @@ class _Objective:
             if params.get(rejected.knob) == rejected.value:
                 return rejected.reason
         return known_out_of_memory(config, self.measured.values())
+
+
+def _derived_trial(space: SearchSpace, record: TrialRecord) -> FrozenTrial:
+    """A finished trial for the study, of a configuration another trial measured (always
+    eligible: it violates no constraint)."""
+    domains = space.domains
+    return optuna.trial.create_trial(
+        params=space.params_of(record.result.config),
+        distributions={name: CategoricalDistribution(values) for name, values in domains.items()},
+        value=record.result.samples_per_s,
+        user_attrs=record_attrs(record),
+    )
 
 
 def _enqueue_neighbours(
@@ -298,15 +337,18 @@ def _enqueue_neighbours(
             study.enqueue_trial(neighbour, user_attrs={TrialKey.ROLE: "search"})
 
 
-def _enqueue_seed(study: optuna.Study, context: SearchContext, measured: list[TrialRecord]) -> None:
-    """Queue the next first trial: one step out from the fastest configuration so far."""
+def _enqueue_seed(
+    study: optuna.Study, context: SearchContext, measured: list[TrialRecord], turn: int
+) -> None:
+    """Queue the next first trial: one step out from the fastest configuration so far, the
+    knobs taking turns (`turn`: the trials run so far, less the baseline)."""
     if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         return
     space = context.space
     rejected = rejected_in_search(measured, space.domains, context.settings.early_stop)
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     busy = [planned_params(trial) for trial in running]  # other workers' trials
-    params = next_seed(space, measured, rejected, turn=max(0, len(measured) - 1), busy=busy)
+    params = next_seed(space, measured, rejected, turn=turn, busy=busy)
     if params is not None:
         study.enqueue_trial(params, user_attrs={TrialKey.ROLE: "search"})
 
@@ -335,6 +377,9 @@ def _measure(
         precise_window=True,
         # clearly below the best, a longer window would only narrow the gap's interval
         beat_samples_per_s=best_value(trial.study) if role != "baseline" else None,
+        sibling_accumulation=sibling_accumulation(context.space, config)
+        if role != "baseline"
+        else (),
     )
     problem = memory_problem(result, context.hardware, context.settings.memory_headroom)
     if problem is None and context.numerics is not None:

@@ -56,17 +56,25 @@ def warm_up_trial(
     )
 
 
-def too_long_for_window(warmup: Window, request: TrialRequest) -> bool:
+def too_long_for_window(warmup: Window, request: TrialRequest, first: FirstStep) -> bool:
     """Whether one optimizer cycle, predicted from the warm-up's micro-steps, is too long for
-    whole cycles to be timed within the window."""
-    accumulation = request.config.accumulation_steps
-    if request.whole_cycles or accumulation == 1:
+    whole cycles to be timed within the window; for a search trial, also the cycle of one of
+    its `sibling_accumulation`: its window then times the parts, which give their rates too
+    (a trial at batch 512 without accumulation would otherwise time whole steps, and the search
+    a trial of its own for each accumulation, each its first step again)."""
+    config = request.config
+    longest = max((config.accumulation_steps, *request.sibling_accumulation))
+    if request.whole_cycles or longest == 1:
         return False  # one micro-step is the whole cycle: fewer steps, still whole
     micro = warmup.median_micro_s(stepped=False)
     final = warmup.median_micro_s(stepped=True)
+    if config.accumulation_steps == 1:  # every micro-step steps: a plain one takes at most as long
+        if final is None and first.predicts_steps:
+            final = first.seconds
+        micro = final
     if micro is None or final is None:  # the warm-up ran out of time within its first cycle
         return True
-    cycle_s = (accumulation - 1) * micro + final
+    cycle_s = (longest - 1) * micro + final
     return cycle_s > _longest_whole_cycle_s(request)
 
 

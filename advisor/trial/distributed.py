@@ -145,8 +145,13 @@ def combine_ranks(config: TrialConfig, results: list[TrialResult]) -> TrialResul
     window_s = slowest.window_s or 0.0
     samples = sum(r.samples_measured for r in results)
     rate = samples / window_s if window_s else None
+    siblings = {}
     if slowest.estimated:  # the ranks keep the pace of the slowest at every optimizer step
         rate = len(results) * min(r.samples_per_s or 0.0 for r in results)
+        siblings = {
+            acc: len(results) * min(r.sibling_rates.get(acc, 0.0) for r in results)
+            for acc in slowest.sibling_rates
+        }
     peaks = [r.peak_memory_bytes for r in results if r.peak_memory_bytes is not None]
     waits = [r.data_wait_fraction for r in results if r.data_wait_fraction is not None]
     starts = [r.startup_s for r in results if r.startup_s is not None]
@@ -155,6 +160,7 @@ def combine_ranks(config: TrialConfig, results: list[TrialResult]) -> TrialResul
         update={
             "config": config,
             "samples_per_s": rate,
+            "sibling_rates": {a: r for a, r in siblings.items() if r > 0},
             "samples_measured": samples,
             "window_s": window_s,
             "step_time_median_s": slowest.step_time_median_s,

@@ -157,7 +157,7 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
         trainer.close()
         return stopped
     phase.enter("measure")
-    estimate = too_long_for_window(warmup, request)
+    estimate = too_long_for_window(warmup, request, first)
     if config.world_size > 1:  # every rank must time the same micro-steps: rank 0 decides
         decision = torch.tensor([int(estimate)], device=trainer.device)
         dist.broadcast(decision, src=0)
@@ -264,6 +264,7 @@ def _measured(
     )
     rate = samples / window.elapsed_s if cycle_s is None else _rate(config, cycle_s)
     return TrialResult(
+        sibling_rates=_sibling_rates(request, window) if cycle_s is not None else {},
         config=config,
         status="ok",
         samples_per_s=rate,
@@ -288,6 +289,18 @@ def _measured(
 def _rate(config: TrialConfig, cycle_s: float) -> float:
     """This process's samples/s at one optimizer cycle per `cycle_s`."""
     return config.accumulation_steps * config.batch_size / cycle_s
+
+
+def _sibling_rates(request: TrialRequest, window: Window) -> dict[int, float]:
+    """This process's samples/s at each of the request's `sibling_accumulation`, from the
+    window's timed parts: the same micro-steps, in cycles of another length."""
+    rates = {}
+    for accumulation in request.sibling_accumulation:
+        cycle_s = estimated_cycle_s(window, accumulation)
+        if cycle_s is not None:
+            sibling = request.config.model_copy(update={"accumulation_steps": accumulation})
+            rates[accumulation] = _rate(sibling, cycle_s)
+    return rates
 
 
 def _summarise(task: TrainingTask, kind: str, trainer: Trainer) -> TaskSummary:

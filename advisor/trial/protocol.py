@@ -54,6 +54,12 @@ class TrialRequest(BaseModel):
         description="with `precise_window`: the best search trial's samples/s so far; the window "
         "may also end once its rate is clearly below it",
     )
+    sibling_accumulation: tuple[int, ...] = Field(
+        default=(),
+        description="a search trial's: other accumulation steps the search may try at the same "
+        "configuration. Where one of their cycles is too long for the window, this trial's is "
+        "timed in parts too, and its result gives their samples/s (`sibling_rates`)",
+    )
     max_measure_steps: int | None = Field(default=None, ge=1)
     seed: int = 0
     launched_at: float = Field(description="time.time() when the parent started the child")

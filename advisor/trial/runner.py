@@ -115,6 +115,7 @@ def run_trial(
     whole_cycles: bool = False,
     precise_window: bool = False,
     beat_samples_per_s: float | None = None,
+    sibling_accumulation: tuple[int, ...] = (),
     on_phase: PhaseCallback | None = None,
     on_progress: ProgressCallback | None = None,
 ) -> TrialResult:
@@ -124,7 +125,8 @@ def run_trial(
     its window, the result measures the shorter window and says `stopped_early`; before, its
     status is `stopped`, with the projection as its samples/s. Either way `reason` says why.
     With `precise_window`, the window ends once its rate is precise, or clearly below
-    `beat_samples_per_s` (then the result says `below_best`).
+    `beat_samples_per_s` (then the result says `below_best`). With `sibling_accumulation`,
+    where the window times a cycle's parts, the result also gives their samples/s.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="advisor-trial-") as scratch:
@@ -139,6 +141,7 @@ def run_trial(
             whole_cycles=whole_cycles,
             precise_window=precise_window,
             beat_samples_per_s=beat_samples_per_s,
+            sibling_accumulation=sibling_accumulation,
             trial_seconds=launch.trial_seconds,
             max_measure_steps=launch.max_measure_steps,
             seed=launch.seed,

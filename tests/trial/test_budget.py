@@ -307,3 +307,34 @@ def test_ddp_ranks_end_an_estimate_within_its_budget_whatever_the_first_steps_pa
 
     assert result.status == "ok" and result.estimated, result.reason
     assert result.window_s < 2 * launch.trial_seconds
+
+
+@pytest.mark.parametrize("knobs", [{}, {"parallel_mode": "ddp", "world_size": 2}])
+def test_a_search_trial_times_parts_where_a_siblings_cycle_is_too_long_and_gives_its_rate(
+    tmp_path, knobs
+):
+    # Micro-steps of 0.1 s, optimizer steps 0.3 s more: a cycle of 0.4 s without accumulation,
+    # within the third of a 1.5-s window that a search trial times whole; 0.7 s with 4.
+    launch = TrialLaunch(
+        spec=f"{TINY}:slow_optimizer_steps", cwd=ROOT, warmup_steps=3, trial_seconds=1.5,
+        timeout_s=120,
+    )  # fmt: skip
+    one = TrialConfig(batch_size=16, **knobs)
+    four = one.model_copy(update={"accumulation_steps": 4})
+
+    alone = run_trial(launch, one, tmp_path / "alone.log", precise_window=True)
+    both = run_trial(launch, one, tmp_path / "both.log", precise_window=True,
+                     sibling_accumulation=(4,))  # fmt: skip
+    other = run_trial(launch, four, tmp_path / "other.log", precise_window=True,
+                      sibling_accumulation=(1,))  # fmt: skip
+
+    assert all(r.status == "ok" for r in (alone, both, other)), (both.reason, other.reason)
+    assert not alone.estimated and not alone.sibling_rates  # whole steps: they fit
+    assert both.estimated and set(both.sibling_rates) == {4}
+    assert other.estimated and set(other.sibling_rates) == {1}
+    # Each of the two timed the same parts: they agree on both rates, and with whole steps.
+    assert both.samples_per_s == pytest.approx(alone.samples_per_s, rel=0.2)
+    assert both.samples_per_s == pytest.approx(other.sibling_rates[1], rel=0.2)
+    assert both.sibling_rates[4] == pytest.approx(other.samples_per_s, rel=0.2)
+    # Accumulation amortises the optimizer step: 1.75x the samples/s.
+    assert both.sibling_rates[4] > 1.4 * both.samples_per_s

@@ -1,0 +1,50 @@
+"""A search trial timed in parts also measures its configuration at the other accumulation steps
+of the space: the search records each as a trial of its own, derived from it, at no cost."""
+
+from __future__ import annotations
+
+import advisor
+from tests.conftest import TINY, survivors
+
+
+def test_a_trial_timed_in_parts_records_its_other_accumulation_as_a_derived_trial(tmp_path, marked):
+    # Micro-steps of 0.1 s, optimizer steps 0.3 s more: without accumulation a cycle takes
+    # 0.4 s, within the third of the 1.5-s window that a search trial times whole; with 4
+    # micro-steps 0.7 s, beyond it. A trial without accumulation is timed in parts all the same.
+    result = advisor.tune(
+        f"{TINY}:slow_optimizer_steps",
+        trials=3,
+        batch_sizes="16",
+        accumulation_steps="1,4",
+        max_world_size=1,
+        trial_seconds=1.5,
+        warmup_steps=1,
+        confirm_top=1,
+        objective="throughput",
+        out=tmp_path,
+    )
+
+    by_number = {t.number: t for t in result.trials}
+    derived = [t for t in result.trials if t.derived_from is not None]
+    assert derived, [t.result.config.label() for t in result.trials]
+    for sibling in derived:
+        source = by_number[sibling.derived_from]
+        assert source.role == "search" and source.result.estimated
+        assert source.result.config.accumulation_steps == 1
+        same = sibling.result.config.model_copy(update={"accumulation_steps": 1})
+        assert same == source.result.config and sibling.result.config.accumulation_steps == 4
+        assert sibling.result.estimated and sibling.result.wall_s is None  # it cost nothing
+        # Accumulation amortises the slow optimizer step: 1.75x the samples/s (sleeps).
+        assert sibling.result.samples_per_s > 1.4 * source.result.samples_per_s
+        assert f"derived from trial {source.number}" in sibling.note
+    # --trials counts it: three configurations, one of them derived.
+    measured = [t for t in result.trials if t.role in ("baseline", "search")]
+    assert len({t.result.config for t in measured}) == len(measured) == 3
+    # The fastest, a derived one, is re-measured in whole cycles and recommended.
+    best = max(measured, key=lambda t: t.result.samples_per_s or 0.0)
+    assert best.derived_from is not None
+    assert result.recommendation.config == best.result.config
+    rerun = [c for c in result.confirmations if c.result.config == best.result.config]
+    assert rerun and all(not c.result.estimated for c in rerun)
+    assert f"derived from trial {best.derived_from}" in (tmp_path / "report.md").read_text()
+    assert survivors(marked) == []
