@@ -61,6 +61,12 @@ OVERHEAD_GAIN = 1.3  # a larger batch alone raised throughput at least this much
 MIN_TRIALS_FOR_IMPORTANCE = 4
 
 
+def _one_measurement(first: TrialRecord, second: TrialRecord) -> bool:
+    """Whether one of the two was derived from the other's timed parts: their difference is
+    what `advisor.trial.window.cycle_s` computes, not a second measurement."""
+    return first.derived_from == second.number or second.derived_from == first.number
+
+
 def knob_effects(records: list[TrialRecord]) -> tuple[KnobEffect, ...]:
     """Each knob change measured in isolation: every pair of feasible search trials whose
     configurations differ in that knob alone, grouped by the change (e.g. amp off -> bf16)."""
@@ -73,7 +79,7 @@ def knob_effects(records: list[TrialRecord]) -> tuple[KnobEffect, ...]:
     for index, first in enumerate(measured):
         for second in measured[index + 1 :]:
             knob = _only_difference(first, second)
-            if knob is None:
+            if knob is None or _one_measurement(first, second):
                 continue
             before, after = sorted((first, second), key=lambda r: _value_key(knob, r))
             key = (knob, _value(knob, before), _value(knob, after))

@@ -23,6 +23,7 @@ from pathlib import Path
 from advisor.errors import BadInputError, FactoryError, FirstStepError, SpecError, bad_input
 from advisor.knobs import KNOBS, Device, TrialConfig
 from advisor.results import HardwareProfile, TrialRecord, TrialResult
+from advisor.trial.protocol import EARLY_STEPS
 from advisor.trial.runner import TrialLaunch, run_trial
 
 __all__ = ["NumericsCheck", "known_out_of_memory", "maths_problem", "memory_problem", "preflight"]
@@ -129,8 +130,10 @@ class NumericsCheck:
         self._twins: dict[TrialConfig, TrialResult] = {}
 
     def remember(self, result: TrialResult) -> None:
-        """Keep a measured trial's early losses, if it is some configuration's twin."""
-        if result.feasible and result.early_losses and result.config == result.config.maths_twin:
+        """Keep a measured trial's early losses, if it is some configuration's twin and has all
+        of them (a trial timed in parts keeps only its first step's and warm-up's)."""
+        whole = len(result.early_losses) >= EARLY_STEPS
+        if result.feasible and whole and result.config == result.config.maths_twin:
             self._twins.setdefault(result.config, result)
 
     def problem(

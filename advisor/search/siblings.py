@@ -69,6 +69,5 @@ def _derived(record: TrialRecord, config: TrialConfig, samples_per_s: float) -> 
         step_time_p90_s=cycle_s,
         data_wait_fraction=record.result.data_wait_fraction,
         peak_memory_bytes=record.result.peak_memory_bytes,
-        below_best=record.result.below_best,
         task=record.result.task,
     )

@@ -140,14 +140,15 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
     objective.deadline = deadline
     while True:
         records = records_of(study)
-        measured = {r.result.config: r for r in records if r.role != "duplicate"}
+        # One record per configuration, one that ran rather than one derived from another's
+        # parts where (another worker measuring it meanwhile) there are both.
+        unique = sorted((r for r in records if r.role != "duplicate"), key=_ran)
+        measured = {r.result.config: r for r in unique}
         # Counted from this worker's own records: another worker may have measured the same
         # configuration at the same moment, and `measured` keeps only one record per config.
-        mine = {
-            r.result.config
-            for r in records
-            if r.role != "duplicate" and r.worker == settings.worker_name
-        }
+        mine = {r.result.config for r in unique if r.worker == settings.worker_name}
+        if _add_siblings(study, context, records, measured, len(mine)):
+            continue  # read back with the others
         if len(mine) >= settings.trials or len(measured) >= space.size:
             return records
         if len(measured.keys() | _ruled_out(study, space)) >= space.size:
@@ -241,30 +242,7 @@ class _Objective:
         record = _measure(trial, config, role, label, self.context)
         value = _record(trial, record)
         self.context.progress.trial_finished(record, _best([*self.measured.values(), record]))
-        self._add_siblings(trial.study, record)
         return value
-
-    def _add_siblings(self, study: optuna.Study, record: TrialRecord) -> None:
-        """Add the configurations the trial's timed parts also measured, as trials of their
-        own (`advisor.search.siblings`), the fastest first, as many as `--trials` leaves."""
-        settings, space = self.context.settings, self.context.space
-        siblings = derived_siblings(space, record, set(self.measured))
-        siblings.sort(key=lambda sibling: -(sibling[1].samples_per_s or 0.0))
-        known = [*self.measured.values(), record]
-        room = max(0, settings.trials - self.done - 1)
-        for index, (config, result) in enumerate(siblings[:room], start=self.done + 2):
-            label = f"trial {index}/{settings.trials} (from trial {self.done + 1}'s timed parts)"
-            self.context.progress.trial_started(label, config)
-            sibling = TrialRecord(
-                number=len(study.get_trials(deepcopy=False)),
-                role="search",
-                result=result,
-                derived_from=record.number,
-                worker=settings.worker_name,
-            )
-            study.add_trial(_derived_trial(space, sibling))
-            known.append(sibling)
-            self.context.progress.trial_finished(sibling, _best(known))
 
     def _why_not_run(
         self, trial: optuna.Trial, params: dict[str, Any], config: TrialConfig | None
@@ -285,6 +263,57 @@ class _Objective:
             if params.get(rejected.knob) == rejected.value:
                 return rejected.reason
         return known_out_of_memory(config, self.measured.values())
+
+
+def _ran(record: TrialRecord) -> bool:
+    return record.derived_from is None
+
+
+def _add_siblings(
+    study: optuna.Study,
+    context: SearchContext,
+    records: list[TrialRecord],
+    measured: dict[TrialConfig, TrialRecord],
+    done: int,
+) -> bool:
+    """Add the configurations that this worker's trials' timed parts also measured, and
+    nobody has measured or is measuring, as trials of their own (`advisor.search.siblings`):
+    the fastest first, as many as `--trials` leaves. Returns whether it added any.
+
+    Added between trials, after the one that measured them has been stored: a failure to add
+    one, or an interrupt, cannot cost that trial; a resumed search adds those it missed."""
+    settings, space = context.settings, context.space
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    busy = [planned_params(trial) for trial in running]
+    known = set(measured) | {
+        space.config_from_params(p)
+        for p in busy
+        if set(space.domains) <= set(p) and space.problem(p) is None
+    }
+    siblings = [
+        (record, config, result)
+        for record in records
+        if record.worker == settings.worker_name and _ran(record)
+        for config, result in derived_siblings(space, record, known)
+    ]
+    siblings.sort(key=lambda sibling: -(sibling[2].samples_per_s or 0.0))
+    added: list[TrialRecord] = []
+    for source, config, result in siblings[: max(0, settings.trials - done)]:
+        if config in {r.result.config for r in added}:
+            continue  # two trials' parts measured it: the faster's estimate is kept
+        label = f"trial {done + len(added) + 1}/{settings.trials}"
+        context.progress.trial_started(f"{label} (derived from trial #{source.number})", config)
+        sibling = TrialRecord(
+            number=len(study.get_trials(deepcopy=False)),
+            role="search",
+            result=result,
+            derived_from=source.number,
+            worker=settings.worker_name,
+        )
+        study.add_trial(_derived_trial(space, sibling))
+        added.append(sibling)
+        context.progress.trial_finished(sibling, _best([*measured.values(), *added]))
+    return bool(added)
 
 
 def _derived_trial(space: SearchSpace, record: TrialRecord) -> FrozenTrial:

@@ -109,7 +109,7 @@ class Trainer:
         with self._gradient_sync(final=final):
             with self._autocast():
                 loss = compute_loss(self.model, batch, self.loss_fn)
-            self.scaler.scale(loss / self.config.accumulation_steps).backward()
+            self.scaler.scale(loss / self.cycle).backward()
         if on_backward is not None:
             on_backward(micro)
         self._cycle_loss += loss.detach().float()

@@ -34,14 +34,11 @@ from advisor.trial.budget import estimated_cycle_s, timed_window, too_long_for_w
 from advisor.trial.convergence import held_out_split, measure_gradient_norms, run_race
 from advisor.trial.loop import DivergedError, Trainer
 from advisor.trial.memory import PeakMemory
-from advisor.trial.protocol import TrialRequest
+from advisor.trial.protocol import EARLY_STEPS, TrialRequest
 from advisor.trial.warmup import FirstStep
 from advisor.trial.window import Bounds, Window, run_window
 
 __all__ = ["EARLY_STEPS", "measure_request"]
-
-# Optimizer steps whose losses the numerics check compares (advisor.search.checks).
-EARLY_STEPS = 3
 
 
 class _Phase:

@@ -11,11 +11,19 @@ from advisor.convergence import LrPlan
 from advisor.knobs import TrialConfig
 from advisor.results import TrialResult
 
-__all__ = ["PRECISE_AFTER_FRACTION", "PROGRESS_INTERVAL_S", "TrialRequest", "died_without_result"]
+__all__ = [
+    "EARLY_STEPS",
+    "PRECISE_AFTER_FRACTION",
+    "PROGRESS_INTERVAL_S",
+    "TrialRequest",
+    "died_without_result",
+]
 
 # Of `trial_seconds`: when a search trial's warm-up may have settled and its window may end
 # (advisor.trial.measure), and so when the parent may start judging it (advisor.search.pruning).
 PRECISE_AFTER_FRACTION = 0.125
+# Optimizer steps whose losses the numerics check compares (advisor.search.checks).
+EARLY_STEPS = 3
 # A search trial tells the parent how far it got at most this often (at micro-step ends).
 PROGRESS_INTERVAL_S = 0.1
 
