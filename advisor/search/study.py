@@ -297,12 +297,15 @@ def _add_siblings(
         for config, result in derived_siblings(space, record, known)
     ]
     siblings.sort(key=lambda sibling: -(sibling[2].samples_per_s or 0.0))
+    # the labels the progress gave this worker's trials: trial K/N in the order they finished
+    order = sorted(r.number for r in measured.values() if r.worker == settings.worker_name)
     added: list[TrialRecord] = []
     for source, config, result in siblings[: max(0, settings.trials - done)]:
         if config in {r.result.config for r in added}:
             continue  # two trials' parts measured it: the faster's estimate is kept
         label = f"trial {done + len(added) + 1}/{settings.trials}"
-        context.progress.trial_started(f"{label} (derived from trial #{source.number})", config)
+        of = f"trial {order.index(source.number) + 1}/{settings.trials}'s timed parts"
+        context.progress.trial_started(f"{label} (derived from {of})", config)
         sibling = TrialRecord(
             number=len(study.get_trials(deepcopy=False)),
             role="search",
