@@ -62,7 +62,7 @@ def cli(debug: bool) -> None:
     "--trials",
     type=int,
     help="Distinct configurations to measure [20]; a trial timed in parts also measures its "
-    "other accumulation steps, each counted.",
+    "other accumulation steps, counted together as one.",
 )
 @click.option("--timeout", type=float, help="Search budget in seconds (re-measurements follow).")
 @click.option(

@@ -40,7 +40,7 @@ class TuneSettings(BaseModel):
         default=20,
         ge=1,
         description="distinct configurations to measure; a trial timed in parts also measures "
-        "its other accumulation steps (`advisor.search.siblings`), each counted",
+        "its other accumulation steps (`advisor.search.siblings`), counted together as one",
     )
     timeout: float | None = Field(default=None, gt=0, description="search budget in seconds")
     trial_seconds: float = Field(

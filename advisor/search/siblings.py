@@ -6,7 +6,10 @@ and optimizer steps apart (`advisor.trial.budget`), and the same parts give the 
 accumulation (`advisor.trial.window.cycle_s`). A trial whose own cycle fits, but one of whose
 siblings' would not, is timed in parts too. The search records each sibling it has not
 measured as a trial of its own, derived from the one that ran: it costs nothing, the sampler
-learns from it, and `--trials` counts it. Without it, each accumulation of a configuration
+learns from it, and `--trials` counts a trial's siblings as one configuration (with the
+default accumulation steps 1, 2, 4 and 8, each counted alone, the three siblings of each trial
+timed in parts had taken half of a 12-trial search on examples/data_bound.py, whose other knobs
+it then explored less). Without it, each accumulation of a configuration
 whose micro-steps take a second cost a trial of its own, its first step (a loader's first
 batch, DDP's set-up) paid again each time. A derived configuration that becomes a finalist is
 re-measured in whole cycles like any other.

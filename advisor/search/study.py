@@ -144,12 +144,10 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
         # parts where (another worker measuring it meanwhile) there are both.
         unique = sorted((r for r in records if r.role != "duplicate"), key=_ran)
         measured = {r.result.config: r for r in unique}
-        # Counted from this worker's own records: another worker may have measured the same
-        # configuration at the same moment, and `measured` keeps only one record per config.
-        mine = {r.result.config for r in unique if r.worker == settings.worker_name}
-        if _add_siblings(study, context, records, measured, len(mine)):
+        done = _counted(unique, settings.worker_name)
+        if _add_siblings(study, context, records, measured, done):
             continue  # read back with the others
-        if len(mine) >= settings.trials or len(measured) >= space.size:
+        if done >= settings.trials or len(measured) >= space.size:
             return records
         if len(measured.keys() | _ruled_out(study, space)) >= space.size:
             context.progress.stage("every configuration is measured or ruled out")
@@ -170,14 +168,14 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
                 "the sampler keeps proposing measured or impossible configurations"
             )
             return records
-        objective.measured, objective.done = measured, len(mine)
+        objective.measured, objective.done = measured, done
         if context.numerics is not None:  # measured twins, also those of an earlier run
             for record in measured.values():
                 context.numerics.remember(record.result)
         ran = [r for r in measured.values() if r.derived_from is None]
         if settings.sampler == "tpe" and len(ran) < seed_count(settings):
             _enqueue_seed(study, context, list(measured.values()), turn=max(0, len(ran) - 1))
-        _enqueue_neighbours(study, context, list(measured.values()), settings.trials - len(mine))
+        _enqueue_neighbours(study, context, list(measured.values()), settings.trials - done)
         # One trial per optimize() call: GridSampler stops the study when exhausted, which Optuna
         # allows only inside optimize(); an interrupt marks the running trial FAIL.
         optimize_one(study, objective, settings.storage_url)
@@ -269,6 +267,16 @@ def _ran(record: TrialRecord) -> bool:
     return record.derived_from is None
 
 
+def _counted(records: list[TrialRecord], worker: str) -> int:
+    """The configurations `--trials` counts of `worker`'s distinct ones: each it ran, and the
+    siblings each of those derived (`advisor.search.siblings`) as one more. Counted from this
+    worker's own records: another worker may have measured the same configuration at the same
+    moment, and the search keeps only one record per configuration."""
+    mine = [r for r in records if r.worker == worker]
+    ran = {r.result.config for r in mine if _ran(r)}
+    return len(ran) + len({r.derived_from for r in mine if not _ran(r)})
+
+
 def _add_siblings(
     study: optuna.Study,
     context: SearchContext,
@@ -278,7 +286,9 @@ def _add_siblings(
 ) -> bool:
     """Add the configurations that this worker's trials' timed parts also measured, and
     nobody has measured or is measuring, as trials of their own (`advisor.search.siblings`):
-    the fastest first, as many as `--trials` leaves. Returns whether it added any.
+    those of the trial whose fastest is fastest first, while `--trials` leaves room (one
+    trial's siblings count as one configuration: up to three accumulation steps of one
+    measurement must not crowd out the other knobs). Returns whether it added any.
 
     Added between trials, after the one that measured them has been stored: a failure to add
     one, or an interrupt, cannot cost that trial; a resumed search adds those it missed."""
@@ -290,32 +300,39 @@ def _add_siblings(
         for p in busy
         if set(space.domains) <= set(p) and space.problem(p) is None
     }
-    siblings = [
-        (record, config, result)
+    groups = [
+        (record, siblings)
         for record in records
         if record.worker == settings.worker_name and _ran(record)
-        for config, result in derived_siblings(space, record, known)
+        if (siblings := derived_siblings(space, record, known))
     ]
-    siblings.sort(key=lambda sibling: -(sibling[2].samples_per_s or 0.0))
+    groups.sort(key=lambda group: -max(result.samples_per_s or 0.0 for _, result in group[1]))
     # the labels the progress gave this worker's trials: trial K/N in the order they finished
     order = sorted(r.number for r in measured.values() if r.worker == settings.worker_name)
     added: list[TrialRecord] = []
-    for source, config, result in siblings[: max(0, settings.trials - done)]:
-        if config in {r.result.config for r in added}:
-            continue  # two trials' parts measured it: the faster's estimate is kept
-        label = f"trial {done + len(added) + 1}/{settings.trials}"
-        of = f"trial {order.index(source.number) + 1}/{settings.trials}'s timed parts"
-        context.progress.trial_started(f"{label} (derived from {of})", config)
-        sibling = TrialRecord(
-            number=len(study.get_trials(deepcopy=False)),
-            role="search",
-            result=result,
-            derived_from=source.number,
-            worker=settings.worker_name,
+    for source, siblings in groups[: max(0, settings.trials - done)]:
+        done += 1
+        label = f"trial {done}/{settings.trials}"
+        known_as = (
+            f"{order.index(source.number) + 1}/{settings.trials}"
+            if source.number in order
+            else f"#{source.number}"
         )
-        study.add_trial(_derived_trial(space, sibling))
-        added.append(sibling)
-        context.progress.trial_finished(sibling, _best([*measured.values(), *added]))
+        of = f"trial {known_as}'s timed parts"
+        for config, result in siblings:
+            if config in {r.result.config for r in added}:
+                continue  # two trials' parts measured it: the first's estimate is kept
+            context.progress.trial_started(f"{label} (derived from {of})", config)
+            sibling = TrialRecord(
+                number=len(study.get_trials(deepcopy=False)),
+                role="search",
+                result=result,
+                derived_from=source.number,
+                worker=settings.worker_name,
+            )
+            study.add_trial(_derived_trial(space, sibling))
+            added.append(sibling)
+            context.progress.trial_finished(sibling, _best([*measured.values(), *added]))
     return bool(added)
 
 

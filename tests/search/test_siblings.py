@@ -48,3 +48,27 @@ def test_a_trial_timed_in_parts_records_its_other_accumulation_as_a_derived_tria
     assert rerun and all(not c.result.estimated for c in rerun)
     assert f"derived from trial {best.derived_from}" in (tmp_path / "report.md").read_text()
     assert survivors(marked) == []
+
+
+def test_one_trials_siblings_count_together_as_one_configuration(tmp_path):
+    # Accumulation 1, 2 or 4: a trial timed in parts derives two siblings, which --trials
+    # counts as one, so that they do not crowd out the other knobs' trials.
+    result = advisor.tune(
+        f"{TINY}:slow_optimizer_steps",
+        trials=3,
+        batch_sizes="16",
+        accumulation_steps="1,2,4",
+        max_world_size=1,
+        trial_seconds=1.5,
+        warmup_steps=1,
+        confirm_top=1,
+        objective="throughput",
+        out=tmp_path,
+    )
+
+    measured = [t for t in result.trials if t.role in ("baseline", "search")]
+    ran = [t for t in measured if t.derived_from is None]
+    derived = [t for t in measured if t.derived_from is not None]
+    assert len(ran) == 2 and len(derived) == 2, [t.result.config.label() for t in measured]
+    assert {t.derived_from for t in derived} == {ran[1].number}
+    assert {t.result.config.accumulation_steps for t in derived} == {2, 4}
