@@ -307,18 +307,13 @@ def _add_siblings(
         if (siblings := derived_siblings(space, record, known))
     ]
     groups.sort(key=lambda group: -max(result.samples_per_s or 0.0 for _, result in group[1]))
-    # the labels the progress gave this worker's trials: trial K/N in the order they finished
-    order = sorted(r.number for r in measured.values() if r.worker == settings.worker_name)
     added: list[TrialRecord] = []
     for source, siblings in groups[: max(0, settings.trials - done)]:
         done += 1
         label = f"trial {done}/{settings.trials}"
-        known_as = (
-            f"{order.index(source.number) + 1}/{settings.trials}"
-            if source.number in order
-            else f"#{source.number}"
-        )
-        of = f"trial {known_as}'s timed parts"
+        # the label the progress gave it: trial K/N, K counted as --trials counts
+        before = [r for r in measured.values() if r.number < source.number]
+        of = f"trial {_counted(before, settings.worker_name) + 1}/{settings.trials}'s timed parts"
         for config, result in siblings:
             if config in {r.result.config for r in added}:
                 continue  # two trials' parts measured it: the first's estimate is kept
