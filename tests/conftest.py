@@ -32,6 +32,13 @@ CPU_PROFILE = HardwareProfile(
 )
 
 
+def trials_counted(attrs: list[dict]) -> int:
+    """Stored trials as `--trials` counts them, from their user attributes: each that ran, and
+    the siblings one derived from its timed parts (`advisor.search.siblings`) as one more."""
+    ran = [a for a in attrs if "derived_from" not in a]
+    return len(ran) + len({a["derived_from"] for a in attrs if "derived_from" in a})
+
+
 def run_advisor(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """`python -m advisor ARGS` from the repository root, as a user runs it."""
     return subprocess.run(

@@ -23,7 +23,7 @@ from advisor.search.storage import load_study, open_study, optimize_one
 from advisor.search.study import bind_study
 from advisor.settings import TuneSettings
 from advisor.trial.runner import TrialLaunch
-from tests.conftest import CPU_PROFILE, ROOT, TINY, run_advisor
+from tests.conftest import CPU_PROFILE, ROOT, TINY, run_advisor, trials_counted
 from tests.postgres import PASSWORD, postgres_url  # noqa: F401 (a fixture)
 
 FAST = ("--trial-seconds", "0.3", "--warmup-steps", "2", "--confirm-top", "1")
@@ -54,8 +54,11 @@ def _check_sum(study: optuna.Study) -> None:
         if t.user_attrs["role"] != "duplicate"
     ]
     by_worker = {name: [t for t in measured if t.user_attrs["worker"] == name] for name in "ab"}
-    assert len(by_worker["a"]) == len(by_worker["b"]) == 3  # 3 + 3: the sum requested
-    assert len(measured) == 6
+    # As --trials counts: each trial that ran, and the siblings one derived from its timed parts
+    # (on a busy machine, accumulation 8 may not fit these 0.3-s windows) together as one more.
+    counted = {name: trials_counted([t.user_attrs for t in ts]) for name, ts in by_worker.items()}
+    assert counted == {"a": 3, "b": 3}  # 3 + 3: the sum requested
+    assert len({tuple(sorted(t.params.items())) for t in measured}) == len(measured)
     assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
 
 
