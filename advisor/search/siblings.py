@@ -17,11 +17,17 @@ re-measured in whole cycles like any other.
 
 from __future__ import annotations
 
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import FrozenTrial, TrialState
+
 from advisor.knobs import TrialConfig
 from advisor.results import TrialRecord, TrialResult
+from advisor.search.context import SearchContext
+from advisor.search.records import planned_params, record_attrs
 from advisor.search.space import SearchSpace
 
-__all__ = ["derived_siblings", "sibling_accumulation"]
+__all__ = ["add_siblings", "counted", "derived_siblings", "ran_itself", "sibling_accumulation"]
 
 
 def sibling_accumulation(space: SearchSpace, config: TrialConfig) -> tuple[int, ...]:
@@ -74,3 +80,89 @@ def _derived(record: TrialRecord, config: TrialConfig, samples_per_s: float) -> 
         peak_memory_bytes=record.result.peak_memory_bytes,
         task=record.result.task,
     )
+
+
+def ran_itself(record: TrialRecord) -> bool:
+    """Whether the record's trial ran, rather than being derived from another's parts."""
+    return record.derived_from is None
+
+
+def counted(records: list[TrialRecord], worker: str) -> int:
+    """The configurations `--trials` counts of `worker`'s distinct ones: each it ran, and the
+    siblings each of those derived (`advisor.search.siblings`) as one more. Counted from this
+    worker's own records: another worker may have measured the same configuration at the same
+    moment, and the search keeps only one record per configuration."""
+    mine = [r for r in records if r.worker == worker]
+    ran = {r.result.config for r in mine if ran_itself(r)}
+    return len(ran) + len({r.derived_from for r in mine if not ran_itself(r)})
+
+
+def add_siblings(
+    study: optuna.Study,
+    context: SearchContext,
+    records: list[TrialRecord],
+    measured: dict[TrialConfig, TrialRecord],
+    done: int,
+) -> bool:
+    """Add the configurations that this worker's trials' timed parts also measured, and
+    nobody has measured or is measuring, as trials of their own (`advisor.search.siblings`):
+    those of the trial whose fastest is fastest first, while `--trials` leaves room (one
+    trial's siblings count as one configuration: up to three accumulation steps of one
+    measurement must not crowd out the other knobs). Returns whether it added any.
+
+    Added between trials, after the one that measured them has been stored: a failure to add
+    one, or an interrupt, cannot cost that trial; a resumed search adds those it missed."""
+    settings, space = context.settings, context.space
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    busy = [planned_params(trial) for trial in running]
+    known = set(measured) | {
+        space.config_from_params(p)
+        for p in busy
+        if set(space.domains) <= set(p) and space.problem(p) is None
+    }
+    groups = [
+        (record, siblings)
+        for record in records
+        if record.worker == settings.worker_name and ran_itself(record)
+        if (siblings := derived_siblings(space, record, known))
+    ]
+    groups.sort(key=lambda group: -max(result.samples_per_s or 0.0 for _, result in group[1]))
+    added: list[TrialRecord] = []
+    for source, siblings in groups[: max(0, settings.trials - done)]:
+        done += 1
+        label = f"trial {done}/{settings.trials}"
+        # the label the progress gave it: trial K/N, K counted as --trials counts
+        before = [r for r in measured.values() if r.number < source.number]
+        of = f"trial {counted(before, settings.worker_name) + 1}/{settings.trials}'s timed parts"
+        for config, result in siblings:
+            if config in {r.result.config for r in added}:
+                continue  # two trials' parts measured it: the first's estimate is kept
+            context.progress.trial_started(f"{label} (derived from {of})", config)
+            sibling = TrialRecord(
+                number=len(study.get_trials(deepcopy=False)),
+                role="search",
+                result=result,
+                derived_from=source.number,
+                worker=settings.worker_name,
+            )
+            study.add_trial(_derived_trial(space, sibling))
+            added.append(sibling)
+            context.progress.trial_finished(sibling, _fastest([*measured.values(), *added]))
+    return bool(added)
+
+
+def _derived_trial(space: SearchSpace, record: TrialRecord) -> FrozenTrial:
+    """A finished trial for the study, of a configuration another trial measured (always
+    eligible: it violates no constraint)."""
+    domains = space.domains
+    return optuna.trial.create_trial(
+        params=space.params_of(record.result.config),
+        distributions={name: CategoricalDistribution(values) for name, values in domains.items()},
+        value=record.result.samples_per_s,
+        user_attrs=record_attrs(record),
+    )
+
+
+def _fastest(records: list[TrialRecord]) -> float | None:
+    rates = [r.result.samples_per_s for r in records if r.eligible and r.result.samples_per_s]
+    return max(rates, default=None)

@@ -16,8 +16,7 @@ import time
 from typing import Any
 
 import optuna
-from optuna.distributions import CategoricalDistribution
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from advisor.errors import SettingsError
 from advisor.knobs import BASE_GROUP, KNOBS, TrialConfig
@@ -31,12 +30,11 @@ from advisor.search.records import (
     TrialKey,
     claim,
     planned_params,
-    record_attrs,
     records_of,
     write_record,
 )
 from advisor.search.seeding import next_seed, seed_count
-from advisor.search.siblings import derived_siblings, sibling_accumulation
+from advisor.search.siblings import add_siblings, counted, ran_itself, sibling_accumulation
 from advisor.search.space import SearchSpace
 from advisor.search.storage import optimize_one
 from advisor.settings import TuneSettings
@@ -142,10 +140,10 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
         records = records_of(study)
         # One record per configuration, one that ran rather than one derived from another's
         # parts where (another worker measuring it meanwhile) there are both.
-        unique = sorted((r for r in records if r.role != "duplicate"), key=_ran)
+        unique = sorted((r for r in records if r.role != "duplicate"), key=ran_itself)
         measured = {r.result.config: r for r in unique}
-        done = _counted(unique, settings.worker_name)
-        if _add_siblings(study, context, records, measured, done):
+        done = counted(unique, settings.worker_name)
+        if add_siblings(study, context, records, measured, done):
             continue  # read back with the others
         if done >= settings.trials or len(measured) >= space.size:
             return records
@@ -222,7 +220,7 @@ class _Objective:
         claim(trial)
         params = space.suggest(trial)
         config = None if space.problem(params) else space.config_from_params(params)
-        earlier = self.measured.get(config) if config else None
+        earlier = _measured_now(trial.study, config, self.measured) if config else None
         if earlier is not None:
             self.unmeasured_in_a_row += 1
             repeat = {"number": trial.number, "role": "duplicate", "duplicate_of": earlier.number}
@@ -263,84 +261,15 @@ class _Objective:
         return known_out_of_memory(config, self.measured.values())
 
 
-def _ran(record: TrialRecord) -> bool:
-    return record.derived_from is None
-
-
-def _counted(records: list[TrialRecord], worker: str) -> int:
-    """The configurations `--trials` counts of `worker`'s distinct ones: each it ran, and the
-    siblings each of those derived (`advisor.search.siblings`) as one more. Counted from this
-    worker's own records: another worker may have measured the same configuration at the same
-    moment, and the search keeps only one record per configuration."""
-    mine = [r for r in records if r.worker == worker]
-    ran = {r.result.config for r in mine if _ran(r)}
-    return len(ran) + len({r.derived_from for r in mine if not _ran(r)})
-
-
-def _add_siblings(
-    study: optuna.Study,
-    context: SearchContext,
-    records: list[TrialRecord],
-    measured: dict[TrialConfig, TrialRecord],
-    done: int,
-) -> bool:
-    """Add the configurations that this worker's trials' timed parts also measured, and
-    nobody has measured or is measuring, as trials of their own (`advisor.search.siblings`):
-    those of the trial whose fastest is fastest first, while `--trials` leaves room (one
-    trial's siblings count as one configuration: up to three accumulation steps of one
-    measurement must not crowd out the other knobs). Returns whether it added any.
-
-    Added between trials, after the one that measured them has been stored: a failure to add
-    one, or an interrupt, cannot cost that trial; a resumed search adds those it missed."""
-    settings, space = context.settings, context.space
-    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    busy = [planned_params(trial) for trial in running]
-    known = set(measured) | {
-        space.config_from_params(p)
-        for p in busy
-        if set(space.domains) <= set(p) and space.problem(p) is None
-    }
-    groups = [
-        (record, siblings)
-        for record in records
-        if record.worker == settings.worker_name and _ran(record)
-        if (siblings := derived_siblings(space, record, known))
-    ]
-    groups.sort(key=lambda group: -max(result.samples_per_s or 0.0 for _, result in group[1]))
-    added: list[TrialRecord] = []
-    for source, siblings in groups[: max(0, settings.trials - done)]:
-        done += 1
-        label = f"trial {done}/{settings.trials}"
-        # the label the progress gave it: trial K/N, K counted as --trials counts
-        before = [r for r in measured.values() if r.number < source.number]
-        of = f"trial {_counted(before, settings.worker_name) + 1}/{settings.trials}'s timed parts"
-        for config, result in siblings:
-            if config in {r.result.config for r in added}:
-                continue  # two trials' parts measured it: the first's estimate is kept
-            context.progress.trial_started(f"{label} (derived from {of})", config)
-            sibling = TrialRecord(
-                number=len(study.get_trials(deepcopy=False)),
-                role="search",
-                result=result,
-                derived_from=source.number,
-                worker=settings.worker_name,
-            )
-            study.add_trial(_derived_trial(space, sibling))
-            added.append(sibling)
-            context.progress.trial_finished(sibling, _best([*measured.values(), *added]))
-    return bool(added)
-
-
-def _derived_trial(space: SearchSpace, record: TrialRecord) -> FrozenTrial:
-    """A finished trial for the study, of a configuration another trial measured (always
-    eligible: it violates no constraint)."""
-    domains = space.domains
-    return optuna.trial.create_trial(
-        params=space.params_of(record.result.config),
-        distributions={name: CategoricalDistribution(values) for name, values in domains.items()},
-        value=record.result.samples_per_s,
-        user_attrs=record_attrs(record),
-    )
+def _measured_now(
+    study: optuna.Study, config: TrialConfig, measured: dict[TrialConfig, TrialRecord]
+) -> TrialRecord | None:
+    """The record that measured `config`, read again from the study: since `measured` was
+    read, another worker may have measured it, or derived it from a trial's timed parts."""
+    if config in measured:
+        return measured[config]
+    fresh = [r for r in records_of(study) if r.role != "duplicate" and r.result.config == config]
+    return min(fresh, key=lambda r: r.number, default=None)
 
 
 def _enqueue_neighbours(
