@@ -7,15 +7,13 @@ import advisor
 from tests.conftest import TINY, survivors
 
 
-def test_a_trial_timed_in_parts_records_its_other_accumulation_as_a_derived_trial(tmp_path, marked):
-    # Micro-steps of 0.1 s, optimizer steps 0.3 s more: without accumulation a cycle takes
-    # 0.4 s, within the third of the 1.5-s window that a search trial times whole; with 4
-    # micro-steps 0.7 s, beyond it. A trial without accumulation is timed in parts all the same.
-    result = advisor.tune(
+def _tune(tmp_path, accumulation_steps: str) -> advisor.TuneResult:
+    """Three configurations of one process at batch 16, in 1.5-s windows."""
+    return advisor.tune(
         f"{TINY}:slow_optimizer_steps",
         trials=3,
         batch_sizes="16",
-        accumulation_steps="1,4",
+        accumulation_steps=accumulation_steps,
         max_world_size=1,
         trial_seconds=1.5,
         warmup_steps=1,
@@ -23,6 +21,13 @@ def test_a_trial_timed_in_parts_records_its_other_accumulation_as_a_derived_tria
         objective="throughput",
         out=tmp_path,
     )
+
+
+def test_a_trial_timed_in_parts_records_its_other_accumulation_as_a_derived_trial(tmp_path, marked):
+    # Micro-steps of 0.1 s, optimizer steps 0.3 s more: without accumulation a cycle takes
+    # 0.4 s, within the third of the 1.5-s window that a search trial times whole; with 4
+    # micro-steps 0.7 s, beyond it. A trial without accumulation is timed in parts all the same.
+    result = _tune(tmp_path, accumulation_steps="1,4")
 
     by_number = {t.number: t for t in result.trials}
     derived = [t for t in result.trials if t.derived_from is not None]
@@ -53,18 +58,7 @@ def test_a_trial_timed_in_parts_records_its_other_accumulation_as_a_derived_tria
 def test_one_trials_siblings_count_together_as_one_configuration(tmp_path):
     # Accumulation 1, 2 or 4: a trial timed in parts derives two siblings, which --trials
     # counts as one, so that they do not crowd out the other knobs' trials.
-    result = advisor.tune(
-        f"{TINY}:slow_optimizer_steps",
-        trials=3,
-        batch_sizes="16",
-        accumulation_steps="1,2,4",
-        max_world_size=1,
-        trial_seconds=1.5,
-        warmup_steps=1,
-        confirm_top=1,
-        objective="throughput",
-        out=tmp_path,
-    )
+    result = _tune(tmp_path, accumulation_steps="1,2,4")
 
     measured = [t for t in result.trials if t.role in ("baseline", "search")]
     ran = [t for t in measured if t.derived_from is None]
