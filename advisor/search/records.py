@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Final, TypeVar
 
 import optuna
@@ -29,7 +30,7 @@ from advisor.results import (
     TrialRecord,
     TrialResult,
 )
-from advisor.search.storage import mask_url
+from advisor.search.storage import STALE_AFTER_S, mask_url
 from advisor.settings import TuneSettings
 
 __all__ = [
@@ -280,20 +281,30 @@ def _this_process() -> str:
     return f"{socket.gethostname()}:{process.pid}:{process.create_time():.0f}"
 
 
-def fail_abandoned(study: optuna.Study) -> None:
-    """Fail RUNNING trials whose worker process on this host is gone.
+def fail_abandoned(study: optuna.Study, unclaimed_after_s: float = STALE_AFTER_S) -> None:
+    """Fail RUNNING trials whose worker is gone: a process on this host that no longer runs, or
+    a worker that never claimed its trial within `unclaimed_after_s` of asking for it.
 
-    RDB storages do this by heartbeat; a journal file has none. Trials of other hosts are left
-    alone: whether their worker lives cannot be seen from here.
+    RDB storages fail a dead worker's trial by heartbeat, and a journal file has none; neither
+    sees a worker killed between asking for a trial and claiming it (no heartbeat, no owner),
+    whose trial would otherwise stay RUNNING forever. A live worker claims its trial within
+    milliseconds. Claimed trials of other hosts are left alone: whether their worker lives
+    cannot be seen from here.
     """
     host = socket.gethostname()
+    now = datetime.now()  # Optuna stores a trial's start as this host's naive local time
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = str(trial.user_attrs.get(TrialKey.PROCESS, ""))
         owner_host, _, rest = owner.partition(":")
-        if owner_host != host or not rest:
-            continue
-        pid, _, started = rest.partition(":")
-        if not _alive(int(pid), started):  # Optuna offers no public call for this
+        if not owner:
+            started = trial.datetime_start
+            dead = started is not None and (now - started).total_seconds() > unclaimed_after_s
+        elif owner_host == host and rest:
+            pid, _, created = rest.partition(":")
+            dead = not _alive(int(pid), created)
+        else:
+            dead = False
+        if dead:  # Optuna offers no public call for this
             study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
 
 

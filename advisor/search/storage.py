@@ -7,7 +7,7 @@ import contextlib
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 
 import optuna
@@ -99,7 +99,7 @@ class _HeartbeatTolerantStorage(optuna.storages.RDBStorage):
         """
         if state == TrialState.RUNNING and values is None:
             trials = _rdb_models.TrialModel.__table__
-            started = datetime.now(timezone.utc).replace(tzinfo=None)  # Optuna stores naive UTC
+            started = datetime.now()  # naive local time, as Optuna's own pop stores it
             with self.engine.begin() as connection:
                 popped = connection.execute(
                     update(trials)

@@ -98,6 +98,26 @@ def test_a_dead_workers_running_trial_is_failed_when_a_journal_study_is_resumed(
     assert states == {stale.number: TrialState.FAIL, alive.number: TrialState.RUNNING}
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_a_worker_killed_before_it_claimed_its_trial_leaves_no_running_trial(kind, tmp_path):
+    # Killed between asking for a trial and claiming it: no owner, and no heartbeat either.
+    url = f"{kind}:///{tmp_path}/study.{'db' if kind == 'sqlite' else 'log'}"
+    open_study(url, "s", optuna.samplers.RandomSampler())
+    code = (
+        "import os, signal, optuna; from advisor.search.storage import open_study; "
+        f"open_study({url!r}, 's', optuna.samplers.RandomSampler()).ask(); "
+        "os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    killed = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr
+    time.sleep(1.5)
+    reopened = open_study(url, "s", optuna.samplers.RandomSampler())
+    asking = reopened.ask()  # a live worker that has not claimed its trial yet
+    fail_abandoned(reopened, unclaimed_after_s=1)
+    states = [t.state for t in reopened.get_trials()]
+    assert states == [TrialState.FAIL, TrialState.RUNNING] and asking.number == 1
+
+
 def test_a_study_recorded_before_a_knob_existed_resumes_while_it_stays_at_its_default(tmp_path):
     settings = TuneSettings(spec=f"{TINY}:factory")
     task = validate(settings.spec).task
