@@ -27,6 +27,7 @@ from sqlalchemy.exc import (
 from advisor.errors import StorageError
 
 __all__ = [
+    "STALE_AFTER_S",
     "load_study",
     "make_storage",
     "mask_url",

@@ -98,6 +98,7 @@ def test_a_dead_workers_running_trial_is_failed_when_a_journal_study_is_resumed(
     assert states == {stale.number: TrialState.FAIL, alive.number: TrialState.RUNNING}
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # ask() stands for a worker here
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
 def test_a_worker_killed_before_it_claimed_its_trial_leaves_no_running_trial(kind, tmp_path):
     # Killed between asking for a trial and claiming it: no owner, and no heartbeat either.

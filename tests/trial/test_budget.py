@@ -22,6 +22,14 @@ def _launch() -> TrialLaunch:
     )  # fmt: skip
 
 
+def _near_own(rate: float, own: float) -> bool:
+    """Whether a measured rate of steps that sleep is the workload's own: never above it (a sleep
+    takes at least its time), and not below 0.6 of it. On CI's two cores, shared by three test
+    workers, one DDP trial read 0.71x and the next 0.91x; two such trials disagree by more than
+    any bias these tests look for, so each is held to the rate the sleeps set."""
+    return 0.6 * own < rate < 1.1 * own
+
+
 @pytest.mark.parametrize("knobs", [{}, {"parallel_mode": "ddp", "world_size": 2}])
 def test_a_cycle_longer_than_the_window_is_estimated_within_the_budget(tmp_path, marked, knobs):
     config = TrialConfig(batch_size=16, accumulation_steps=ACCUMULATION, **knobs)
@@ -36,9 +44,10 @@ def test_a_cycle_longer_than_the_window_is_estimated_within_the_budget(tmp_path,
     assert whole.window_s >= 2 * CYCLE_S and whole.steps_measured == 2
     assert CYCLE_S * 7 / 8 <= whole.warmup_s < 2 * CYCLE_S
     assert estimated.window_s < 2 * CYCLE_S and estimated.warmup_s < 2 * CYCLE_S
-    # The parts add up to what whole cycles measure.
-    assert estimated.samples_per_s == pytest.approx(whole.samples_per_s, rel=0.2)
-    assert estimated.step_time_median_s == pytest.approx(whole.step_time_median_s, rel=0.2)
+    # The parts add up to what whole cycles measure: the workload's own rate and cycle.
+    own = config.global_batch_size / CYCLE_S
+    assert _near_own(estimated.samples_per_s, own) and _near_own(whole.samples_per_s, own)
+    assert _near_own(CYCLE_S / estimated.step_time_median_s, 1.0)
     assert survivors(marked) == []
 
 
@@ -152,7 +161,8 @@ def test_a_search_trial_of_alike_micro_steps_estimates_its_cycle_from_one_pair(t
     # that two pairs would fill.
     assert search.estimated and search.warmup_s == 0.0
     assert search.window_s < 3.5 * MICRO_STEP_S
-    assert search.samples_per_s == pytest.approx(whole.samples_per_s, rel=0.2)
+    own = config.global_batch_size / CYCLE_S
+    assert _near_own(search.samples_per_s, own) and _near_own(whole.samples_per_s, own)
 
 
 @pytest.mark.parametrize("knobs", [{}, {"parallel_mode": "ddp", "world_size": 2}])
@@ -169,8 +179,9 @@ def test_an_estimate_ends_at_the_micro_step_that_shows_its_pair_precise(tmp_path
 
     assert search.status == "ok" and whole.status == "ok", (search.reason, whole.reason)
     assert search.estimated and search.warmup_s == 0.0
-    assert search.window_s < 3.5 * MICRO_STEP_S  # three micro-steps, not two pairs
-    assert search.samples_per_s == pytest.approx(whole.samples_per_s, rel=0.2)
+    assert search.samples_measured == 3 * 16 * knobs.get("world_size", 1)  # not two pairs
+    own = config.global_batch_size / CYCLE_S  # from the second micro-step on
+    assert _near_own(search.samples_per_s, own) and _near_own(whole.samples_per_s, own)
 
 
 def test_a_search_trial_whose_first_step_is_long_times_two_steps_not_three(tmp_path):
@@ -332,15 +343,13 @@ def test_a_search_trial_times_parts_where_a_siblings_cycle_is_too_long_and_gives
     assert not alone.estimated and not alone.sibling_rates  # whole steps: they fit
     assert both.estimated and set(both.sibling_rates) == {4}
     assert other.estimated and set(other.sibling_rates) == {1}
-    # Steps that sleep take at least their sleep: each rate, whichever trial gives it and whether
-    # timed whole or in parts, is at most the workload's own, and a loaded machine only lowers it.
+    # Each rate, whichever trial gives it and whether timed whole or in parts, is the workload's.
     ranks = knobs.get("world_size", 1)
     own = {a: a * 16 * ranks / (a * MICRO_STEP_S + OPTIMIZER_STEP_S) for a in (1, 4)}
     rates = {1: (alone.samples_per_s, both.samples_per_s, other.sibling_rates[1]),
              4: (both.sibling_rates[4], other.samples_per_s)}  # fmt: skip
     for accumulation, measured in rates.items():
-        for rate in measured:
-            assert 0.6 * own[accumulation] < rate < 1.1 * own[accumulation], (accumulation, rates)
+        assert all(_near_own(rate, own[accumulation]) for rate in measured), (accumulation, rates)
     # In either trial, the derived rate and its own show what accumulation amortises: 1.75x.
     assert both.sibling_rates[4] > 1.4 * both.samples_per_s
     assert other.samples_per_s > 1.4 * other.sibling_rates[1]
