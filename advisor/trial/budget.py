@@ -141,6 +141,7 @@ def timed_window(
         if request.precise_window
         else None,
         estimate_accumulation=trainer.config.accumulation_steps if estimate else None,
+        sibling_accumulation=request.sibling_accumulation if estimate else (),
         beat_step_s=trainer.config.global_batch_size / request.beat_samples_per_s
         if request.beat_samples_per_s
         else None,

@@ -49,6 +49,9 @@ class EndLimits(Protocol):
     @property
     def beat_step_s(self) -> float | None: ...
 
+    @property
+    def sibling_accumulation(self) -> tuple[int, ...]: ...
+
 
 # A window that may end once precise: its mean step time from batch means of consecutive steps
 # (loaders and allocators make neighbouring steps alike, so single steps overstate precision).
@@ -99,6 +102,9 @@ class EarlyEnd:
         self._batch_micro = max(1, workers)
         self._accumulation = bounds.estimate_accumulation
         self._beat_step_s = bounds.beat_step_s
+        # An estimate's parts also give the rate at these accumulations (`TrialResult.
+        # sibling_rates`): below the best only where each of them is too.
+        self._siblings = bounds.sibling_accumulation if self._accumulation is not None else ()
         self._earlier_s = list(bounds.earlier_steps_s)
         self._ended = False
         self.below_best = False  # it ended so, not precise
@@ -107,26 +113,41 @@ class EarlyEnd:
         if self._ended or elapsed_s < self._next_s:
             return self._ended
         self._next_s = elapsed_s + PRECISE_CHECK_EVERY_S
-        mean, error = window.mean_step(self._batch_steps, accumulation=self._accumulation)
+        _, error, _ = self._interval(window, self._accumulation)
+        if error <= PRECISE_RELATIVE_ERROR:
+            self._ended = True
+        elif self._beat_step_s is not None and self._below_best(window, self._beat_step_s):
+            self._ended = self.below_best = True
+        return self._ended
+
+    def _interval(self, window: TimedSteps, accumulation: int | None) -> tuple[float, float, float]:
+        """The mean step (or estimated cycle of `accumulation` micro-steps), its relative
+        error, and the relative half-width of its 95 % interval."""
+        mean, error = window.mean_step(self._batch_steps, accumulation=accumulation)
         half_width = error * _T_975[PRECISE_BATCHES - 1]  # of the 95 % interval, relative
-        if self._accumulation is not None:
+        if accumulation is not None:
             error = min(error, window.micro_error(self._batch_micro))
             if self._earlier_s:  # micro-steps alike with the one before the window
                 error = min(error, window.micro_error(self._batch_micro, self._earlier_s))
-            cycles = window.estimated_cycles_s(self._accumulation)
+            cycles = window.estimated_cycles_s(accumulation)
             if math.isnan(mean) and cycles:  # too few pairs for their own interval
                 mean = sum(cycles) / len(cycles)
                 half_width = error * _T_975[PRECISE_BATCHES - 1]  # as precise as its micro-steps
         elif self._earlier_s:  # steps alike with those before the window: precise sooner
             every = self._earlier_s + window.step_times_s
             error = min(error, mean_and_error(every, self._batch_steps)[1])
-        if error <= PRECISE_RELATIVE_ERROR:
-            self._ended = True
-        elif self._beat_step_s is not None and clearly_longer(
-            window, mean, half_width, self._beat_step_s, estimate=self._accumulation is not None
-        ):
-            self._ended = self.below_best = True
-        return self._ended
+        return mean, error, half_width
+
+    def _below_best(self, window: TimedSteps, beat_s: float) -> bool:
+        """Whether the window's steps, and the cycles of each sibling accumulation, are clearly
+        longer than the best's at their global batch (`beat_s` is at the window's own)."""
+        for accumulation in (self._accumulation, *self._siblings):
+            mean, _, half_width = self._interval(window, accumulation)
+            bar_s = beat_s * (accumulation or 1) / (self._accumulation or 1)
+            estimate = accumulation is not None
+            if not clearly_longer(window, mean, half_width, bar_s, estimate=estimate):
+                return False
+        return True
 
 
 def clearly_longer(

@@ -6,9 +6,16 @@ from __future__ import annotations
 import pytest
 
 from advisor.knobs import TrialConfig
+from advisor.results import TrialResult
 from advisor.trial.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY, survivors
-from tests.workloads.tiny import MICRO_STEP_S, OPTIMIZER_STEP_S, SCATTERED_MEAN_S
+from tests.workloads.tiny import (
+    MICRO_STEP_S,
+    OPTIMIZER_STEP_S,
+    SCATTERED_MEAN_S,
+    SCATTERED_OPTIMIZER_STEP_S,
+    SHORT_MICRO_STEP_S,
+)
 
 WINDOW_S = 0.5
 ACCUMULATION = 8
@@ -281,6 +288,34 @@ def test_a_search_window_ends_once_clearly_slower_than_the_best(tmp_path, knobs)
     assert best.samples_per_s == pytest.approx(rate, rel=0.35)
     # A short window of steps scattered by ±100 %: its mean carries a standard error near 20 %.
     assert below.samples_per_s == pytest.approx(best.samples_per_s, rel=0.5)
+
+
+def test_an_estimate_is_below_the_best_only_where_its_siblings_are_too(tmp_path):
+    # Micro-steps of 10 ms, optimizer steps 20-60 ms more: 320 samples/s without accumulation,
+    # a rate that its window pins down only slowly; 1,422 with 32 micro-steps a cycle, whose
+    # 0.36-s cycle is too long for a third of the window: the trial times its parts.
+    launch = TrialLaunch(
+        spec=f"{TINY}:scattered_optimizer_steps", cwd=ROOT, warmup_steps=3, trial_seconds=0.9,
+        timeout_s=120,
+    )  # fmt: skip
+    low, high = SCATTERED_OPTIMIZER_STEP_S
+    own = {a: 16 * a / (a * SHORT_MICRO_STEP_S + (low + high) / 2) for a in (1, 32)}
+
+    def trial(name: str, best: float) -> TrialResult:
+        config = TrialConfig(batch_size=16)
+        return run_trial(launch, config, tmp_path / f"{name}.log", precise_window=True,
+                         beat_samples_per_s=best, sibling_accumulation=(32,))  # fmt: skip
+
+    sibling_faster = trial("sibling_faster", best=3 * own[1])
+    both_slower = trial("both_slower", best=3 * own[32])
+
+    assert sibling_faster.status == "ok" and both_slower.status == "ok"
+    assert sibling_faster.estimated and both_slower.estimated
+    # Three times slower than the best, but its sibling is faster: the window goes on.
+    assert not sibling_faster.below_best and sibling_faster.window_s > launch.trial_seconds / 2
+    assert sibling_faster.sibling_rates[32] > 3 * own[1]
+    # Both three times slower: clear soon, and said.
+    assert both_slower.below_best and both_slower.window_s < launch.trial_seconds / 2
 
 
 def test_an_estimate_agrees_with_whole_cycles_where_workers_deliver_batches_in_rounds(tmp_path):

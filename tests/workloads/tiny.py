@@ -392,6 +392,36 @@ def slow_optimizer_steps():
     return model, data, loss, functools.partial(_SlowStepSGD, lr=0.05)
 
 
+SHORT_MICRO_STEP_S = 0.01
+SCATTERED_OPTIMIZER_STEP_S = (0.02, 0.06)
+
+
+def _ten_milliseconds(model: Faulty, features: torch.Tensor) -> None:
+    time.sleep(SHORT_MICRO_STEP_S)
+
+
+class _ScatteredStepSGD(torch.optim.SGD):
+    """SGD whose steps take 20 to 60 ms more, in a scrambled order (40 ms on average)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.steps = 0
+
+    def step(self, closure=None):
+        self.steps += 1
+        low, high = SCATTERED_OPTIMIZER_STEP_S
+        time.sleep(low + (high - low) * (self.steps * 7 % 13) / 12)
+        return super().step(closure)
+
+
+def scattered_optimizer_steps():
+    """Micro-steps of 10 ms, optimizer steps 20-60 ms more: without accumulation, a rate that a
+    window pins down only slowly; with 32 micro-steps a cycle, one that the scatter hardly moves,
+    4.4x as fast."""
+    model = Faulty(_ten_milliseconds)
+    return model, _data(), nn.CrossEntropyLoss(), functools.partial(_ScatteredStepSGD, lr=0.05)
+
+
 # bf16 micro-steps take half a second: hundreds of times slower than fp32 here.
 very_slow_with_bf16 = _fault_factory(_half_a_second_under_autocast)
 
