@@ -65,6 +65,7 @@ def test_a_window_nobody_stops_runs_its_length(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timing  # a bf16 trial's clock: stopped within its second half-second micro-step
 def test_a_tune_stops_the_slow_configurations_in_warm_up_and_says_why(tmp_path):
     result = advisor.tune(
         f"{TINY}:very_slow_with_bf16",
