@@ -14,25 +14,20 @@ from advisor.errors import (
     StorageError,
 )
 from advisor.knobs import TrialConfig
-from advisor.results import (
-    FixedKnob,
-    GpuInfo,
-    HardwareProfile,
-    Recommendation,
-    TaskSummary,
-    TrialResult,
-    TuneResult,
-)
+from advisor.recommendation import FixedKnob, Recommendation, TuneResult
+from advisor.results import GpuInfo, HardwareProfile, TaskSummary, TrialResult
 from advisor.settings import TuneSettings
 from advisor.task import TrainingTask
 
 if TYPE_CHECKING:
-    from advisor.api import tune, validate
+    from advisor.api import export, load_result, tune, validate, write_reports, write_script
+
+_API = ("export", "load_result", "tune", "validate", "write_reports", "write_script")
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: trial processes and factories import advisor; they need no Optuna or Jinja2.
-    if name in ("tune", "validate"):
+    if name in _API:
         from advisor import api
 
         return getattr(api, name)
@@ -64,6 +59,10 @@ __all__ = [
     "TuneResult",
     "TuneSettings",
     "__version__",
+    "export",
+    "load_result",
     "tune",
     "validate",
+    "write_reports",
+    "write_script",
 ]

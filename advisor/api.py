@@ -1,4 +1,5 @@
-"""The public entry points: `tune()` and `validate()`; the CLI calls exactly these."""
+"""The public entry points, shared by the CLI and Python users: `tune()` and `validate()`;
+`write_reports()`, `write_script()` and `export()` for a finished tune's folder."""
 
 from __future__ import annotations
 
@@ -6,62 +7,48 @@ import shutil
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
-import optuna
 from pydantic import ValidationError
 
-from advisor.convergence import BatchPrediction, NoiseScale
+from advisor.errors import BadInputError
+from advisor.knob_row import FRAMEWORKS, Framework
 from advisor.progress import NullProgress, Progress
+from advisor.recommendation import Recommendation, StudyContext, TuneResult
 from advisor.report.codegen import render_launch_script, render_training_script
 from advisor.report.exports import write_exports
-from advisor.report.outcome import confirmed_recommendation, stored_result
 from advisor.report.render import render_html, render_markdown, render_trials_csv
-from advisor.results import (
-    Recommendation,
-    StudyContext,
-    TaskSummary,
-    TrialRecord,
-    TrialResult,
-    TuneResult,
-)
+from advisor.results import TaskSummary, TrialResult
 from advisor.search.checks import NumericsCheck, preflight
 from advisor.search.context import SearchContext
+from advisor.search.decision import conclude, stored_result, tune_result
 from advisor.search.pruning import make_pruner
-from advisor.search.race import (
-    measure_noise_scale,
-    plan_racers,
-    predict_batches,
-    race_finalists,
-    run_race,
-)
-from advisor.search.race_verdict import decide_race
-from advisor.search.records import (
-    fail_abandoned,
-    pruned_of,
-    records_of,
-    write_outcome,
-    write_start,
-)
-from advisor.search.selection import Selection, select_winner
+from advisor.search.records import fail_abandoned, pruned_of, records_of, write_outcome, write_start
 from advisor.search.space import build_space, resolve_device
-from advisor.search.storage import mask_url, open_study
+from advisor.search.storage import open_study
 from advisor.search.study import bind_study, make_sampler, run_search
-from advisor.settings import TuneSettings, settings_error
+from advisor.settings import TuneSettings, mask_url, settings_error
 from advisor.task import callable_to_spec, check_spec
-from advisor.trial.probe_runner import probe_isolated
-from advisor.trial.runner import TrialLaunch
+from advisor.trial.parent.probe import probe_isolated
+from advisor.trial.parent.runner import TrialLaunch
 
 __all__ = [
     "VERSION",
+    "ReportFormat",
+    "export",
+    "load_result",
     "make_settings",
-    "stored_result",
+    "read_recommendation",
     "tune",
     "tune_with",
     "validate",
     "write_outputs",
+    "write_report_files",
     "write_reports",
+    "write_script",
 ]
+
+ReportFormat = Literal["all", "html", "md"]
 
 try:
     VERSION = version("advisor")
@@ -124,61 +111,18 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
     bind_study(study, search)
     write_start(study, settings, context)  # first: `advisor report` renders even an interrupt
     records = run_search(study, search)
-    recommendation, selection = _conclude(study, search, context, records)
+    recommendation, selection = conclude(study, search, context, records)
     write_outcome(study, selection.confirmations, recommendation)
-    result = TuneResult(
-        settings=settings,
-        recommendation=recommendation,
-        trials=tuple(records_of(study)),
-        confirmations=selection.confirmations,
-        pruned=pruned_of(study),
-        out_dir=settings.out_dir,
+    result = tune_result(
+        settings,
+        recommendation,
+        tuple(records_of(study)),
+        selection.confirmations,
+        pruned_of(study),
+        settings.out_dir,
     )
     write_outputs(result)
     return result
-
-
-def _conclude(
-    study: optuna.Study, search: SearchContext, context: StudyContext, records: list[TrialRecord]
-) -> tuple[Recommendation, Selection]:
-    """Re-measure the finalists and, for the time-to-loss objective, race them: the
-    recommendation, and the re-runs it rests on."""
-    settings, progress = search.settings, search.progress
-    racing = settings.objective == "time-to-loss" and settings.race_seconds > 0
-    racing = racing and any(record.eligible for record in records)  # else nothing can win
-    noise, predictions, extra = _race_entrants(study, search, records) if racing else (None, (), [])
-    progress.stage("re-measuring the finalists and the baseline")
-    selection = select_winner(records, search, extra, racing=racing)
-    race = None
-    if racing:
-        plans = plan_racers(
-            selection, predictions, search.space.baseline, context.task.optimizer_class
-        )
-        progress.stage(
-            f"racing {len(plans)} configurations for {settings.race_seconds:g} s of training "
-            "each, from the same initial weights, to your loss"
-        )
-        race = decide_race(run_race(study, search, plans), settings.race_seconds)
-    recommendation = confirmed_recommendation(
-        settings, context, selection, records_of(study), race=race, noise=noise
-    )
-    return recommendation, selection
-
-
-def _race_entrants(
-    study: optuna.Study, search: SearchContext, records: list[TrialRecord]
-) -> tuple[NoiseScale | None, tuple[BatchPrediction, ...], list[TrialRecord]]:
-    """The noise scale, what it predicts per global batch, and the search trials the race
-    needs re-measured with the other finalists."""
-    baseline = search.space.baseline
-    search.progress.stage("measuring the gradient noise scale of your configuration")
-    noise = measure_noise_scale(study, search, baseline)
-    predictions, extra = race_finalists(
-        predict_batches(noise, records, baseline), noise, records, baseline
-    )
-    if noise is not None:
-        noise = noise.model_copy(update={"predictions": predictions})
-    return noise, predictions, extra
 
 
 def _prepare(
@@ -216,7 +160,7 @@ def _prepare(
     return search, context
 
 
-def write_reports(result: TuneResult) -> None:
+def write_report_files(result: TuneResult) -> None:
     """recommendation.json, trials.csv, report.md and report.html into the output folder."""
     out = result.out_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -229,15 +173,110 @@ def write_reports(result: TuneResult) -> None:
 def write_outputs(result: TuneResult) -> None:
     """Every file of the output folder: the reports, then, for a confirmed recommendation,
     train.py, launch.sh and the exports for HF Trainer, Lightning and accelerate."""
-    out = result.out_dir
-    write_reports(result)
-    if result.recommendation.provisional:
-        return
-    (out / "train.py").write_text(render_training_script(result.recommendation, out))
-    launcher = out / "launch.sh"
-    launcher.write_text(render_launch_script(result.recommendation))
+    write_report_files(result)
+    if not result.recommendation.provisional:
+        _write_training_script(result.recommendation, result.out_dir / "train.py")
+        write_exports(result.recommendation, result.out_dir)
+
+
+def load_result(
+    folder: Path | str | None = None,
+    *,
+    storage: str | None = None,
+    study_name: str | None = None,
+    out_dir: Path | str | None = None,
+) -> TuneResult:
+    """A tune's result rebuilt from its stored study alone: the folder `advisor tune` wrote
+    (its study.db), or any Optuna storage URL. A tune that did not finish gets a provisional
+    recommendation from its search trials. `out_dir` defaults to the folder."""
+    if storage is None:
+        if folder is None:
+            raise BadInputError(
+                "pass the folder advisor tune wrote (e.g. reports/mlp-factory), "
+                "or --storage URL --study-name NAME"
+            )
+        database = Path(folder) / "study.db"
+        if not database.is_file():
+            raise BadInputError(
+                f"{database} does not exist: pass the folder advisor tune wrote, "
+                "or --storage URL --study-name NAME"
+            )
+        storage = f"sqlite:///{database.resolve()}"
+    out = out_dir if out_dir is not None else folder
+    return stored_result(storage, study_name, Path(out) if out is not None else None)
+
+
+def write_reports(
+    folder: Path | str | None = None,
+    *,
+    storage: str | None = None,
+    study_name: str | None = None,
+    out_dir: Path | str | None = None,
+    fmt: ReportFormat = "all",
+) -> TuneResult:
+    """Re-render a tune's reports from its stored study (see `load_result`): every output file
+    ("all": for a provisional result the reports only), or report.html or report.md alone."""
+    result = load_result(folder, storage=storage, study_name=study_name, out_dir=out_dir)
+    if fmt == "all":
+        write_outputs(result)
+    else:
+        result.out_dir.mkdir(parents=True, exist_ok=True)
+        path = result.out_dir / f"report.{fmt}"
+        path.write_text(render_html(result) if fmt == "html" else render_markdown(result))
+    return result
+
+
+def read_recommendation(path: Path | str, purpose: str = "this") -> Recommendation:
+    """The recommendation.json at `path` (or in that folder), confirmed by re-runs; a one-line
+    `BadInputError` otherwise. `purpose` names what needs it, for the message."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "recommendation.json"
+    if not path.is_file():
+        raise BadInputError(
+            f"{path} does not exist: pass the folder (or file) `advisor tune` wrote, "
+            "e.g. reports/mlp-factory"
+        )
+    try:
+        rec = Recommendation.model_validate_json(path.read_text())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        problem = f"{where}: {first['msg']}" if where else first["msg"]
+        raise BadInputError(
+            f"{path} is not a recommendation.json advisor can read ({problem}): "
+            "pass the file `advisor tune` wrote"
+        ) from exc
+    if rec.provisional:
+        raise BadInputError(
+            f"{path} is provisional (its tune was interrupted before the finalists were "
+            f"re-measured): resume the tune with its command, then run {purpose} on the new file"
+        )
+    return rec
+
+
+def write_script(recommendation: Path | str, output: Path | str = "train.py") -> list[Path]:
+    """train.py for a recommendation.json (or the folder holding it), and launch.sh beside it;
+    the paths written."""
+    rec = read_recommendation(recommendation, "codegen")
+    return _write_training_script(rec, Path(output))
+
+
+def export(folder: Path | str, to: Framework | Literal["all"] = "all") -> list[Path]:
+    """A folder's recommendation for HF Trainer ("hf"), Lightning or accelerate, or all three,
+    written to FOLDER/exports/; the paths written."""
+    rec = read_recommendation(Path(folder) / "recommendation.json", "export")
+    frameworks = FRAMEWORKS if to == "all" else (cast(Framework, to),)
+    return list(write_exports(rec, Path(folder), frameworks))
+
+
+def _write_training_script(rec: Recommendation, script: Path) -> list[Path]:
+    """train.py at `script` and an executable launch.sh beside it."""
+    script.write_text(render_training_script(rec, script.parent))
+    launcher = script.parent / "launch.sh"
+    launcher.write_text(render_launch_script(rec))
     launcher.chmod(0o755)
-    write_exports(result.recommendation, out)
+    return [script, launcher]
 
 
 def _summary(checked: TrialResult) -> TaskSummary:

@@ -6,22 +6,26 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, cast
+from types import UnionType
+from typing import Any, Literal, Union, cast, get_args, get_origin
 
 import click
-from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
 from advisor.api import (
     VERSION,
+    ReportFormat,
+    load_result,
     make_settings,
-    stored_result,
+    read_recommendation,
     tune_with,
     validate,
-    write_outputs,
+    write_report_files,
     write_reports,
+    write_script,
 )
+from advisor.api import export as export_recommendation
 from advisor.console import (
     ConsoleProgress,
     hardware_table,
@@ -29,14 +33,11 @@ from advisor.console import (
     validation_table,
 )
 from advisor.errors import AdvisorError, BadInputError, SettingsError
-from advisor.knobs import BASE_GROUP, KNOB_GROUPS
-from advisor.report.codegen import launch_command, render_launch_script, render_training_script
-from advisor.report.exports import FRAMEWORKS, Framework, write_exports
+from advisor.knob_row import FRAMEWORKS, Framework
+from advisor.report.codegen import launch_command
 from advisor.report.race import baseline_kept
-from advisor.report.render import render_html, render_markdown, reproduce_command
-from advisor.results import Recommendation
-from advisor.search.storage import mask_url
-from advisor.settings import TuneSettings, read_settings_file
+from advisor.report.render import reproduce_command
+from advisor.settings import TuneSettings, mask_url, read_settings_file, setting_help
 
 __all__ = ["cli", "main"]
 
@@ -51,6 +52,30 @@ def cli(debug: bool) -> None:
     """Find, by measurement, the fastest way to train your PyTorch model on this machine."""
 
 
+def _settings_options(command: Any) -> Any:
+    """One option per `TuneSettings` field but the spec, its type, choices and help (the
+    default in brackets) read from the field: a default is written once, in the settings."""
+    for name in reversed([name for name in TuneSettings.model_fields if name != "spec"]):
+        option = click.option(
+            f"--{name.replace('_', '-')}", type=_click_type(name), help=setting_help(name)
+        )
+        command = option(command)
+    return command
+
+
+def _click_type(name: str) -> Any:
+    """The flag's type: a choice for a Literal, int or float, a path, else a string the
+    settings parse (comma lists)."""
+    kind = TuneSettings.model_fields[name].annotation
+    if get_origin(kind) in (Union, UnionType):  # X | None: the flag's type is X's
+        kind = next(arg for arg in get_args(kind) if arg is not type(None))
+    if get_origin(kind) is Literal:
+        return click.Choice(get_args(kind))
+    if kind in (int, float):
+        return kind
+    return click.Path(path_type=Path) if kind is Path else str
+
+
 @cli.command()
 @click.argument("spec", required=False)
 @click.option(
@@ -58,60 +83,7 @@ def cli(debug: bool) -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Settings from a .toml or .json file (names as the flags); flags override it.",
 )
-@click.option(
-    "--trials",
-    type=int,
-    help="Distinct configurations to measure [20]; a trial timed in parts also measures its "
-    "other accumulation steps, counted together as one.",
-)
-@click.option("--timeout", type=float, help="Search budget in seconds (re-measurements follow).")
-@click.option(
-    "--trial-seconds",
-    type=float,
-    help="Timed window of each trial [2]; a search trial's ends sooner once its rate is precise.",
-)
-@click.option("--trial-timeout", type=float, help="Hard limit per trial in seconds.")
-@click.option("--warmup-steps", type=int, help="Optimizer steps before timing [3].")
-@click.option("--global-batch-size", type=int, help="Keep batch x accumulation at this value.")
-@click.option("--batch-sizes", help="Micro-batch sizes to try, e.g. 16,32,64.")
-@click.option("--accumulation-steps", help="Accumulation steps to try [1,2,4,8].")
-@click.option(
-    "--max-world-size", type=int, help="Most DDP processes to try [GPUs, or cores]; 1: none."
-)
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="[auto]")
-@click.option("--storage", help="Optuna storage URL [sqlite:///OUT/study.db].")
-@click.option("--study-name", help="Study name [from the spec].")
-@click.option("--out", type=click.Path(path_type=Path), help="Output folder [reports/STUDY].")
-@click.option(
-    "--worker", help="This worker's name in a shared study [host name]; --trials counts its own."
-)
-@click.option("--seed", type=int, help="Sampler seed [0].")
-@click.option("--sampler", type=click.Choice(["tpe", "random", "grid"]), help="[tpe]")
-@click.option(
-    "--knobs",
-    help=f"Knobs to search: {BASE_GROUP}, all, or a comma list of groups "
-    f"({', '.join(g for g in KNOB_GROUPS if g != BASE_GROUP)}) and knob names [{BASE_GROUP}].",
-)
-@click.option(
-    "--early-stop",
-    type=float,
-    help="Stop a search trial early below this fraction of the best so far; 0: never, and no "
-    "knob value is rejected either [0.5].",
-)
-@click.option(
-    "--objective",
-    type=click.Choice(["time-to-loss", "throughput"]),
-    help="What wins: the soonest to your loss in a race from the same weights, or the highest "
-    "samples/s [time-to-loss].",
-)
-@click.option(
-    "--race-seconds",
-    type=float,
-    help="Training time of each racer; 0: no race, your global batch is kept [15].",
-)
-@click.option("--confirm-top", type=int, help="Finalists re-measured with the baseline [3].")
-@click.option("--confirm-repeats", type=int, help="Re-runs per finalist [2].")
-@click.option("--memory-headroom", type=float, help="Memory fraction to keep free [0.1].")
+@_settings_options
 @click.option("--json", "as_json", is_flag=True, help="Print only the recommendation as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def tune(spec: str | None, config: Path | None, as_json: bool, quiet: bool, **flags: Any) -> None:
@@ -159,7 +131,7 @@ def tune(spec: str | None, config: Path | None, as_json: bool, quiet: bool, **fl
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 def probe_command(as_json: bool) -> None:
     """Show the hardware advisor tunes for."""
-    from advisor.trial.probe import probe  # imports torch: only this command needs it
+    from advisor.trial.child.probe import probe  # imports torch: only this command needs it
 
     hardware = probe()
     if as_json:
@@ -181,14 +153,10 @@ def validate_command(spec: str, device: str) -> None:
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("train.py"))
 def codegen(recommendation: Path, output: Path) -> None:
     """Write the training script for a recommendation.json."""
-    rec = _confirmed_recommendation(recommendation, "codegen")
-    output.write_text(render_training_script(rec, output.parent))
-    launcher = output.parent / "launch.sh"
-    launcher.write_text(render_launch_script(rec))
-    launcher.chmod(0o755)
-    command = launch_command(rec.config, output.as_posix())
+    script, launcher = write_script(recommendation, output)
+    command = launch_command(read_recommendation(recommendation).config, script.as_posix())
     out.print(
-        f"wrote {output} and {launcher}; train with: {command} --epochs 1",
+        f"wrote {script} and {launcher}; train with: {command} --epochs 1",
         markup=False,
         highlight=False,
     )
@@ -206,35 +174,8 @@ def codegen(recommendation: Path, output: Path) -> None:
 )
 def export(folder: Path, target: str) -> None:
     """Write FOLDER's recommendation for HF Trainer, Lightning or accelerate to FOLDER/exports/."""
-    rec = _confirmed_recommendation(folder / "recommendation.json", "export")
-    frameworks = FRAMEWORKS if target == "all" else (cast(Framework, target),)
-    for path in write_exports(rec, folder, frameworks):
+    for path in export_recommendation(folder, cast(Framework, target)):
         out.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
-
-
-def _confirmed_recommendation(path: Path, command: str) -> Recommendation:
-    """The recommendation.json at `path`, confirmed by re-runs; else a one-line error."""
-    if not path.is_file():
-        raise BadInputError(
-            f"{path} does not exist: pass the folder (or file) `advisor tune` wrote, "
-            "e.g. reports/mlp-factory"
-        )
-    try:
-        rec = Recommendation.model_validate_json(path.read_text())
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        problem = f"{where}: {first['msg']}" if where else first["msg"]
-        raise BadInputError(
-            f"{path} is not a recommendation.json advisor can read ({problem}): "
-            "pass the file `advisor tune` wrote"
-        ) from exc
-    if rec.provisional:
-        raise BadInputError(
-            f"{path} is provisional (its tune was interrupted before the finalists were "
-            f"re-measured): resume the tune with its command, then run {command} on the new file"
-        )
-    return rec
 
 
 @cli.command()
@@ -258,36 +199,21 @@ def report(
     fmt: str,
 ) -> None:
     """Re-render a finished tune's reports from its stored study alone."""
-    if storage is None:
-        if folder is None:
-            raise BadInputError(
-                "pass the folder advisor tune wrote (e.g. reports/mlp-factory), "
-                "or --storage URL --study-name NAME"
-            )
-        database = folder / "study.db"
-        if not database.is_file():
-            raise BadInputError(
-                f"{database} does not exist: pass the folder advisor tune wrote, "
-                "or --storage URL --study-name NAME"
-            )
-        storage = f"sqlite:///{database.resolve()}"
-    result = stored_result(storage, study_name, out_dir or folder)
     if fmt == "json":
+        result = load_result(folder, storage=storage, study_name=study_name, out_dir=out_dir)
         click.echo(result.model_dump_json(indent=2))
         return
+    result = write_reports(
+        folder, storage=storage, study_name=study_name, out_dir=out_dir, fmt=cast(ReportFormat, fmt)
+    )
     if fmt == "all":
-        write_outputs(result)
         files = "recommendation.json, trials.csv, report.md, report.html"
         if not result.recommendation.provisional:
             files += ", train.py, launch.sh, exports/"
-        out.print(
-            f"wrote {result.out_dir}/: {files}", markup=False, highlight=False, soft_wrap=True
-        )
+        wrote = f"{result.out_dir}/: {files}"
     else:
-        result.out_dir.mkdir(parents=True, exist_ok=True)
-        path = result.out_dir / f"report.{fmt}"
-        path.write_text(render_html(result) if fmt == "html" else render_markdown(result))
-        out.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
+        wrote = str(result.out_dir / f"report.{fmt}")
+    out.print(f"wrote {wrote}", markup=False, highlight=False, soft_wrap=True)
     if result.recommendation.provisional:
         out.print(
             "[yellow]note:[/] the tune did not finish: these reports are provisional (single "
@@ -317,8 +243,12 @@ def _settings(spec: str | None, config: Path | None, flags: dict[str, Any]) -> T
 def _write_provisional_reports(settings: TuneSettings) -> None:
     """After an interrupt, the reports of the trials so far; silent when there are none."""
     try:
-        result = stored_result(settings.storage_url, settings.resolved_study_name, settings.out_dir)
-        write_reports(result)
+        result = load_result(
+            storage=settings.storage_url,
+            study_name=settings.resolved_study_name,
+            out_dir=settings.out_dir,
+        )
+        write_report_files(result)
     except (AdvisorError, KeyboardInterrupt):
         return
     click.echo(

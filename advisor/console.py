@@ -11,15 +11,8 @@ from rich.table import Table
 
 from advisor.convergence import NoiseScale
 from advisor.knobs import TrialConfig
-from advisor.results import (
-    HardwareProfile,
-    Racer,
-    Recommendation,
-    TaskSummary,
-    TrialRecord,
-    TrialResult,
-    shown_knobs,
-)
+from advisor.recommendation import Racer, Recommendation, shown_knobs
+from advisor.results import HardwareProfile, TaskSummary, TrialRecord, TrialResult
 
 __all__ = ["ConsoleProgress", "hardware_table", "recommendation_table", "validation_table"]
 

@@ -135,9 +135,10 @@ def tf32_missing(facts: Facts) -> str | None:
 
 # Low precision whose matmuls run below this fraction of fp32's cannot pay off: a training step
 # is at best as fast as its matmuls. Emulated bf16 on a CPU without AVX512-BF16 or AMX runs at
-# about 0.01-0.05 of fp32 (REFERENCE.md); native bf16 and GPU fp16 run at 1x to 2x and more. The
-# line sits far from both, so that a probe on a busy machine (short products lose most of their
-# time to it) does not tip it; anything between is left to the search to measure.
+# about 0.01-0.05 of fp32 (docs/method.md, "The probe and the search space"); native bf16 and
+# GPU fp16 run at 1x to 2x and more. The line sits far from both, so that a probe on a busy
+# machine (short products lose most of their time to it) does not tip it; anything between is
+# left to the search to measure.
 SLOW_PRECISION = 0.25
 
 

@@ -8,23 +8,43 @@ the machine, the task), nothing else (`advisor.knob_rules`). Generic code reads 
 search space, the `--knobs` groups, labels, the order of reports and knob effects, the numerics
 check.
 
-Adding a knob takes a field here, plus the one spot in the trial loop (`advisor/trial/loop.py`)
-and the one in the training-script template (`advisor/report/templates/train.py.j2`) that apply it.
+Each row also names how every framework advisor exports to sets the knob (`exports`,
+`advisor.knob_row`). Adding a knob takes a field here, plus the one spot in the trial loop
+(`advisor/trial/child/loop.py`) and the one in the training-script template
+(`advisor/report/templates/train.py.j2`) that apply it.
 """
 
 import dataclasses
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticUndefined
 
+from advisor.knob_row import (
+    ACCELERATE_DISTRIBUTED,
+    ACCUMULATE,
+    CHANNELS_LAST,
+    CUDNN_BENCHMARK,
+    CUDNN_DETERMINISTIC,
+    DP_ACCELERATE,
+    DP_LIGHTNING,
+    FRAMEWORKS,
+    HF_FOREACH,
+    HF_OPTIM,
+    IN_LOADER,
+    Knob,
+    by_hand,
+    elsewhere,
+    in_loader,
+    key,
+    optimizer_line,
+    setting,
+    when_set,
+)
 from advisor.knob_rules import (
     Device,
-    Facts,
     ParallelMode,
-    Rule,
     compiler_missing,
     first_reason,
     layout_order,
@@ -57,53 +77,6 @@ OptimizerImpl = Literal["default", "foreach", "fused"]
 BASE_GROUP = "classic"  # always searched; `--knobs` adds the other groups to it
 
 
-@dataclass(frozen=True, kw_only=True)
-class Knob:
-    """One row of the knob table; `name`, `fields` and `default` come from the annotated field."""
-
-    group: str  # what `--knobs` calls it
-    title: str  # what it is, for people
-    unit: str = ""  # of its values, where they are numbers
-    # The values to search, from the default outwards, or a function of the circumstances; None:
-    # set by the settings (batch sizes, accumulation steps: the shape of the global batch).
-    values: tuple[Any, ...] | Callable[[Facts], tuple[Any, ...]] | None = None
-    changes_maths: bool = False  # computes the step in another order or precision
-    fixed_when: tuple[Rule, ...] = ()  # any reason fixes the knob at its default
-    dropped_when: Mapping[Any, Rule] = field(default_factory=dict)  # a value that cannot run
-    needs: str | None = None  # matters only when this other knob is non-zero
-    invalid_on_cpu: Mapping[Any, str] = field(default_factory=dict)  # value -> what to do instead
-    tag: str = "{}"  # how a value reads in a configuration's label
-    always_shown: bool = False  # in the label even at its default
-    order: Callable[[Any], tuple[int, ...]] | None = None  # of values that are not in `values`
-    name: str = ""  # the searched parameter; the field's name unless set
-    fields: tuple[str, ...] = ()  # the `TrialConfig` fields it sets; the field alone unless set
-    default: Any = None
-
-    def candidates(self, facts: Facts) -> tuple[Any, ...]:
-        """The values worth measuring in these circumstances, before `dropped_when`."""
-        return self.values(facts) if callable(self.values) else self.values or ()
-
-    def order_key(self, value: Any) -> tuple[int, ...]:
-        """Where a value stands from the default outwards (for reports and effects)."""
-        if self.order is not None:
-            return self.order(value)
-        listed = self.values if isinstance(self.values, tuple) else ()
-        if value in listed:
-            return (listed.index(value),)
-        if isinstance(value, (int, float)):  # bools too; numbers past the row's values follow them
-            return (len(listed), int(value))
-        return (len(listed),)
-
-    def label_part(self, config: "TrialConfig") -> str | None:
-        """How this knob reads in `config.label()`; None where it says nothing."""
-        if self.needs is not None and not getattr(config, self.needs):
-            return None
-        value = getattr(config, self.name)
-        if not self.always_shown and value == self.default:
-            return None
-        return self.tag.format(value)
-
-
 # --- the table -----------------------------------------------------------------------------------
 class TrialConfig(BaseModel):
     """One point of the search space: everything that changes how fast a training step runs.
@@ -132,6 +105,24 @@ class TrialConfig(BaseModel):
                 ),
             },
             invalid_on_cpu={"dp": "needs CUDA GPUs; on CPU use 'none' or 'ddp'"},
+            exports={
+                "hf": elsewhere(
+                    "the launch line: torchrun for DDP; Trainer wraps several visible GPUs in "
+                    "DataParallel on its own"
+                ),
+                "lightning": setting(
+                    lambda mode, c: {"devices": c.world_size}
+                    | ({"strategy": "ddp"} if mode == "ddp" else {}),
+                    by_hand=lambda mode, _: DP_LIGHTNING if mode == "dp" else None,
+                ),
+                "accelerate": setting(
+                    lambda mode, c: {
+                        "distributed_type": ACCELERATE_DISTRIBUTED.get((mode, c.device), "NO"),
+                        "num_processes": c.world_size,
+                    },
+                    by_hand=lambda mode, _: DP_ACCELERATE if mode == "dp" else None,
+                ),
+            },
         ),
     ] = "none"
     world_size: int = Field(default=1, ge=1, description="DDP processes; 1 for none and dp")
@@ -143,6 +134,7 @@ class TrialConfig(BaseModel):
             unit="samples per process",
             tag="bs={}",
             always_shown=True,
+            exports=in_loader(hf=key("per_device_train_batch_size"), loader=key("batch_size")),
         ),
     ] = Field(ge=1)
     accumulation_steps: Annotated[
@@ -153,6 +145,13 @@ class TrialConfig(BaseModel):
             unit="micro-batches per optimizer step",
             tag="acc={}",
             always_shown=True,
+            exports={
+                "hf": key("gradient_accumulation_steps"),
+                "lightning": key("accumulate_grad_batches"),
+                "accelerate": by_hand(
+                    lambda steps, _: ACCUMULATE.format(steps) if steps > 1 else None
+                ),
+            },
         ),
     ] = Field(default=1, ge=1)
     amp: Annotated[
@@ -180,6 +179,13 @@ class TrialConfig(BaseModel):
             invalid_on_cpu={"fp16": "needs a CUDA device; CPU autocast uses amp='bf16'"},
             tag="amp={}",
             always_shown=True,
+            exports={
+                "hf": setting(lambda amp, _: {"bf16": amp == "bf16", "fp16": amp == "fp16"}),
+                "lightning": key(
+                    "precision", {"off": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}.get
+                ),
+                "accelerate": key("mixed_precision", lambda amp: "no" if amp == "off" else amp),
+            },
         ),
     ] = "off"
     num_workers: Annotated[
@@ -198,6 +204,7 @@ class TrialConfig(BaseModel):
             ),
             tag="workers={}",
             always_shown=True,
+            exports=in_loader(hf=key("dataloader_num_workers"), loader=key("num_workers")),
         ),
     ] = Field(default=0, ge=0)
     pin_memory: Annotated[
@@ -214,6 +221,7 @@ class TrialConfig(BaseModel):
             ),
             invalid_on_cpu={True: "has no effect without CUDA: set it to False"},
             tag="pin",
+            exports=in_loader(hf=key("dataloader_pin_memory"), loader=key("pin_memory")),
         ),
     ] = False
     cudnn_benchmark: Annotated[
@@ -225,6 +233,11 @@ class TrialConfig(BaseModel):
             fixed_when=(needs_cudnn,),
             invalid_on_cpu={True: "has no effect on CPU: set it to False"},
             tag="cudnn.benchmark",
+            exports={
+                "hf": when_set(CUDNN_BENCHMARK),
+                "lightning": key("benchmark"),
+                "accelerate": when_set(CUDNN_BENCHMARK),
+            },
         ),
     ] = False
     cudnn_deterministic: Annotated[
@@ -237,6 +250,11 @@ class TrialConfig(BaseModel):
             fixed_when=(needs_cudnn,),
             invalid_on_cpu={True: "has no effect on CPU: set it to False"},
             tag="cudnn.deterministic",
+            exports={
+                "hf": when_set(CUDNN_DETERMINISTIC),
+                "lightning": key("deterministic"),
+                "accelerate": when_set(CUDNN_DETERMINISTIC),
+            },
         ),
     ] = False
     compile: Annotated[
@@ -248,6 +266,18 @@ class TrialConfig(BaseModel):
             changes_maths=True,
             fixed_when=(compiler_missing,),
             tag="compile={}",
+            exports={
+                "hf": setting(
+                    lambda mode, _: {"torch_compile": mode != "off"}
+                    | ({"torch_compile_mode": mode} if mode != "off" else {})
+                ),
+                "lightning": by_hand(
+                    lambda mode, _: f"compile={mode}: model = torch.compile(model, mode=...)"
+                    if mode != "off"
+                    else None
+                ),
+                "accelerate": key("dynamo_mode", lambda mode: None if mode == "off" else mode),
+            },
         ),
     ] = "off"
     channels_last: Annotated[
@@ -265,6 +295,7 @@ class TrialConfig(BaseModel):
                 ),
             ),
             tag="channels_last",
+            exports=dict.fromkeys(FRAMEWORKS, when_set(CHANNELS_LAST)),
         ),
     ] = False
     matmul_precision: Annotated[
@@ -277,6 +308,15 @@ class TrialConfig(BaseModel):
             fixed_when=(tf32_missing,),
             invalid_on_cpu={"high": "(TF32) needs a CUDA GPU: set it to 'highest'"},
             tag="matmul={}",
+            exports={
+                "hf": key("tf32", lambda precision: precision == "high"),
+                "lightning": elsewhere("the export's code: torch.set_float32_matmul_precision"),
+                "accelerate": by_hand(
+                    lambda precision, _: f'torch.set_float32_matmul_precision("{precision}")'
+                    if precision != "highest"
+                    else None
+                ),
+            },
         ),
     ] = "highest"
     prefetch_factor: Annotated[
@@ -288,6 +328,17 @@ class TrialConfig(BaseModel):
             values=(2, 4),
             needs="num_workers",
             tag="prefetch={}",
+            exports={
+                "hf": setting(
+                    lambda factor, c: {
+                        "dataloader_prefetch_factor": factor if c.num_workers else None
+                    }
+                ),
+                **dict.fromkeys(("lightning", "accelerate"), IN_LOADER),
+                "loader": setting(
+                    lambda factor, c: {"prefetch_factor": factor} if c.num_workers else {}
+                ),
+            },
         ),
     ] = Field(default=2, ge=1)
     persistent_workers: Annotated[
@@ -298,6 +349,15 @@ class TrialConfig(BaseModel):
             values=(True, False),
             needs="num_workers",
             tag="workers-per-epoch",
+            exports={
+                "hf": setting(
+                    lambda keep, c: {"dataloader_persistent_workers": keep and c.num_workers > 0}
+                ),
+                **dict.fromkeys(("lightning", "accelerate"), IN_LOADER),
+                "loader": setting(
+                    lambda keep, c: {"persistent_workers": keep} if c.num_workers else {}
+                ),
+            },
         ),
     ] = True
     optimizer_impl: Annotated[
@@ -314,6 +374,19 @@ class TrialConfig(BaseModel):
                 ),
             ),
             tag="optimizer={}",
+            exports={
+                # TrainingArguments.optim names advisor's default AdamW per implementation.
+                "hf": setting(
+                    lambda impl, _: {"optim": HF_OPTIM[impl]} if impl in HF_OPTIM else {},
+                    by_hand=lambda impl, _: HF_FOREACH if impl == "foreach" else None,
+                    when_searched=True,
+                ),
+                "lightning": by_hand(
+                    lambda impl, _: optimizer_line(impl, " in configure_optimizers"),
+                    when_searched=True,
+                ),
+                "accelerate": by_hand(lambda impl, _: optimizer_line(impl), when_searched=True),
+            },
         ),
     ] = "default"
 

@@ -6,7 +6,8 @@ from typing import Protocol
 
 from advisor.convergence import NoiseScale
 from advisor.knobs import TrialConfig
-from advisor.results import Racer, TrialRecord
+from advisor.recommendation import Racer
+from advisor.results import TrialRecord
 
 __all__ = ["NullProgress", "Progress"]
 

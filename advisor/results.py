@@ -1,54 +1,36 @@
-"""What advisor measured and concluded: hardware, trial results, the recommendation."""
+"""What advisor measured: the hardware, the task, each trial's result and its record in the study.
+What it concluded from them is `advisor.recommendation`."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.convergence import (
     GradientNorms,
-    LossKind,
-    LrPlan,
-    NoiseScale,
     RaceCurve,
 )
-from advisor.knobs import BASE_GROUP, KNOBS, Knob, TrialConfig
-from advisor.settings import Objective, TuneSettings
+from advisor.knobs import TrialConfig
 
 __all__ = [
-    "Bottleneck",
-    "Efficiency",
     "FailurePhase",
-    "FixedKnob",
     "GpuInfo",
     "HardwareProfile",
-    "KnobEffect",
-    "LayoutBest",
     "PrunedProposal",
-    "RaceSummary",
-    "Racer",
     "RankResult",
-    "Recommendation",
-    "RejectedValue",
-    "StudyContext",
     "TaskSummary",
-    "ThroughputPick",
     "TrialRecord",
     "TrialResult",
     "TrialStatus",
-    "TuneResult",
     "relative_spread",
-    "shown_knobs",
 ]
 
 # stopped: the search ended it before its window, clearly slower than the best (`reason`).
 TrialStatus = Literal["ok", "oom", "timeout", "crashed", "error", "diverged", "stopped"]
 FailurePhase = Literal["build", "first_step", "warmup", "measure"]
-RECOMMENDATION_SCHEMA_VERSION = 2  # 2: the objective, the race, the noise scale, the lr
 
 
 class _Frozen(BaseModel):
@@ -241,225 +223,12 @@ class TrialRecord(_Frozen):
         return ""
 
 
-class FixedKnob(_Frozen):
-    """A knob advisor did not search, with the value used and why."""
-
-    name: str
-    value: str
-    reason: str
-
-
-class KnobEffect(_Frozen):
-    """What changing one knob alone did: pairs of trials that differ in nothing else."""
-
-    knob: str
-    from_value: str
-    to_value: str
-    ratio: float = Field(description="median over the pairs of samples/s after ÷ before")
-    pairs: tuple[tuple[int, int], ...] = Field(description="(trial before, trial after)")
-    pair_ratios: tuple[float, ...] = Field(description="samples/s after ÷ before, per pair")
-    data_wait_before: float | None = Field(default=None, description="median data-wait fraction")
-    data_wait_after: float | None = None
-    note: str = Field(default="", description="e.g. after how many steps compilation pays off")
-
-
-class RejectedValue(_Frozen):
-    """A knob value none of whose trials could be used while other values of the knob could."""
-
-    knob: str
-    value: str
-    trials: tuple[int, ...] = Field(description="the failed trials with this value")
-    failures: str = Field(description="their failures by kind, e.g. '2 diverged'")
-    counterparts: tuple[tuple[int, int], ...] = Field(
-        default=(),
-        description="(usable trial, failed trial) pairs that differ in this knob alone",
-    )
-    explanation: str
-
-
 class PrunedProposal(_Frozen):
     """A configuration the sampler proposed that advisor did not run, and why."""
 
     number: int
     params: dict[str, str | int | bool]
     reason: str
-
-
-class Bottleneck(_Frozen):
-    """What limits the winner, as its own measurements and its neighbours' show."""
-
-    kind: Literal["input", "overhead", "compute"]
-    explanation: str = Field(description="one sentence, citing the trials it rests on")
-    trials: tuple[int, ...]
-
-
-class Efficiency(_Frozen):
-    """The recommendation's FLOP rate against the machine's measured matmul peak."""
-
-    flops_per_sample: float = Field(description="forward + backward, as FlopCounterMode counts")
-    achieved_flops: float = Field(description="flops_per_sample x samples/s")
-    peak_flops: float = Field(description="measured matmul FLOP/s for the dtype, all devices")
-    dtype: str
-    devices: str = Field(description="what the peak was measured on, e.g. '2 CPU cores'")
-    fraction_of_peak: float
-
-
-class LayoutBest(_Frozen):
-    """The best search trial of one parallel layout (`none`, `dp`, `ddp-N`)."""
-
-    parallel: str
-    trials: int = Field(description="configurations measured with this layout")
-    feasible: int
-    best_trial: int | None = None
-    samples_per_s: float | None = Field(default=None, description="its search window")
-    rerun_samples_per_s: float | None = Field(
-        default=None, description="median of its re-runs after the search"
-    )
-    config_label: str | None = None
-
-
-class StudyContext(_Frozen):
-    """What a tune stores with its study before the first trial, so that even an interrupted
-    study can be reported without the machine or the user's code."""
-
-    advisor_version: str
-    workdir: str = Field(description="the folder the spec resolves from")
-    baseline_config: TrialConfig
-    fixed_knobs: tuple[FixedKnob, ...] = ()
-    hardware: HardwareProfile
-    task: TaskSummary
-
-
-class Racer(_Frozen):
-    """One configuration in the race, with the learning rate it would ship with."""
-
-    role: Literal["baseline", "your batch", "candidate"]
-    trial: int | None = Field(default=None, description="the search trial it re-runs")
-    config: TrialConfig
-    lr: LrPlan
-    race_seconds: float
-    samples_per_s: float | None = Field(default=None, description="its throughput measurement")
-    result: TrialResult
-    time_to_target_s: float | None = Field(
-        default=None, description="training time until its loss first reached the target"
-    )
-
-    @property
-    def curve(self) -> RaceCurve | None:
-        return self.result.race if self.result.feasible else None
-
-    @property
-    def label(self) -> str:
-        return f"{self.config.label()}, {self.lr.label}"
-
-
-class RaceSummary(_Frozen):
-    """The convergence race that decided the recommendation (objective time-to-loss)."""
-
-    seconds: float = Field(description="training time each racer had")
-    loss_kind: LossKind
-    target_loss: float | None = Field(
-        description="the baseline's lowest loss in the race (its end-of-race loss, unless its "
-        "loss rose again), or that plus twice the noise of its evaluations where the verdict "
-        "there is the smaller claim; None where the race at the user's batch failed or its "
-        "loss did not fall (nothing could be timed to it)"
-    )
-    racers: tuple[Racer, ...]
-    winner: int | None = Field(
-        description="index into racers; None where no target was set: the user's global batch "
-        "is kept"
-    )
-    verdict: str = Field(description="why the winner won, or why nothing could, in a sentence")
-
-
-class ThroughputPick(_Frozen):
-    """The configuration with the highest samples/s, when the race chose another."""
-
-    config: TrialConfig
-    trial: int
-    samples_per_s: float
-
-
-def shown_knobs(rec: Recommendation) -> tuple[Knob, ...]:
-    """The knobs a recommendation table lists: those of the base group, and each other one that
-    was searched or differs from the baseline (a classic tune need not list unchanged rows)."""
-    fixed = {knob.name for knob in rec.fixed_knobs}
-    return tuple(
-        row
-        for row in KNOBS
-        if row.group == BASE_GROUP
-        or row.fields[0] not in fixed
-        or getattr(rec.config, row.name) != getattr(rec.baseline_config, row.name)
-    )
-
-
-class Recommendation(_Frozen):
-    """The chosen configuration and the evidence for it (`recommendation.json`)."""
-
-    schema_version: int = RECOMMENDATION_SCHEMA_VERSION
-    provisional: bool = Field(
-        default=False,
-        description="the tune stopped before re-measuring its finalists: the figures are single "
-        "search windows, and no training script is written",
-    )
-    advisor_version: str
-    spec: str
-    workdir: str = Field(description="the folder the spec resolves from")
-    config: TrialConfig
-    samples_per_s: float
-    peak_memory_bytes: int | None
-    baseline_config: TrialConfig
-    baseline_samples_per_s: float | None = Field(description="None when the baseline failed")
-    speedup: float | None
-    chosen_from_trial: int
-    confirm_runs: tuple[float, ...] = Field(description="samples/s of each re-run after search")
-    baseline_runs: tuple[float, ...] = Field(description="the baseline's re-runs, alongside")
-    global_batch_changed: bool
-    close_call: str | None = Field(
-        default=None, description="how a tie within measurement noise was decided"
-    )
-    objective: Objective = "throughput"
-    lr: LrPlan = Field(default=LrPlan(), description="the learning rate train.py applies")
-    time_to_loss_speedup: float | None = Field(
-        default=None,
-        description="the baseline's race time to its own lowest loss over the winner's",
-    )
-    race: RaceSummary | None = None
-    noise_scale: NoiseScale | None = None
-    throughput_pick: ThroughputPick | None = Field(
-        default=None, description="the fastest in samples/s, where the race chose another"
-    )
-    warnings: tuple[str, ...] = ()
-    fixed_knobs: tuple[FixedKnob, ...] = ()
-    parallel_best: tuple[LayoutBest, ...] = Field(
-        default=(), description="best search trial per parallel layout"
-    )
-    knob_effects: tuple[KnobEffect, ...] = Field(
-        default=(), description="knob changes measured alone (pairs of trials)"
-    )
-    rejected_values: tuple[RejectedValue, ...] = Field(
-        default=(), description="knob values whose trials all failed, and how"
-    )
-    bottleneck: Bottleneck | None = None
-    efficiency: Efficiency | None = None
-    hardware: HardwareProfile
-    task: TaskSummary
-    storage: str
-    study_name: str
-    created_at: str
-
-
-class TuneResult(_Frozen):
-    """What `advisor.tune()` returns."""
-
-    settings: TuneSettings
-    recommendation: Recommendation
-    trials: tuple[TrialRecord, ...]
-    confirmations: tuple[TrialRecord, ...]
-    pruned: tuple[PrunedProposal, ...] = Field(
-        default=(), description="proposals not run: impossible or known not to fit"
-    )
-    out_dir: Path
 
 
 def relative_spread(rates: Sequence[float]) -> float:

@@ -23,7 +23,15 @@ if sys.version_info >= (3, 11):
 else:  # the same parser, before it joined the standard library
     import tomli as tomllib
 
-__all__ = ["Objective", "SamplerName", "TuneSettings", "read_settings_file", "settings_error"]
+__all__ = [
+    "Objective",
+    "SamplerName",
+    "TuneSettings",
+    "mask_url",
+    "read_settings_file",
+    "setting_help",
+    "settings_error",
+]
 
 SamplerName = Literal["tpe", "random", "grid"]
 Objective = Literal["time-to-loss", "throughput"]
@@ -35,42 +43,70 @@ class TuneSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # Each description is also the flag's help (`advisor tune --help`), with the default after
+    # it; `shown_default` says in words a default that is computed.
     spec: str = Field(min_length=1, description="factory spec: path/file.py:attr or pkg.mod:attr")
     trials: int = Field(
         default=20,
         ge=1,
         description="distinct configurations to measure; a trial timed in parts also measures "
-        "its other accumulation steps (`advisor.search.siblings`), counted together as one",
+        "its other accumulation steps, counted together as one",
     )
-    timeout: float | None = Field(default=None, gt=0, description="search budget in seconds")
+    timeout: float | None = Field(
+        default=None, gt=0, description="search budget in seconds (re-measurements follow)"
+    )
     trial_seconds: float = Field(
-        default=2.0, gt=0, description="timed window of one trial; its warm-up gets as long"
+        default=2.0,
+        gt=0,
+        description="timed window of each trial, its warm-up as long; a search trial's window "
+        "ends sooner once its rate is precise",
     )
     warmup_steps: int = Field(default=3, ge=1, description="optimizer steps before timing")
     trial_timeout: float | None = Field(
         default=None,
         gt=0,
-        description="hard limit per trial in seconds (default 120 + 10 x window)",
+        description="hard limit per trial in seconds",
+        json_schema_extra={"shown_default": "120 + 10 x the window"},
     )
-    global_batch_size: int | None = Field(default=None, ge=1)
-    batch_sizes: tuple[int, ...] | None = None
-    accumulation_steps: tuple[int, ...] = (1, 2, 4, 8)
+    global_batch_size: int | None = Field(
+        default=None, ge=1, description="keep micro-batch x accumulation x processes at this value"
+    )
+    batch_sizes: tuple[int, ...] | None = Field(
+        default=None,
+        description="micro-batch sizes to try, e.g. 16,32,64",
+        json_schema_extra={"shown_default": "powers of two around yours"},
+    )
+    accumulation_steps: tuple[int, ...] = Field(
+        default=(1, 2, 4, 8), description="accumulation steps to try"
+    )
     max_world_size: int | None = Field(
         default=None,
         ge=1,
-        description="most DDP ranks to try (default: one per GPU, or per core on CPU); 1 = none",
+        description="most DDP processes to try; 1: none",
+        json_schema_extra={"shown_default": "one per GPU, or per core on CPU"},
     )
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    storage: str | None = Field(default=None, description="Optuna storage URL")
-    study_name: str | None = None
-    out: Path | None = Field(default=None, description="output directory")
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="where to train")
+    storage: str | None = Field(
+        default=None,
+        description="Optuna storage URL",
+        json_schema_extra={"shown_default": "sqlite:///OUT/study.db"},
+    )
+    study_name: str | None = Field(
+        default=None, description="study name", json_schema_extra={"shown_default": "from the spec"}
+    )
+    out: Path | None = Field(
+        default=None,
+        description="output folder",
+        json_schema_extra={"shown_default": "reports/STUDY"},
+    )
     worker: str | None = Field(
         default=None,
-        description="this worker's name in a shared study (default: the host name); --trials "
-        "counts the configurations this worker measured",
+        description="this worker's name in a shared study; --trials counts the configurations "
+        "this worker measured",
+        json_schema_extra={"shown_default": "the host name"},
     )
-    seed: int = 0
-    sampler: SamplerName = "tpe"
+    seed: int = Field(default=0, description="sampler seed")
+    sampler: SamplerName = Field(default="tpe", description="how configurations are proposed")
     early_stop: float = Field(
         default=0.5,
         ge=0,
@@ -81,13 +117,13 @@ class TuneSettings(BaseModel):
     )
     knobs: tuple[str, ...] = Field(
         default=(BASE_GROUP,),
-        description="knob groups (or knobs) to search: classic, all, or a comma-separated list "
-        f"of {', '.join(KNOB_GROUPS)} and single knob names",
+        description=f"knobs to search: {BASE_GROUP}, all, or a comma-separated list of groups "
+        f"({', '.join(g for g in KNOB_GROUPS if g != BASE_GROUP)}) and knob names",
     )
     objective: Objective = Field(
         default="time-to-loss",
-        description="time-to-loss: a race from the same weights decides whether another global "
-        "batch reaches your loss sooner; throughput: the highest samples/s wins",
+        description="what wins: time-to-loss, the soonest to your loss in a race from the same "
+        "weights; throughput, the highest samples/s",
     )
     race_seconds: float = Field(
         default=10.0,
@@ -95,9 +131,13 @@ class TuneSettings(BaseModel):
         description="training time of each racer; 0: no race, and only configurations at your "
         "global batch are searched (no race could show that another reaches your loss sooner)",
     )
-    confirm_top: int = Field(default=3, ge=1, description="finalists re-measured")
+    confirm_top: int = Field(
+        default=3, ge=1, description="finalists re-measured with the baseline"
+    )
     confirm_repeats: int = Field(default=2, ge=1, description="re-runs per finalist")
-    memory_headroom: float = Field(default=0.1, ge=0, lt=1)
+    memory_headroom: float = Field(
+        default=0.1, ge=0, lt=1, description="fraction of the memory to keep free"
+    )
 
     @field_validator("batch_sizes", "accumulation_steps", mode="before")
     @classmethod
@@ -258,3 +298,29 @@ def read_settings_file(path: Path) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise SettingsError(f"{path}: expected a table of settings, e.g. trials = 20")
     return {str(name).replace("-", "_"): value for name, value in values.items()}
+
+
+def mask_url(url: str) -> str:
+    """The storage URL with its password replaced by `***`."""
+    from sqlalchemy.engine import make_url  # Optuna's dependency; trial processes need none
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return url.split("@", 1)[-1] if "@" in url else url
+
+
+def setting_help(name: str) -> str:
+    """A setting's description, with its default in brackets: the help of its CLI flag."""
+    info = TuneSettings.model_fields[name]
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    default = extra.get("shown_default", info.default)
+    if isinstance(default, tuple):
+        default = ",".join(map(str, default))
+    text = (info.description or name.replace("_", " ")).rstrip(".")
+    text = text[0].upper() + text[1:]
+    if default is None:
+        return f"{text}."
+    shown = f"{default:g}" if isinstance(default, float) else str(default)
+    return f"{text} [{shown}]."

@@ -24,8 +24,8 @@ from pathlib import Path
 import advisor
 from advisor.convergence import LrPlan, RaceCurve
 from advisor.knobs import TrialConfig
-from advisor.search.race_verdict import time_to_loss
-from advisor.trial.runner import TrialLaunch, run_trial
+from advisor.search.race.verdict import time_to_loss
+from advisor.trial.parent.runner import TrialLaunch, run_trial
 
 RESULTS = Path(__file__).parent / "results"
 EXAMPLES = ("examples/mlp.py:factory", "examples/teacher.py:factory")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from advisor.knobs import TrialConfig
 from advisor.results import TrialResult
-from advisor.trial.runner import TrialLaunch, run_trial
+from advisor.trial.parent.runner import TrialLaunch, run_trial
 
 CONFIGS = {
     "bs=512 acc=4 workers=1": TrialConfig(batch_size=512, accumulation_steps=4, num_workers=1),

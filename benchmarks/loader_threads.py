@@ -17,9 +17,9 @@ import torch
 
 from advisor.knobs import TrialConfig
 from advisor.task import build_task
-from advisor.trial.loop import Trainer
-from advisor.trial.probe import usable_cores
-from advisor.trial.window import run_window
+from advisor.trial.child.loop import Trainer
+from advisor.trial.child.probe import usable_cores
+from advisor.trial.child.window import run_window
 
 RESULTS = Path(__file__).parent / "results"
 

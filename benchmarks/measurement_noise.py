@@ -11,7 +11,7 @@ trial estimates from its parts; that with two DDP ranks of two workers each), or
 so that drift of the machine spreads over every one:
   whole    warm-up steps, then a window of `--trial-seconds`, as finalists' re-runs measure;
   precise  a search trial: its warm-up settles from an eighth of that on, and its window may
-           end from then on once its rate is precise (advisor.trial.window).
+           end from then on once its rate is precise (advisor.trial.child.window).
 Prints and writes (benchmarks/results/measurement_noise.json) the coefficient of variation of
 samples/s across the repeats, the mean window, the mean wall of a trial and the two ways' mean
 rates: the spread a single trial carries, which decides how close two configurations can be and
@@ -27,8 +27,8 @@ import tempfile
 from pathlib import Path
 
 from advisor.knobs import TrialConfig
-from advisor.trial.probe import probe
-from advisor.trial.runner import TrialLaunch, run_trial
+from advisor.trial.child.probe import probe
+from advisor.trial.parent.runner import TrialLaunch, run_trial
 
 RESULTS = Path(__file__).parent / "results"
 EXAMPLES = ("examples/mlp.py:factory", "examples/cnn.py:factory", "examples/data_bound.py:factory")

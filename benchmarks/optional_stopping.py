@@ -3,8 +3,8 @@
     python benchmarks/optional_stopping.py [--repeats 6] [--trial-seconds 2]
 
 A search trial's window checks every 50 ms, from an eighth of its time on, whether the 95 %
-interval of its mean step time lies above the best trial's (advisor.trial.window); checked that
-often, with no correction for the repeated looks, a configuration exactly as fast as the best
+interval of its mean step time lies above the best trial's (advisor.trial.child.window); checked
+that often, with no correction for the repeated looks, a configuration exactly as fast as the best
 could be called slower by chance, and its value read low. For each configuration below:
   1. its true rate: the median of `--repeats` whole trials (warm-up, then a whole window);
   2. interleaved, `--repeats` times each: a search trial with no best to beat (it ends once
@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from advisor.knobs import TrialConfig
-from advisor.trial.runner import TrialLaunch, run_trial
+from advisor.trial.parent.runner import TrialLaunch, run_trial
 
 RESULTS = Path(__file__).parent / "results"
 CASES = (

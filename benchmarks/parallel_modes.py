@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from advisor.knobs import TrialConfig
-from advisor.trial.runner import TrialLaunch, run_trial
+from advisor.trial.parent.runner import TrialLaunch, run_trial
 
 RESULTS = Path(__file__).parent / "results"
 SETTINGS = {

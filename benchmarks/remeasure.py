@@ -15,8 +15,8 @@ import tempfile
 from pathlib import Path
 
 from advisor.knobs import TrialConfig
-from advisor.results import Recommendation
-from advisor.trial.runner import TrialLaunch, run_trial
+from advisor.recommendation import Recommendation
+from advisor.trial.parent.runner import TrialLaunch, run_trial
 
 
 def remeasure(launch: TrialLaunch, config: TrialConfig, repeats: int) -> list[float]:

@@ -46,8 +46,8 @@ import advisor
 from advisor.api import make_settings, validate
 from advisor.knobs import TrialConfig
 from advisor.search.space import build_space
-from advisor.trial.probe_runner import probe_isolated
-from advisor.trial.runner import TrialLaunch, run_trial
+from advisor.trial.parent.probe import probe_isolated
+from advisor.trial.parent.runner import TrialLaunch, run_trial
 
 RESULTS = Path(__file__).parent / "results"
 GRID_CACHE = RESULTS / "search_cost_grid.json"

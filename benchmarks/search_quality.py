@@ -27,8 +27,8 @@ from typing import Any
 
 import advisor
 from advisor.knobs import TrialConfig
-from advisor.trial.probe import probe
-from advisor.trial.runner import TrialLaunch, run_trial
+from advisor.trial.child.probe import probe
+from advisor.trial.parent.runner import TrialLaunch, run_trial
 
 RESULTS = Path(__file__).parent / "results"
 ORACLE_CACHE = RESULTS / "search_quality_oracle.json"

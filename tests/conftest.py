@@ -155,7 +155,8 @@ def marked(monkeypatch: pytest.MonkeyPatch) -> str:
 
 def survivors(mark: str) -> list[psutil.Process]:
     """Live processes started under the `marked` fixture's tag, other than this one and the
-    trial launcher it shares with later tests (`advisor.trial.launcher`, tested on its own)."""
+    trial launcher it shares with later tests (`advisor.trial.parent.launcher`, tested on its
+    own)."""
     found = []
     for process in psutil.process_iter():
         try:
@@ -171,4 +172,4 @@ def survivors(mark: str) -> list[psutil.Process]:
 
 def _is_launcher(process: psutil.Process | None) -> bool:
     """The launcher or one of its forks: trial children and their loader workers."""
-    return process is not None and "advisor.trial.launcher" in process.cmdline()
+    return process is not None and "advisor.trial.parent.launcher" in process.cmdline()

@@ -17,10 +17,12 @@ PACKAGE = Path(__file__).resolve().parent.parent / "advisor"
 LAYERS = (
     ("errors",),
     ("knob_rules",),
+    ("knob_row",),
     ("knobs",),
     ("settings",),
     ("convergence",),
-    ("results", "task", "progress"),
+    ("results", "task"),
+    ("recommendation", "progress"),
     ("trial",),
     ("search",),
     ("report",),
@@ -100,6 +102,38 @@ def test_imports_flow_one_way():
         and _layer(found.imported) > _layer(found.importer)
     ]
     assert upward == []
+
+
+def _imports_from(importer: str, imported: str) -> list[str]:
+    return [
+        f"{found.importer}:{found.line} imports {found.imported}"
+        for found in IMPORTS
+        if _within(found.importer, importer) and _within(found.imported, imported)
+    ]
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(f"{package}.")
+
+
+def test_the_reports_render_and_import_nothing_of_the_search():
+    """The search decides; `report/` renders what it is handed (docs/architecture.md)."""
+    assert _imports_from("advisor.report", "advisor.search") == []
+
+
+def test_the_child_side_of_a_trial_imports_neither_the_parent_side_nor_the_search():
+    assert _imports_from("advisor.trial.child", "advisor.trial.parent") == []
+    assert _imports_from("advisor.trial.child", "advisor.search") == []
+
+
+def test_optuna_is_imported_only_where_the_search_lives():
+    outside = [
+        f"{found.importer}:{found.line}"
+        for found in IMPORTS
+        if found.imported.split(".")[0] == "optuna"
+        and not _within(found.importer, "advisor.search")
+    ]
+    assert outside == []
 
 
 def test_nothing_imports_the_package_root():

@@ -62,8 +62,25 @@ def test_debug_shows_the_traceback():
 
 def test_version_and_help():
     assert advisor("--version").stdout.startswith("advisor, version ")
-    for command in ("tune", "probe", "validate", "codegen"):
+    for command in ("tune", "probe", "validate", "codegen", "export", "report"):
         assert advisor(command, "--help").returncode == 0
+
+
+def test_tune_help_shows_every_setting_with_the_default_the_settings_hold():
+    """A default is written once, in `TuneSettings`; the help reads it from there."""
+    from click.testing import CliRunner
+
+    from advisor.cli import cli
+    from advisor.settings import TuneSettings
+
+    output = CliRunner().invoke(cli, ["tune", "--help"], terminal_width=1000).output
+    shown = " ".join(output.split())
+    for name in TuneSettings.model_fields:
+        if name != "spec":
+            assert f"--{name.replace('_', '-')}" in shown, name
+    assert "Training time of each racer" in shown and "[10]" in shown  # race_seconds
+    assert "Accumulation steps to try [1,2,4,8]." in shown
+    assert "[sqlite:///OUT/study.db]" in shown
 
 
 def test_probe_json_describes_this_machine():

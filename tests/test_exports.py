@@ -23,8 +23,12 @@ def test_public_api_is_listed_in_one_place():
             "TuneResult",
             "TuneSettings",
             "__version__",
+            "export",
+            "load_result",
             "tune",
             "validate",
+            "write_reports",
+            "write_script",
         ]
     )
     for name in advisor.__all__:

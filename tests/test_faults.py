@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from advisor.results import Recommendation
+from advisor.recommendation import Recommendation
 from tests.conftest import ROOT, run_advisor, survivors
 
 pytestmark = pytest.mark.slow

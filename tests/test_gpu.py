@@ -12,8 +12,8 @@ import pytest
 
 from advisor.knobs import TrialConfig
 from advisor.search.checks import maths_problem
-from advisor.trial.probe import probe
-from advisor.trial.runner import TrialLaunch, run_trial
+from advisor.trial.child.probe import probe
+from advisor.trial.parent.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY
 from tests.report.test_codegen import (
     _logged_losses,

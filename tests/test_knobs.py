@@ -10,12 +10,13 @@ from pydantic import ValidationError
 import advisor
 from advisor.api import validate
 from advisor.errors import SettingsError
+from advisor.knob_row import FRAMEWORKS, IN_LOADER
 from advisor.knobs import KNOB, KNOB_GROUPS, KNOBS, TrialConfig
 from advisor.results import GpuInfo, TrialResult
 from advisor.search.checks import maths_problem
 from advisor.search.space import build_space
 from advisor.settings import TuneSettings
-from advisor.trial.runner import TrialLaunch, run_trial
+from advisor.trial.parent.runner import TrialLaunch, run_trial
 from tests.conftest import CPU_PROFILE, ROOT, TINY
 
 
@@ -240,6 +241,18 @@ def test_every_row_lists_its_default_first_and_only_values_a_config_accepts():
         if row.needs is not None:  # a knob it needs is built before it, and is its own field
             assert KNOBS.index(KNOB[row.needs]) < KNOBS.index(row)
             assert KNOB[row.needs].fields == (row.needs,)
+
+
+def test_every_row_says_how_each_framework_sets_its_knob():
+    """The exports read the table: a row without a framework's counterpart would be dropped
+    from that framework's file without a word."""
+    for row in KNOBS:
+        assert set(FRAMEWORKS) <= set(row.exports), row.name
+        for target, counterpart in row.exports.items():
+            said = counterpart.settings or counterpart.by_hand or counterpart.where
+            assert said is not None, (row.name, target)
+        if any(c is IN_LOADER for c in row.exports.values()):  # then the loader takes it
+            assert row.exports["loader"].settings is not None, row.name
 
 
 def test_labels_tell_every_configuration_of_a_space_apart():

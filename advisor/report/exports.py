@@ -3,7 +3,9 @@ arguments for Hugging Face's `TrainingArguments`, a Lightning `Trainer`, an acce
 
 Each file names the measured speed-up and the study, carries the learning-rate rule where the
 global batch changed, and lists the knobs its framework has no setting for, with how to apply
-them by hand, rather than dropping them.
+them by hand, rather than dropping them. What each knob becomes in each framework is the knob
+table's `exports` column (`advisor.knob_row`); this module reads it, and adds what is not a knob:
+the device, the learning rate, the launch line.
 """
 
 from __future__ import annotations
@@ -12,28 +14,22 @@ import json
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from advisor.knobs import TrialConfig
+from advisor.knob_row import FRAMEWORKS, Framework, Target
+from advisor.knobs import KNOBS
+from advisor.recommendation import Recommendation
 from advisor.report.templating import docstring_safe, template_environment
-from advisor.results import Recommendation
 
-__all__ = ["EXPORT_FILES", "FRAMEWORKS", "Framework", "render_export", "write_exports"]
+__all__ = ["EXPORT_FILES", "render_export", "write_exports"]
 
-Framework = Literal["hf", "lightning", "accelerate"]
-FRAMEWORKS: tuple[Framework, ...] = ("hf", "lightning", "accelerate")
 EXPORT_FILES: dict[Framework, str] = {
     "hf": "hf_training_args.json",
     "lightning": "lightning.py",
     "accelerate": "accelerate_config.yaml",
 }
-# Where advisor's default optimizer (AdamW) has a TrainingArguments name per implementation.
-_HF_OPTIM = {"default": "adamw_torch", "fused": "adamw_torch_fused"}
-_LIGHTNING_PRECISION = {"off": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
-_ACCELERATE_PRECISION = {"off": "no", "bf16": "bf16", "fp16": "fp16"}
 _SCRIPT = "your_script.py"
 LINE_LENGTH = 100
-_CUDNN_BENCHMARK = "cudnn.benchmark: torch.backends.cudnn.benchmark = True before training"
 
 
 @dataclass
@@ -128,25 +124,22 @@ def _lr_advice(rec: Recommendation) -> str | None:
     )
 
 
-def _common_by_hand(config: TrialConfig) -> list[str]:
-    """Knobs that none of the frameworks sets, as a line each, when they need doing."""
-    lines = []
-    if config.channels_last:
-        lines.append(
-            "channels_last: model.to(memory_format=torch.channels_last), and each 4-D input "
-            "batch .contiguous(memory_format=torch.channels_last)"
-        )
-    if config.cudnn_deterministic:
-        lines.append("cudnn.deterministic: torch.backends.cudnn.deterministic = True")
-    return lines
-
-
-def _optimizer_by_hand(rec: Recommendation, where: str = "") -> list[str]:
-    """The measured foreach or fused implementation of advisor's AdamW, as a line to apply."""
-    impl = rec.config.optimizer_impl
-    if not _measured(rec, "optimizer_impl") or impl == "default":
-        return []
-    return [f"optimizer_impl={impl}: torch.optim.AdamW(..., {impl}=True){where}"]
+def _knob_settings(rec: Recommendation, target: Target) -> tuple[dict[str, Any], list[str]]:
+    """What the knob table says `target` sets for the recommendation: its settings, and the
+    lines applying by hand what it has no setting for."""
+    settings: dict[str, Any] = {}
+    lines: list[str] = []
+    for row in KNOBS:
+        counterpart = row.exports.get(target)
+        if counterpart is None or (counterpart.when_searched and not _measured(rec, row.name)):
+            continue
+        value = getattr(rec.config, row.fields[0])
+        if counterpart.settings is not None:
+            settings.update(counterpart.settings(value, rec.config))
+        line = counterpart.by_hand(value, rec.config) if counterpart.by_hand else None
+        if line is not None:
+            lines.append(line)
+    return settings, lines
 
 
 def _threads(rec: Recommendation) -> str:
@@ -170,34 +163,10 @@ def _launch(rec: Recommendation, env: str = "") -> str:
 # --- Hugging Face -------------------------------------------------------------------------------
 def _hf(rec: Recommendation) -> str:
     config = rec.config
-    args: dict[str, Any] = {
-        "per_device_train_batch_size": config.batch_size,
-        "gradient_accumulation_steps": config.accumulation_steps,
-        "bf16": config.amp == "bf16",
-        "fp16": config.amp == "fp16",
-        "dataloader_num_workers": config.num_workers,
-        "dataloader_pin_memory": config.pin_memory,
-        "dataloader_persistent_workers": config.persistent_workers and config.num_workers > 0,
-        "dataloader_prefetch_factor": config.prefetch_factor if config.num_workers else None,
-        "torch_compile": config.compile != "off",
-        "tf32": config.matmul_precision == "high",
-        "use_cpu": config.device == "cpu",
-    }
-    if config.compile != "off":
-        args["torch_compile_mode"] = config.compile
-    by_hand = _common_by_hand(config)
-    if _measured(rec, "optimizer_impl"):
-        if config.optimizer_impl in _HF_OPTIM:
-            args["optim"] = _HF_OPTIM[config.optimizer_impl]
-        else:
-            by_hand.append(
-                "optimizer_impl=foreach: TrainingArguments.optim has no foreach choice; pass "
-                "your own torch.optim.AdamW(..., foreach=True) as Trainer(optimizers=...)"
-            )
+    args, by_hand = _knob_settings(rec, "hf")
+    args["use_cpu"] = config.device == "cpu"
     if rec.lr.warmup_steps:
         args["warmup_steps"] = rec.lr.warmup_steps
-    if config.cudnn_benchmark:
-        by_hand.append(_CUDNN_BENCHMARK)
     advice = _advice(rec, by_hand)
     document = {
         "about": advice.headline,
@@ -224,90 +193,39 @@ def _measured(rec: Recommendation, name: str) -> bool:
 # --- Lightning ----------------------------------------------------------------------------------
 def _lightning(rec: Recommendation) -> dict[str, Any]:
     config = rec.config
-    trainer: dict[str, Any] = {
-        "accelerator": "gpu" if config.device == "cuda" else "cpu",
-        "devices": config.world_size,
-        "precision": _LIGHTNING_PRECISION[config.amp],
-        "accumulate_grad_batches": config.accumulation_steps,
-        "benchmark": config.cudnn_benchmark,
-        "deterministic": config.cudnn_deterministic,
-    }
-    if config.parallel_mode == "ddp":
-        trainer["strategy"] = "ddp"
-    by_hand = [line for line in _common_by_hand(config) if not line.startswith("cudnn.det")]
-    if config.parallel_mode == "dp":
-        by_hand.append(
-            f"DataParallel over {len(rec.hardware.gpus)} GPUs: Lightning 2 has no DataParallel "
-            "strategy; strategy='ddp' with devices=N is its nearest, which advisor did not measure"
-        )
-    if config.compile != "off":
-        by_hand.append(f"compile={config.compile}: model = torch.compile(model, mode=...)")
-    by_hand += _optimizer_by_hand(rec, " in configure_optimizers")
+    settings, by_hand = _knob_settings(rec, "lightning")
+    trainer = {"accelerator": "gpu" if config.device == "cuda" else "cpu", **settings}
     return {
         "advice": _advice(rec, by_hand),
         "trainer": trainer,
-        "loader": _loader_kwargs(config),
+        "loader": _knob_settings(rec, "loader")[0],
         "launch": _launch(rec) if config.parallel_mode == "ddp" else f"python {_SCRIPT}",
     }
-
-
-def _loader_kwargs(config: TrialConfig) -> dict[str, Any]:
-    """The DataLoader's arguments (the batch is per process)."""
-    kwargs: dict[str, Any] = {
-        "batch_size": config.batch_size,
-        "num_workers": config.num_workers,
-        "pin_memory": config.pin_memory,
-    }
-    if config.num_workers:
-        kwargs["persistent_workers"] = config.persistent_workers
-        kwargs["prefetch_factor"] = config.prefetch_factor
-    return kwargs
 
 
 # --- accelerate ---------------------------------------------------------------------------------
 def _accelerate(rec: Recommendation) -> dict[str, Any]:
     config = rec.config
-    distributed = {"ddp": "MULTI_CPU" if config.device == "cpu" else "MULTI_GPU"}
+    settings, by_hand = _knob_settings(rec, "accelerate")
     steps = config.accumulation_steps
-    accumulating = steps > 1
-    env = f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS={steps} " if accumulating else ""
+    env = f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS={steps} " if steps > 1 else ""
     cpu_ddp = config.device == "cpu" and config.parallel_mode == "ddp"
     if cpu_ddp:  # accelerate launch starts several CPU processes only through mpirun
-        env += f"ACCELERATE_MIXED_PRECISION={_ACCELERATE_PRECISION[config.amp]} "
-    by_hand = _common_by_hand(config)
-    if accumulating:
-        by_hand.insert(
-            0,
-            f"gradient accumulation ({config.accumulation_steps} micro-batches per optimizer "
-            "step): the launch line's ACCELERATE_GRADIENT_ACCUMULATION_STEPS sets Accelerator's "
-            "(its config file has no key for it); it applies inside "
-            "`with accelerator.accumulate(model):`",
-        )
-    if config.cudnn_benchmark:
-        by_hand.append(_CUDNN_BENCHMARK)
-    if config.matmul_precision != "highest":
-        by_hand.append(f'torch.set_float32_matmul_precision("{config.matmul_precision}")')
-    by_hand += _optimizer_by_hand(rec)
-    if config.parallel_mode == "dp":
-        by_hand.append(
-            "DataParallel: accelerate has none; wrap the model in torch.nn.DataParallel yourself"
-        )
+        env += f"ACCELERATE_MIXED_PRECISION={settings['mixed_precision']} "
     command = (
         _launch(rec, env)
         if cpu_ddp
         else f"{_threads(rec)}{env}accelerate launch --config_file exports/accelerate_config.yaml "
         f"{_SCRIPT}"
     )
+    loader = _knob_settings(rec, "loader")[0]
     return {
+        **settings,
         "advice": _advice(rec, by_hand),
-        "distributed_type": distributed.get(config.parallel_mode, "NO"),
-        "num_processes": config.world_size,
-        "mixed_precision": _ACCELERATE_PRECISION[config.amp],
         "loader_call": ", ".join(
             ["DataLoader(dataset", "shuffle=True"]
-            + [f"{key}={_literal(value)}" for key, value in _loader_kwargs(config).items()]
+            + [f"{key}={_literal(value)}" for key, value in loader.items()]
         )
         + ")",
-        "dynamo_mode": None if config.compile == "off" else config.compile,
         "launch": command,
     }

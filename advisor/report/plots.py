@@ -10,7 +10,8 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
-from advisor.results import RaceSummary, TrialRecord
+from advisor.recommendation import RaceSummary
+from advisor.results import TrialRecord
 
 __all__ = ["batch_amp_svg", "history_svg", "importance_svg", "memory_svg", "race_svg"]
 

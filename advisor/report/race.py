@@ -6,8 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from advisor.convergence import NoiseScale
-from advisor.results import Racer, RaceSummary, Recommendation
-from advisor.search.race_verdict import did_not_fall, reference_racer
+from advisor.recommendation import (
+    Racer,
+    RaceSummary,
+    Recommendation,
+    did_not_fall,
+    reference_racer,
+)
 
 __all__ = ["PredictionRow", "RaceRow", "RaceView", "baseline_kept", "race_view"]
 

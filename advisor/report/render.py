@@ -8,22 +8,12 @@ import shlex
 from collections import Counter, defaultdict
 
 from advisor.knobs import KNOBS
-from advisor.report.analysis import param_importances
+from advisor.recommendation import LayoutBest, Recommendation, TuneResult, shown_knobs
 from advisor.report.codegen import launch_command
 from advisor.report.race import race_view
 from advisor.report.templating import template_environment
-from advisor.results import (
-    LayoutBest,
-    PrunedProposal,
-    Recommendation,
-    TrialRecord,
-    TuneResult,
-    relative_spread,
-    shown_knobs,
-)
-from advisor.search.dominance import Rejected, rejected_in_search
-from advisor.search.storage import mask_url
-from advisor.settings import TuneSettings
+from advisor.results import PrunedProposal, TrialRecord, relative_spread
+from advisor.settings import TuneSettings, mask_url
 
 __all__ = ["render_html", "render_markdown", "render_trials_csv", "reproduce_command"]
 
@@ -116,7 +106,7 @@ def render_markdown(result: TuneResult) -> str:
             confirmations=result.confirmations,
             counts=_counts(result.trials),
             pruned=_pruned_rows(result.pruned),
-            rejected=_rejected(result),
+            rejected=result.rejected,
             hw=rec.hardware,
             settings=result.settings,
             measured=_measured(result.trials),
@@ -145,7 +135,7 @@ def render_html(result: TuneResult) -> str:
         ("Throughput against peak memory", memory_svg(trials, rec.chosen_from_trial)),
         (
             "Parameter importance (Optuna, PED-ANOVA)",
-            importance_svg(param_importances(list(trials))),
+            importance_svg(result.importances),
         ),
     )
     filters = {name: f for name, f in _MARKDOWN_FILTERS.items() if name != "md"}
@@ -161,7 +151,7 @@ def render_html(result: TuneResult) -> str:
         trials=trials,
         counts=_counts(trials),
         pruned=_pruned_rows(result.pruned),
-        rejected=_rejected(result),
+        rejected=result.rejected,
         hw=rec.hardware,
         settings=result.settings,
         measured=_measured(trials),
@@ -212,12 +202,6 @@ def _pruned_rows(pruned: tuple[PrunedProposal, ...]) -> list[tuple[str, str]]:
     for proposal in pruned:
         by_reason[proposal.reason].append(proposal.number)
     return [(reason, ", ".join(map(str, numbers))) for reason, numbers in by_reason.items()]
-
-
-def _rejected(result: TuneResult) -> list[Rejected]:
-    """The knob values the search stopped proposing, with the trials that ruled them out."""
-    knobs = [row.name for row in KNOBS]
-    return rejected_in_search(result.trials, knobs, result.settings.early_stop)
 
 
 def _measured(trials: tuple[TrialRecord, ...]) -> int:

@@ -23,8 +23,8 @@ from pathlib import Path
 from advisor.errors import BadInputError, FactoryError, FirstStepError, SpecError, bad_input
 from advisor.knobs import KNOBS, Device, TrialConfig
 from advisor.results import HardwareProfile, TrialRecord, TrialResult
+from advisor.trial.parent.runner import TrialLaunch, run_trial
 from advisor.trial.protocol import EARLY_STEPS
-from advisor.trial.runner import TrialLaunch, run_trial
 
 __all__ = ["NumericsCheck", "known_out_of_memory", "maths_problem", "memory_problem", "preflight"]
 

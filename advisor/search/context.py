@@ -10,7 +10,7 @@ from advisor.results import HardwareProfile
 from advisor.search.checks import NumericsCheck
 from advisor.search.space import SearchSpace
 from advisor.settings import TuneSettings
-from advisor.trial.runner import TrialLaunch
+from advisor.trial.parent.runner import TrialLaunch
 
 __all__ = ["SearchContext"]
 

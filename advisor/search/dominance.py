@@ -3,44 +3,25 @@
 A value is rejected once at least `MIN_TRIALS` trials had it, every one of them ran (or was
 projected, when stopped before its window) below `REJECT_BELOW` x the best trial's samples/s,
 and, for a knob other than the batch size, one of them ran at a micro-batch at least half the
-best's: knob effects flip with the batch (REFERENCE.md: bf16 on CPU loses at batch 16 and wins
-at 256 and above), so evidence from small batches alone says nothing about the best's region.
-The search prunes a proposal with a rejected value without running it, and the report lists the
-value with the trials that rejected it.
+best's: knob effects flip with the batch (docs/method.md, "The search": bf16 on CPU loses at
+batch 16 and wins at 256 and above), so evidence from small batches alone says nothing about
+the best's region. The search prunes a proposal with a rejected value without running it, and
+the report lists the value with the trials that rejected it.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
+from advisor.recommendation import Rejected
 from advisor.results import TrialRecord
 
-__all__ = ["MIN_TRIALS", "REJECT_BELOW", "Rejected", "rejected_in_search", "rejected_values"]
+__all__ = ["MIN_TRIALS", "REJECT_BELOW", "rejected_in_search", "rejected_values"]
 
 MIN_TRIALS = 2
 REJECT_BELOW = 0.25  # 4x slower than the best: beyond a window's noise (about 12 %) many times
-
-
-@dataclass(frozen=True)
-class Rejected:
-    """A knob value the search stopped proposing, and the trials that showed it cannot win."""
-
-    knob: str
-    value: Any
-    trials: tuple[int, ...]
-    fraction: float  # the value's best samples/s over the best trial's
-    best_trial: int
-
-    @property
-    def reason(self) -> str:
-        trials = ", ".join(map(str, self.trials))
-        return (
-            f"{self.knob}={self.value} rejected: its {len(self.trials)} trials ({trials}) ran "
-            f"at most {self.fraction:.2f}x the best (trial {self.best_trial})"
-        )
 
 
 def rejected_in_search(
@@ -71,7 +52,13 @@ def rejected_values(records: Iterable[TrialRecord], knobs: Iterable[str]) -> lis
             if _rules_out(knob, trials, best_record, best_rate):
                 fraction = max(rate for _, rate in trials) / best_rate
                 numbers = tuple(sorted(record.number for record, _ in trials))
-                found.append(Rejected(knob, value, numbers, fraction, best_record.number))
+                found.append(Rejected(
+                        knob=knob,
+                        value=value,
+                        trials=numbers,
+                        fraction=fraction,
+                        best_trial=best_record.number,
+                    ))
     return found
 
 

@@ -1,9 +1,9 @@
 """Early stopping of search trials: Optuna's pruner interface over their projected throughput.
 
 From its warm-up on, a search trial reports its projected samples/s about every 0.1 s (the step
-is the milliseconds since its warm-up began; `advisor.trial.runner` projects it). Once
+is the milliseconds since its warm-up began; `advisor.trial.parent.runner` projects it). Once
 `CHECK_AFTER` of a window's time has passed (when a search trial's warm-up may have settled and
-its window may end, `advisor.trial.measure`), a trial projected below `fraction` of the best
+its window may end, `advisor.trial.child.measure`), a trial projected below `fraction` of the best
 finished trial is told to stop, in whatever phase: in its window, it keeps the steps it timed;
 before its first, its projection. Far below the best, the shorter measurement cannot change
 the choice (single windows vary by about 12 % on the project's VM:

@@ -22,16 +22,10 @@ from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ValidationError
 
 from advisor.errors import StorageError
-from advisor.results import (
-    PrunedProposal,
-    Racer,
-    Recommendation,
-    StudyContext,
-    TrialRecord,
-    TrialResult,
-)
-from advisor.search.storage import STALE_AFTER_S, mask_url
-from advisor.settings import TuneSettings
+from advisor.recommendation import Racer, Recommendation, StudyContext
+from advisor.results import PrunedProposal, TrialRecord, TrialResult
+from advisor.search.storage import STALE_AFTER_S
+from advisor.settings import TuneSettings, mask_url
 
 __all__ = [
     "StoredStudy",

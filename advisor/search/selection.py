@@ -1,4 +1,4 @@
-"""Re-measure the best candidates and the baseline, then choose the winner (DESIGN.md §3.5).
+"""Re-measure the best candidates and the baseline, then choose the winner.
 
 A configuration is recommended only if it was feasible again in its confirmation run, with finite
 losses and the memory headroom the settings ask for. The baseline is always re-measured too, so
@@ -16,7 +16,7 @@ from advisor.knobs import KNOBS, TrialConfig
 from advisor.results import TrialRecord, TrialResult, relative_spread
 from advisor.search.checks import memory_problem
 from advisor.search.context import SearchContext
-from advisor.trial.runner import run_trial
+from advisor.trial.parent.runner import run_trial
 
 __all__ = ["Selection", "failure_summary", "select_winner"]
 

@@ -2,8 +2,8 @@
 accumulation steps of the space.
 
 Where one optimizer cycle is too long for the window, a trial times its parts, micro-steps
-and optimizer steps apart (`advisor.trial.budget`), and the same parts give the cycle at any
-accumulation (`advisor.trial.window.cycle_s`). A trial whose own cycle fits, but one of whose
+and optimizer steps apart (`advisor.trial.child.budget`), and the same parts give the cycle at any
+accumulation (`advisor.trial.child.window.cycle_s`). A trial whose own cycle fits, but one of whose
 siblings' would not, is timed in parts too. The search records each sibling it has not
 measured as a trial of its own, derived from the one that ran: it costs nothing, the sampler
 learns from it, and `--trials` counts a trial's siblings as one configuration (with the

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from advisor.errors import SettingsError
 from advisor.knob_rules import Device, Facts, parse_parallel
 from advisor.knobs import KNOB, KNOBS, Knob, TrialConfig
-from advisor.results import FixedKnob, HardwareProfile, TaskSummary
+from advisor.recommendation import FixedKnob
+from advisor.results import HardwareProfile, TaskSummary
 from advisor.settings import TuneSettings
 
 if TYPE_CHECKING:

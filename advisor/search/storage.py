@@ -17,7 +17,6 @@ from optuna.trial import TrialState
 from sqlalchemy import update
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import (
-    ArgumentError,
     IntegrityError,
     OperationalError,
     ProgrammingError,
@@ -25,12 +24,12 @@ from sqlalchemy.exc import (
 )
 
 from advisor.errors import StorageError
+from advisor.settings import mask_url
 
 __all__ = [
     "STALE_AFTER_S",
     "load_study",
     "make_storage",
-    "mask_url",
     "open_study",
     "optimize_one",
 ]
@@ -42,14 +41,6 @@ STALE_AFTER_S = 30
 SQLITE_BUSY_TIMEOUT_S = 120
 JOURNAL_PREFIX = "journal:///"
 OPEN_ATTEMPTS = 5
-
-
-def mask_url(url: str) -> str:
-    """The URL with its password replaced by `***`."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except (ArgumentError, ValueError):
-        return url.split("@", 1)[-1] if "@" in url else url
 
 
 def make_storage(url: str) -> optuna.storages.BaseStorage:

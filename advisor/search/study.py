@@ -38,7 +38,7 @@ from advisor.search.siblings import add_siblings, counted, ran_itself, sibling_a
 from advisor.search.space import SearchSpace
 from advisor.search.storage import optimize_one
 from advisor.settings import TuneSettings
-from advisor.trial.runner import ProgressCallback, run_trial
+from advisor.trial.parent.runner import ProgressCallback, run_trial
 
 __all__ = ["bind_study", "make_sampler", "run_search"]
 

@@ -1,1 +1,2 @@
-"""Isolated trials: `runner` (parent side) starts `worker` (child side) in its own process group."""
+"""Isolated trials. `parent/` starts a trial, watches and kills its process group and reads its
+result; `child/` runs in that group and trains and measures. `protocol` is what they exchange."""

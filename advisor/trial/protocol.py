@@ -20,7 +20,8 @@ __all__ = [
 ]
 
 # Of `trial_seconds`: when a search trial's warm-up may have settled and its window may end
-# (advisor.trial.measure), and so when the parent may start judging it (advisor.search.pruning).
+# (advisor.trial.child.measure), and so when the parent may start judging it
+# (advisor.search.pruning).
 PRECISE_AFTER_FRACTION = 0.125
 # Optimizer steps whose losses the numerics check compares (advisor.search.checks).
 EARLY_STEPS = 3
@@ -54,7 +55,7 @@ class TrialRequest(BaseModel):
     precise_window: bool = Field(
         default=False,
         description="a search trial's window may end from an eighth of `trial_seconds` on, once "
-        "the rate it measures is precise (advisor.trial.precision.PRECISE_RELATIVE_ERROR)",
+        "the rate it measures is precise (advisor.trial.child.early_end.PRECISE_RELATIVE_ERROR)",
     )
     beat_samples_per_s: float | None = Field(
         default=None,

@@ -13,11 +13,12 @@ import pytest
 
 from advisor.convergence import LrPlan
 from advisor.knobs import TrialConfig
+from advisor.recommendation import Recommendation
 from advisor.report.codegen import render_launch_script, render_training_script
-from advisor.results import HardwareProfile, Recommendation
+from advisor.results import HardwareProfile
 from advisor.search.checks import preflight
-from advisor.trial.probe import probe
-from advisor.trial.runner import TrialLaunch, run_trial
+from advisor.trial.child.probe import probe
+from advisor.trial.parent.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY
 
 

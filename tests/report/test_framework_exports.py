@@ -15,8 +15,9 @@ import yaml
 
 from advisor.convergence import LrPlan
 from advisor.knobs import TrialConfig
+from advisor.recommendation import FixedKnob, Recommendation
 from advisor.report.exports import EXPORT_FILES, render_export, write_exports
-from advisor.results import FixedKnob, GpuInfo, HardwareProfile, Recommendation, TaskSummary
+from advisor.results import GpuInfo, HardwareProfile, TaskSummary
 from tests.conftest import run_advisor
 
 _GPU = GpuInfo(name="A100", memory_bytes=80 * 2**30, capability="8.0", bf16=True)

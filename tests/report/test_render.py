@@ -4,9 +4,15 @@ from pathlib import Path
 
 from advisor.convergence import BatchPrediction, NoiseScale
 from advisor.knobs import KNOB, TrialConfig
+from advisor.recommendation import (
+    FixedKnob,
+    RaceSummary,
+    Recommendation,
+    ThroughputPick,
+    TuneResult,
+)
 from advisor.report.render import render_html, render_markdown
-from advisor.results import FixedKnob, RaceSummary, Recommendation, ThroughputPick, TuneResult
-from advisor.search.race_verdict import decide_race
+from advisor.search.race.verdict import decide_race
 from advisor.settings import TuneSettings
 from tests.conftest import CPU_PROFILE
 from tests.search.test_race import _racer
@@ -93,7 +99,7 @@ def test_a_kept_baseline_is_said_to_have_won_a_race_only_where_one_ran():
 
 def test_the_report_names_both_targets_a_race_verdict_must_hold_at():
     from advisor.report.race import _target_text
-    from advisor.search.race_verdict import decide_race
+    from advisor.search.race.verdict import decide_race
     from tests.search.test_race import BIG, SMALL, _half_seconds, _plateau
 
     racers = [

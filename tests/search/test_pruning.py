@@ -6,7 +6,7 @@ import pytest
 import advisor
 from advisor.knobs import TrialConfig
 from advisor.search.pruning import CHECK_AFTER, SlowerThanBestPruner, stop_reason
-from advisor.trial.runner import STALL_S, TrialLaunch, run_trial
+from advisor.trial.parent.runner import STALL_S, TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY, survivors
 
 

@@ -11,22 +11,18 @@ from advisor.api import validate
 from advisor.convergence import BatchPrediction, LrPlan, NoiseScale, RaceCurve, RacePoint
 from advisor.knobs import TrialConfig
 from advisor.progress import NullProgress
-from advisor.results import Racer, TrialRecord, TrialResult
+from advisor.recommendation import Racer
+from advisor.results import TrialRecord, TrialResult
 from advisor.search.context import SearchContext
-from advisor.search.race import (
-    RacePlan,
-    lr_rule,
-    predict_batches,
-    race_choice,
-    race_finalists,
-    run_race,
-)
-from advisor.search.race_verdict import RACE_MARGIN, decide_race, time_to_loss
+from advisor.search.decision import race_choice
+from advisor.search.race.plan import RacePlan, lr_rule, predict_batches, race_finalists
+from advisor.search.race.run import run_race
+from advisor.search.race.verdict import RACE_MARGIN, decide_race, time_to_loss
 from advisor.search.records import read_racers
 from advisor.search.selection import Selection
 from advisor.search.space import build_space
 from advisor.settings import TuneSettings
-from advisor.trial.runner import TrialLaunch
+from advisor.trial.parent.runner import TrialLaunch
 from tests.conftest import CPU_PROFILE, ROOT
 
 CONVERGENCE = "tests/workloads/convergence.py"

@@ -14,7 +14,7 @@ from advisor.search.seeding import next_seed
 from advisor.search.space import build_space
 from advisor.search.study import make_sampler, run_search
 from advisor.settings import TuneSettings
-from advisor.trial.runner import TrialLaunch
+from advisor.trial.parent.runner import TrialLaunch
 from tests.conftest import CPU_PROFILE, ROOT, TINY
 from tests.search.test_space import TASK
 
@@ -87,7 +87,7 @@ def test_a_value_is_rejected_only_on_enough_evidence_near_the_best():
     one = [_record(0, best, 10_000.0), _record(1, small_bf16[0], 100.0)]
     assert rejected_values(one, ["amp"]) == []  # one trial is not enough
 
-    # Slow only at small batches: bf16 may still win at the best's batch (REFERENCE.md).
+    # Slow only at small batches: bf16 may still win at the best's batch (docs/method.md).
     small = [_record(0, best, 10_000.0)]
     small += [_record(i + 1, config, 100.0) for i, config in enumerate(small_bf16)]
     assert rejected_values(small, ["amp"]) == []

@@ -15,7 +15,7 @@ from advisor.search.selection import failure_summary, select_winner
 from advisor.search.space import build_space
 from advisor.search.study import run_search
 from advisor.settings import TuneSettings
-from advisor.trial.runner import TrialLaunch
+from advisor.trial.parent.runner import TrialLaunch
 from tests.conftest import CPU_PROFILE, ROOT, TINY, run_advisor, survivors
 
 FAST = {"trial_seconds": 0.2, "warmup_steps": 1, "confirm_top": 1, "objective": "throughput"}

@@ -22,7 +22,7 @@ from advisor.search.space import build_space
 from advisor.search.storage import load_study, open_study, optimize_one
 from advisor.search.study import bind_study
 from advisor.settings import TuneSettings
-from advisor.trial.runner import TrialLaunch
+from advisor.trial.parent.runner import TrialLaunch
 from tests.conftest import CPU_PROFILE, ROOT, TINY, run_advisor, trials_counted
 from tests.postgres import PASSWORD, postgres_url  # noqa: F401 (a fixture)
 

@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from advisor.errors import ContractError
-from advisor.trial.batches import batch_kind, compute_loss, describe_batch, to_device
+from advisor.trial.child.batches import batch_kind, compute_loss, describe_batch, to_device
 
 
 def test_pair_batch_uses_loss_fn_on_model_output():

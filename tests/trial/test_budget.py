@@ -7,7 +7,7 @@ import pytest
 
 from advisor.knobs import TrialConfig
 from advisor.results import TrialResult
-from advisor.trial.runner import TrialLaunch, run_trial
+from advisor.trial.parent.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY, survivors
 from tests.workloads.tiny import (
     MICRO_STEP_S,

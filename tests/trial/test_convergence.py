@@ -7,10 +7,10 @@ import torch
 
 from advisor.convergence import LrPlan
 from advisor.knobs import TrialConfig
-from advisor.trial.convergence import EVALUATIONS
-from advisor.trial.loop import apply_lr
-from advisor.trial.noise_scale import estimate_noise_scale
-from advisor.trial.runner import TrialLaunch, run_trial
+from advisor.search.race.noise import estimate_noise_scale
+from advisor.trial.child.loop import apply_lr
+from advisor.trial.child.racing import EVALUATIONS
+from advisor.trial.parent.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY
 from tests.workloads.convergence import KNOWN_NOISE_SCALE
 

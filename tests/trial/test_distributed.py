@@ -6,8 +6,8 @@ from torch import nn
 
 from advisor.knobs import TrialConfig
 from advisor.task import TrainingTask
-from advisor.trial.loop import Trainer, wrap_model
-from advisor.trial.runner import TrialLaunch, run_trial
+from advisor.trial.child.loop import Trainer, wrap_model
+from advisor.trial.parent.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY, survivors
 from tests.workloads.tiny import factory
 

@@ -10,9 +10,9 @@ import psutil
 import pytest
 
 from advisor.knobs import TrialConfig
-from advisor.trial.launcher import child_env, shared_launcher
+from advisor.trial.parent.launcher import child_env, shared_launcher
+from advisor.trial.parent.runner import TrialLaunch, run_trial
 from advisor.trial.protocol import TrialRequest
-from advisor.trial.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY, survivors
 
 
@@ -100,7 +100,7 @@ def test_the_launcher_and_its_trial_exit_with_their_parent(tmp_path, marked):
     parent_code = (
         "from pathlib import Path\n"
         "from advisor.knobs import TrialConfig\n"
-        "from advisor.trial.runner import TrialLaunch, run_trial\n"
+        "from advisor.trial.parent.runner import TrialLaunch, run_trial\n"
         f"launch = TrialLaunch(spec='{TINY}:hang', cwd=Path('{ROOT}'), warmup_steps=1,"
         " trial_seconds=0.2, timeout_s=600)\n"
         f"run_trial(launch, TrialConfig(batch_size=16), Path('{tmp_path}/t.log'))\n"

@@ -10,7 +10,7 @@ import torch
 from advisor import TrainingTask
 from advisor.knobs import TrialConfig
 from advisor.task import build_task
-from advisor.trial.loop import Trainer
+from advisor.trial.child.loop import Trainer
 
 FAULTS = "tests/workloads/faults.py"
 

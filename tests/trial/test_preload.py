@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from advisor.knobs import TrialConfig
-from advisor.trial import launcher
-from advisor.trial.preload import installed_imports
-from advisor.trial.runner import TrialLaunch, run_trial
+from advisor.trial.parent import launcher
+from advisor.trial.parent.preload import installed_imports
+from advisor.trial.parent.runner import TrialLaunch, run_trial
 
 # A package "installed" in a site-packages folder of its own that notes every process that
 # imports it, with what it read: `{body}` adds what else its import does.

@@ -11,7 +11,7 @@ import pytest
 from advisor.knob_rules import SLOW_PRECISION
 from advisor.search.space import build_space
 from advisor.settings import TuneSettings
-from advisor.trial.probe_runner import probe_isolated
+from advisor.trial.parent.probe import probe_isolated
 from tests.conftest import ROOT
 from tests.search.test_space import TASK
 

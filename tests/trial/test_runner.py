@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from advisor.knobs import TrialConfig
-from advisor.trial.runner import TrialLaunch, run_trial
+from advisor.trial.parent.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY, survivors
 
 FAULTS = "tests/workloads/faults.py"
@@ -162,7 +162,7 @@ def test_trial_dies_with_its_parent(tmp_path, marked):
     parent_code = (
         "from pathlib import Path\n"
         "from advisor.knobs import TrialConfig\n"
-        "from advisor.trial.runner import TrialLaunch, run_trial\n"
+        "from advisor.trial.parent.runner import TrialLaunch, run_trial\n"
         f"launch = TrialLaunch(spec='{TINY}:hang', cwd=Path('{ROOT}'), warmup_steps=1,"
         " trial_seconds=0.2, timeout_s=600)\n"
         f"run_trial(launch, TrialConfig(batch_size=16, num_workers=1), Path('{tmp_path}/t.log'))\n"
@@ -195,8 +195,8 @@ def test_warm_up_settles_an_fp16_loss_scale():
     import torch
 
     from advisor.task import build_task
-    from advisor.trial.loop import Trainer
-    from advisor.trial.warmup import SCALER_STABLE_STEPS, warm_up
+    from advisor.trial.child.loop import Trainer
+    from advisor.trial.child.warmup import SCALER_STABLE_STEPS, warm_up
 
     task, _ = build_task(f"{TINY}:factory")
     # fp16 is a CUDA knob; the GradScaler logic is the same on CPU, so bypass the validator.

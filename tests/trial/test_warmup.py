@@ -7,8 +7,8 @@ import torch
 
 from advisor.knobs import TrialConfig
 from advisor.task import build_task
-from advisor.trial.loop import Trainer
-from advisor.trial.warmup import FirstStep, warm_up
+from advisor.trial.child.loop import Trainer
+from advisor.trial.child.warmup import FirstStep, warm_up
 from tests.conftest import TINY
 
 SETTLE_S = 0.2

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from advisor.trial.budget import estimated_cycle_s
-from advisor.trial.precision import PRECISE_MIN_BATCHES, EarlyEnd, clearly_longer
-from advisor.trial.window import Bounds, Window, _window_done
+from advisor.trial.child.budget import estimated_cycle_s
+from advisor.trial.child.early_end import PRECISE_MIN_BATCHES, EarlyEnd, clearly_longer
+from advisor.trial.child.window import Bounds, Window, _window_done
 
 
 def _window(step_times: list[float]) -> Window:

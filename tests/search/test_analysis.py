@@ -3,8 +3,8 @@
 import pytest
 
 from advisor.knobs import TrialConfig
-from advisor.report.analysis import best_by_layout, diagnose, knob_effects, rejected_values
 from advisor.results import TrialRecord, TrialResult
+from advisor.search.analysis import best_by_layout, diagnose, knob_effects, rejected_values
 
 
 def _trial(number, rate, wait=0.05, role="search", status="ok", **knobs):

@@ -8,7 +8,7 @@ fastest configuration at the user's global batch B0 is kept, unless it reached t
 clearly later than the baseline (its numerics cost more than its speed gains). Where the
 baseline's evaluations are noisy, the verdict must also hold at that loss plus twice their
 noise (`RaceCurve.target_losses`), and the smaller claim is the one made. Pure functions
-of the racers, so the race (`advisor.search.race`) can also ask, while it runs, how long a
+of the racers, so the race (`advisor.search.race.run`) can also ask, while it runs, how long a
 racer may still train before it can no longer win.
 """
 
@@ -20,34 +20,18 @@ from typing import NamedTuple
 
 from advisor.convergence import RaceCurve
 from advisor.knobs import TrialConfig
-from advisor.results import Racer, RaceSummary
+from advisor.recommendation import Racer, RaceSummary, did_not_fall, reference_racer
 
 __all__ = [
     "RACE_MARGIN",
     "decide_race",
-    "did_not_fall",
     "pick_at_batch0",
-    "reference_racer",
     "time_to_loss",
 ]
 
 # A racer must reach the loss this much sooner than the best at the user's batch to win:
 # benchmarks/machine_drift.py measured 12 % between two processes of the same configuration.
 RACE_MARGIN = 0.15
-
-
-def reference_racer(racers: Sequence[Racer]) -> Racer | None:
-    """The racer whose lowest loss is the target: the baseline, else the best at the user's
-    batch; None if neither has a curve."""
-    reference = next((r for r in racers if r.role == "baseline" and r.curve), None)
-    return reference or next((r for r in racers if r.role == "your batch" and r.curve), None)
-
-
-def did_not_fall(racers: Sequence[Racer]) -> bool:
-    """Whether the racer that sets the target has run and its loss did not fall
-    (`RaceCurve.fell`): then nothing can be timed to it, and the race decides nothing."""
-    reference = reference_racer(racers)
-    return reference is not None and reference.curve is not None and not reference.curve.fell
 
 
 def time_to_loss(curve: RaceCurve, target: float) -> float | None:

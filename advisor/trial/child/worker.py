@@ -1,9 +1,9 @@
 """Trial child: measure one configuration and write a `TrialResult` as JSON.
 
-Run as `python -m advisor.trial.worker REQUEST.json` by `advisor.trial.runner`, in a process group
-of its own. A single-process trial is measured here; a DDP trial is supervised from here, its
-ranks in the same process group. Failures are data (`status`), never an exception escaping to
-the parent.
+Run as `python -m advisor.trial.child.worker REQUEST.json` by `advisor.trial.parent.runner`, in
+a process group of its own. A single-process trial is measured here; a DDP trial is supervised
+from here, its ranks in the same process group. Failures are data (`status`), never an
+exception escaping to the parent.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from advisor.results import TrialResult
-from advisor.trial.measure import measure_request
+from advisor.trial.child.measure import measure_request
 from advisor.trial.protocol import TrialRequest
 
 __all__ = ["exit_with_parent", "main", "run_request"]
@@ -27,7 +27,7 @@ __all__ = ["exit_with_parent", "main", "run_request"]
 def run_request(request: TrialRequest) -> TrialResult:
     """Run one trial and return its result."""
     if request.config.parallel_mode == "ddp":
-        from advisor.trial.distributed import run_distributed
+        from advisor.trial.child.distributed import run_distributed
 
         return run_distributed(request)
     return measure_request(request)

@@ -1,7 +1,7 @@
 """Probe the machine into a `HardwareProfile`, its matmul peak measured, not read off a datasheet.
 
 `probe()` imports torch in the calling process (and initialises CUDA where present); the tuning
-parent runs it in a child (`advisor.trial.probe_runner.probe_isolated`), so that it holds no
+parent runs it in a child (`advisor.trial.parent.probe.probe_isolated`), so that it holds no
 CUDA context.
 
 The peak is the yardstick for "fraction of peak": a large square matmul is the fastest thing the

@@ -1,5 +1,6 @@
 """Which installed packages a factory's module imports, and importing them in the trial launcher
-once, before it forks the trials (`advisor.trial.launcher`), rather than in every trial again.
+once, before it forks the trials (`advisor.trial.parent.launcher`), rather than in every trial
+again.
 
 Every trial child imports the user's module, and with it what that module imports: importing
 `transformers` alone took 1.2-1.9 s of each trial of examples/hf_gpt2.py, whose steps take

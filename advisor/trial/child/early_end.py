@@ -1,6 +1,6 @@
 """When a search trial's window may end before its time: once the rate it measures is precise,
 or clearly below the best trial's (`EarlyEnd`), from the step times of a `Window`
-(`advisor.trial.window`) and the limits of its `Bounds`.
+(`advisor.trial.child.window`) and the limits of its `Bounds`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ __all__ = [
 
 
 class TimedSteps(Protocol):
-    """What `EarlyEnd` reads of a window (`advisor.trial.window.Window`)."""
+    """What `EarlyEnd` reads of a window (`advisor.trial.child.window.Window`)."""
 
     step_times_s: list[float]
 
@@ -35,7 +35,7 @@ class TimedSteps(Protocol):
 
 
 class EndLimits(Protocol):
-    """What `EarlyEnd` reads of a window's limits (`advisor.trial.window.Bounds`)."""
+    """What `EarlyEnd` reads of a window's limits (`advisor.trial.child.window.Bounds`)."""
 
     @property
     def precise_after_s(self) -> float | None: ...

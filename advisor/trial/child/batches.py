@@ -1,4 +1,4 @@
-"""Turn one batch into a loss, following the factory contract (DESIGN.md §1)."""
+"""Turn one batch into a loss, following the factory contract (the factory contract, README.md)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ loss between evaluations.
 
 A noise trial records, per optimizer step, the squared norm of one micro-batch's gradient and of
 the whole accumulated (and, under DDP, all-reduced) gradient: the two batch sizes the gradient
-noise scale is estimated from (`advisor.trial.noise_scale`). Under GradScaler the norms are of
+noise scale is estimated from (`advisor.search.race.noise`). Under GradScaler the norms are of
 the unscaled gradients.
 """
 
@@ -28,14 +28,14 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
 from advisor.convergence import GradientNorms, RaceCurve, RacePoint
 from advisor.task import TrainingTask
-from advisor.trial.batches import compute_loss, to_device
-from advisor.trial.loop import DivergedError, Trainer
+from advisor.trial.child.batches import compute_loss, to_device
+from advisor.trial.child.loop import DivergedError, Trainer
 
 __all__ = [
     "EVALUATIONS",
     "held_out_split",
     "measure_gradient_norms",
-    "run_race",
+    "train_racer",
 ]
 
 HELD_OUT_MAX = 1024  # samples; enough for a loss within a percent or so, cheap to evaluate
@@ -61,7 +61,7 @@ def held_out_split(task: TrainingTask) -> tuple[TrainingTask, Dataset[Any] | Non
     return replace(task, dataset=Subset(dataset, training)), Subset(dataset, held_out)
 
 
-def run_race(
+def train_racer(
     trainer: Trainer,
     task: TrainingTask,
     held_out: Dataset[Any] | None,

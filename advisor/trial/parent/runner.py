@@ -29,14 +29,14 @@ import psutil
 from advisor.convergence import LrPlan
 from advisor.knobs import TrialConfig
 from advisor.results import FailurePhase, TrialResult
-from advisor.trial.launcher import (
+from advisor.trial.parent.launcher import (
     LauncherGoneError,
     UnsafePreloadError,
     child_env,
     json_safe,
     shared_launcher,
 )
-from advisor.trial.preload import installed_imports
+from advisor.trial.parent.preload import installed_imports
 from advisor.trial.protocol import PROGRESS_INTERVAL_S, TrialRequest, died_without_result
 
 __all__ = ["ProgressCallback", "TrialLaunch", "run_trial"]
@@ -87,11 +87,11 @@ class TrialLaunch:
         self.timeout_s = timeout_s
         self.seed = seed
         self.max_measure_steps = max_measure_steps
-        # Fork each trial from advisor's pre-imported launcher (`advisor.trial.launcher`)
+        # Fork each trial from advisor's pre-imported launcher (`advisor.trial.parent.launcher`)
         # rather than start a fresh interpreter: 2 s less per trial, as isolated.
         self.preloaded = preloaded
         # The launcher also imports the installed packages the factory's module imports, once
-        # for all trials (`advisor.trial.preload`): 1.2-1.9 s less per trial of a module that
+        # for all trials (`advisor.trial.parent.preload`): 1.2-1.9 s less per trial of a module that
         # imports transformers.
         self.import_ahead = import_ahead
 
@@ -175,7 +175,7 @@ def _supervise(
         return _launcher_failed(request, exc), 1
     try:
         timed_out, phase = _wait(process, request, launch.timeout_s, watch)
-    except LauncherGoneError as exc:  # its trial child followed it (advisor.trial.worker)
+    except LauncherGoneError as exc:  # its trial child followed it (advisor.trial.child.worker)
         _signal_group(process.pid, signal.SIGKILL)
         return _launcher_failed(request, exc), 1
     finally:
@@ -205,7 +205,7 @@ def _start_child(request_path: Path, launch: TrialLaunch, log_path: Path) -> _Ch
         return shared_launcher(env, launch.cwd, ()).fork(*paths)
     with log_path.open("w") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "advisor.trial.worker", str(request_path)],
+            [sys.executable, "-m", "advisor.trial.child.worker", str(request_path)],
             cwd=launch.cwd,
             stdout=log,
             stderr=subprocess.STDOUT,

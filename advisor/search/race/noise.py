@@ -15,6 +15,9 @@ steps before their ratio is taken, and the ratio gets a 95 % interval by the del
 The noise scale predicts how much a larger batch is worth per sample: reaching a given loss takes
 about E_min (1 + B/B_simple) samples, so relative to the user's batch B0 a batch B needs
 (B_simple + B)/(B_simple + B0) times the samples. It explains; it does not decide.
+
+`measure_noise_scale` runs the noise trial on the user's configuration and reads phi from its
+gradient norms.
 """
 
 from __future__ import annotations
@@ -24,7 +27,22 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["NoiseScaleEstimate", "estimate_noise_scale", "samples_ratio"]
+import optuna
+
+from advisor.convergence import NoiseScale
+from advisor.knobs import TrialConfig
+from advisor.results import TrialResult
+from advisor.search.context import SearchContext
+from advisor.search.records import read_noise, write_noise
+from advisor.trial.parent.runner import run_trial
+
+__all__ = [
+    "NOISE_ACCUMULATION",
+    "NoiseScaleEstimate",
+    "estimate_noise_scale",
+    "measure_noise_scale",
+    "samples_ratio",
+]
 
 Z_95 = 1.96
 
@@ -100,3 +118,58 @@ def _ratio_stderr(
         denominators
     ) ** 2
     return math.sqrt(max(0.0, variance))
+
+
+NOISE_ACCUMULATION = 8  # the noise trial's big batch is this many of the user's micro-batches
+NOISE_SECONDS = 3.0
+
+
+def measure_noise_scale(
+    study: optuna.Study, context: SearchContext, baseline: TrialConfig
+) -> NoiseScale | None:
+    """phi on the user's configuration, from its micro-batch and `NOISE_ACCUMULATION` of them;
+    a study that measured it already keeps its figure. None if the noise trial failed."""
+    config = baseline.model_copy(
+        update={"accumulation_steps": max(NOISE_ACCUMULATION, baseline.accumulation_steps)}
+    )
+    stored = read_noise(study)
+    if stored is not None and stored.config == config:
+        noise = _noise_scale(stored)
+        if noise is None:
+            context.progress.stage(f"the noise-scale trial failed: {_failure(stored)}")
+        return noise
+    context.progress.trial_started("noise-scale trial", config)
+    launch = context.launch.lasting(max(NOISE_SECONDS, context.settings.trial_seconds))
+    result = run_trial(
+        launch,
+        config,
+        context.logs_dir / "noise-scale.log",
+        mode="noise",
+        on_phase=context.progress.trial_phase,
+    )
+    write_noise(study, result)
+    noise = _noise_scale(result)
+    context.progress.noise_finished(noise, None if noise else _failure(result))
+    return noise
+
+
+def _failure(result: TrialResult) -> str:
+    return result.reason or result.status
+
+
+def _noise_scale(result: TrialResult) -> NoiseScale | None:
+    """phi from a noise trial's gradient norms; None if it has too few."""
+    norms = result.gradient_norms
+    if norms is None or len(norms.small_sq) < 2:
+        return None
+    estimate = estimate_noise_scale(
+        norms.small_sq, norms.big_sq, norms.small_batch, norms.big_batch
+    )
+    return NoiseScale(
+        value=estimate.value,
+        low=estimate.low,
+        high=estimate.high,
+        small_batch=norms.small_batch,
+        big_batch=norms.big_batch,
+        steps=estimate.steps,
+    )

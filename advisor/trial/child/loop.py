@@ -20,7 +20,7 @@ from advisor.convergence import LrPlan
 from advisor.errors import ContractError
 from advisor.knobs import ParallelMode, TrialConfig
 from advisor.task import TrainingTask
-from advisor.trial.batches import (
+from advisor.trial.child.batches import (
     BatchKind,
     batch_kind,
     compute_loss,
@@ -28,7 +28,7 @@ from advisor.trial.batches import (
     to_channels_last,
     to_device,
 )
-from advisor.trial.probe import usable_cores
+from advisor.trial.child.probe import usable_cores
 
 __all__ = ["DivergedError", "Trainer", "apply_lr", "wrap_model"]
 
@@ -44,7 +44,7 @@ class Trainer:
     `micro_step()` one micro-batch of it.
 
     An optimizer step takes a cycle of `cycle` micro-batches: the configuration's accumulation
-    steps, unless a measurement shortens it (`advisor.trial.budget`: a cycle too long for the
+    steps, unless a measurement shortens it (`advisor.trial.child.budget`: a cycle too long for the
     window is timed in parts). Under DDP this is one rank: the process group must be initialised
     before, and `rank` picks this process's shard of the dataset.
     """
@@ -130,7 +130,7 @@ class Trainer:
     def restart_cycle(self, cycle: int) -> None:
         """From now on, cycles of `cycle` micro-batches, the next micro-step the first of one.
 
-        A window that times a cycle's parts (`advisor.trial.budget`) starts so, even where the
+        A window that times a cycle's parts (`advisor.trial.child.budget`) starts so, even where the
         first micro-step or the warm-up began a cycle: the micro-batches it accumulated stay
         in the gradients that the next optimizer step applies (a timing does not depend on
         them), and their losses in its mean loss, whose check for a non-finite loss they join.

@@ -1,5 +1,5 @@
 """A trial's warm-up: running past everything that makes early steps unrepresentative, as a
-window of its own (`advisor.trial.window`), before the window that is timed."""
+window of its own (`advisor.trial.child.window`), before the window that is timed."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import time
 from dataclasses import dataclass, replace
 
-from advisor.trial.loop import Trainer
-from advisor.trial.window import Agreement, Bounds, Window, WindowMonitor, run_window
+from advisor.trial.child.loop import Trainer
+from advisor.trial.child.window import Agreement, Bounds, Window, WindowMonitor, run_window
 
 __all__ = ["SCALER_STABLE_STEPS", "FirstStep", "warm_up"]
 
@@ -64,7 +64,7 @@ def warm_up(
     (autotuning); with fp16, until the GradScaler's scale has settled, since it starts at 2^16
     and skips optimizer steps while it backs off. All of it within `budget_s` seconds: a
     configuration whose steps are that slow ends its warm-up early, even within a step (its
-    window then times the parts of a step: `advisor.trial.measure`). With `whole_steps` (a
+    window then times the parts of a step: `advisor.trial.child.measure`). With `whole_steps` (a
     finalist's re-run) it lasts the budget and one optimizer step at the least, the `first`
     micro-step's seconds counted (with workers, only as below); under DDP, where the ranks end
     it after an optimizer step, counted apart they often cost a second whole cycle. With `settle_s`

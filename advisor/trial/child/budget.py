@@ -1,4 +1,4 @@
-"""How long a trial's warm-up and window run, and what the window times (DESIGN.md §6).
+"""How long a trial's warm-up and window run, and what the window times (docs/method.md).
 
 Warm-up and window each keep to `trial_seconds`, whatever the batch: where one optimizer cycle
 (accumulation x micro-steps) does not fit the window, the window times its parts instead,
@@ -7,7 +7,7 @@ finalists (`whole_cycles`) time whole cycles however long, at least one in the w
 window times at least two cycles that take more than half of it each, three otherwise; an
 estimate two (plain, stepped) pairs of micro-steps. A search trial (`precise_window`) settles
 sooner and may end its window once its rate is precise (an estimate whose micro-steps are alike
-after one pair), or clearly below the best's (`advisor.trial.window`); its window ends at the
+after one pair), or clearly below the best's (`advisor.trial.child.window`); its window ends at the
 step nearest its time rather than the first after it.
 """
 
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from advisor.trial.agreement import EveryStep, ParentWatch, RankAgreement
-from advisor.trial.loop import Trainer
-from advisor.trial.precision import PRECISE_MIN_BATCHES
+from advisor.trial.child.agreement import EveryStep, ParentWatch, RankAgreement
+from advisor.trial.child.early_end import PRECISE_MIN_BATCHES
+from advisor.trial.child.loop import Trainer
+from advisor.trial.child.warmup import FirstStep, warm_up
+from advisor.trial.child.window import Bounds, Window, cycle_s, run_window
 from advisor.trial.protocol import PRECISE_AFTER_FRACTION, TrialRequest
-from advisor.trial.warmup import FirstStep, warm_up
-from advisor.trial.window import Bounds, Window, cycle_s, run_window
 
 __all__ = ["estimated_cycle_s", "timed_window", "too_long_for_window", "warm_up_trial"]
 
@@ -165,7 +165,7 @@ def estimated_cycle_s(window: Window, accumulation: int) -> float | None:
     """A whole optimizer cycle's seconds from a window that timed its parts: accumulation - 1
     micro-steps and one that ends with the optimizer step, each its median compute, and the
     micro-steps' mean wait for a batch, all of the window's `Window.pairs`
-    (`advisor.trial.window.cycle_s`); None for a window of whole cycles."""
+    (`advisor.trial.child.window.cycle_s`); None for a window of whole cycles."""
     plain = window.median_compute_s(stepped=False)
     final = window.median_compute_s(stepped=True)
     wait = window.mean_wait_s()

@@ -1,6 +1,10 @@
-"""Turn a study's measurements into a `Recommendation`: the confirmed one a finished tune makes,
-or a provisional one from the search trials of a tune that was interrupted; with how far it is
-from the hardware limit (its FLOP rate against the measured matmul peak)."""
+"""The decision: turn a study's measurements into a `Recommendation` and a `TuneResult`.
+
+After the search, `conclude` re-measures the finalists and, for the time-to-loss objective,
+measures the noise scale and races them (`advisor.search.race`); the confirmed recommendation is
+the race's winner (or the re-runs' winner, under `--objective throughput`). A tune that was
+interrupted gets a provisional recommendation from its search trials alone (`stored_result`).
+The reports render what is decided here and decide nothing themselves."""
 
 from __future__ import annotations
 
@@ -8,33 +12,115 @@ import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 
-from advisor.convergence import LrPlan, NoiseScale
+import optuna
+
+from advisor.convergence import BatchPrediction, LrPlan, NoiseScale
 from advisor.errors import NoFeasibleConfigError, StorageError
-from advisor.knobs import TrialConfig
-from advisor.report.analysis import best_by_layout, diagnose, knob_effects, rejected_values
-from advisor.results import (
+from advisor.knobs import KNOBS, TrialConfig
+from advisor.recommendation import (
     Efficiency,
-    HardwareProfile,
     RaceSummary,
     Recommendation,
     StudyContext,
-    TaskSummary,
     ThroughputPick,
-    TrialRecord,
     TuneResult,
 )
-from advisor.search.race import race_choice, rerun_rates
-from advisor.search.records import read_study
-from advisor.search.selection import Selection, failure_summary
-from advisor.search.storage import load_study, mask_url
-from advisor.settings import TuneSettings
+from advisor.results import HardwareProfile, PrunedProposal, TaskSummary, TrialRecord
+from advisor.search.analysis import (
+    best_by_layout,
+    diagnose,
+    knob_effects,
+    param_importances,
+    rejected_values,
+)
+from advisor.search.context import SearchContext
+from advisor.search.dominance import rejected_in_search
+from advisor.search.race.noise import measure_noise_scale
+from advisor.search.race.plan import plan_racers, predict_batches, race_finalists
+from advisor.search.race.run import run_race
+from advisor.search.race.verdict import decide_race
+from advisor.search.records import read_study, records_of
+from advisor.search.selection import Selection, failure_summary, select_winner
+from advisor.search.storage import load_study
+from advisor.settings import TuneSettings, mask_url
 
 __all__ = [
+    "conclude",
     "confirmed_recommendation",
     "efficiency",
     "provisional_recommendation",
+    "race_choice",
+    "rerun_rates",
     "stored_result",
+    "tune_result",
 ]
+
+
+def conclude(
+    study: optuna.Study, search: SearchContext, context: StudyContext, records: list[TrialRecord]
+) -> tuple[Recommendation, Selection]:
+    """Re-measure the finalists and, for the time-to-loss objective, race them: the
+    recommendation, and the re-runs it rests on."""
+    settings, progress = search.settings, search.progress
+    racing = settings.objective == "time-to-loss" and settings.race_seconds > 0
+    racing = racing and any(record.eligible for record in records)  # else nothing can win
+    noise, predictions, extra = _race_entrants(study, search, records) if racing else (None, (), [])
+    progress.stage("re-measuring the finalists and the baseline")
+    selection = select_winner(records, search, extra, racing=racing)
+    race = None
+    if racing:
+        plans = plan_racers(
+            selection, predictions, search.space.baseline, context.task.optimizer_class
+        )
+        progress.stage(
+            f"racing {len(plans)} configurations for {settings.race_seconds:g} s of training "
+            "each, from the same initial weights, to your loss"
+        )
+        race = decide_race(run_race(study, search, plans), settings.race_seconds)
+    recommendation = confirmed_recommendation(
+        settings, context, selection, records_of(study), race=race, noise=noise
+    )
+    return recommendation, selection
+
+
+def _race_entrants(
+    study: optuna.Study, search: SearchContext, records: list[TrialRecord]
+) -> tuple[NoiseScale | None, tuple[BatchPrediction, ...], list[TrialRecord]]:
+    """The noise scale, what it predicts per global batch, and the search trials the race
+    needs re-measured with the other finalists."""
+    baseline = search.space.baseline
+    search.progress.stage("measuring the gradient noise scale of your configuration")
+    noise = measure_noise_scale(study, search, baseline)
+    predictions, extra = race_finalists(
+        predict_batches(noise, records, baseline), noise, records, baseline
+    )
+    if noise is not None:
+        noise = noise.model_copy(update={"predictions": predictions})
+    return noise, predictions, extra
+
+
+def tune_result(
+    settings: TuneSettings,
+    recommendation: Recommendation,
+    trials: tuple[TrialRecord, ...],
+    confirmations: tuple[TrialRecord, ...],
+    pruned: tuple[PrunedProposal, ...],
+    out_dir: Path,
+) -> TuneResult:
+    """What a tune returns and the reports render, with what the search concludes from its
+    trials besides the recommendation: the knob values it stopped proposing, and Optuna's
+    parameter importances."""
+    knobs = [row.name for row in KNOBS]
+    return TuneResult(
+        settings=settings,
+        recommendation=recommendation,
+        trials=trials,
+        confirmations=confirmations,
+        pruned=pruned,
+        out_dir=out_dir,
+        rejected=tuple(rejected_in_search(trials, knobs, settings.early_stop)),
+        importances=param_importances(list(trials)),
+    )
 
 
 def confirmed_recommendation(
@@ -222,13 +308,13 @@ def stored_result(url: str, study_name: str | None, out_dir: Path | None) -> Tun
         recommendation = provisional_recommendation(stored.settings, stored.context, stored.trials)
     if recommendation is None:
         raise StorageError(f"study {stored.name!r} holds no recommendation and no context")
-    return TuneResult(
-        settings=stored.settings,
-        recommendation=recommendation,
-        trials=tuple(stored.trials),
-        confirmations=stored.confirmations,
-        pruned=stored.pruned,
-        out_dir=out_dir or Path("reports") / stored.name,
+    return tune_result(
+        stored.settings,
+        recommendation,
+        tuple(stored.trials),
+        stored.confirmations,
+        stored.pruned,
+        out_dir or Path("reports") / stored.name,
     )
 
 
@@ -257,4 +343,33 @@ def efficiency(
         dtype=dtype,
         devices=where,
         fraction_of_peak=achieved / peak,
+    )
+
+
+def race_choice(
+    selection: Selection, race: RaceSummary | None, baseline: TrialConfig
+) -> tuple[TrialRecord, LrPlan]:
+    """The configuration and learning rate a time-to-loss tune recommends: the race's winner;
+    without a race, the fastest re-measured configuration at the user's global batch."""
+    by_number = {record.number: record for record in selection.finalists}
+    if race is not None and race.winner is not None:
+        racer = race.racers[race.winner]
+        if racer.trial in by_number:
+            return by_number[racer.trial], racer.lr
+    batch0 = baseline.global_batch_size
+    if selection.winner.result.config.global_batch_size == batch0:
+        return selection.winner, LrPlan()  # the re-runs' winner, a tie broken as they broke it
+    at_batch0 = [r for r in selection.finalists if r.result.config.global_batch_size == batch0]
+    if not at_batch0:  # the baseline failed and nothing else ran at its batch
+        return selection.winner, LrPlan()
+    rates = selection.confirmed_rates
+    return max(at_batch0, key=lambda r: rates.get(r.number, 0.0)), LrPlan()
+
+
+def rerun_rates(selection: Selection, number: int) -> tuple[float, ...]:
+    """Samples/s of every re-run of search trial `number`."""
+    return tuple(
+        c.result.samples_per_s
+        for c in selection.confirmations
+        if c.number == number and c.result.samples_per_s is not None
     )

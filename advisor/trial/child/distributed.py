@@ -32,7 +32,7 @@ from torch.multiprocessing.spawn import ProcessContext, ProcessException
 
 from advisor.knobs import TrialConfig
 from advisor.results import RankResult, TrialResult
-from advisor.trial.measure import measure_request
+from advisor.trial.child.measure import measure_request
 from advisor.trial.protocol import TrialRequest, died_without_result
 
 __all__ = ["combine_ranks", "run_distributed"]

@@ -1,12 +1,12 @@
 """One training process's measurement: build the task, take the first step, warm up, time a window.
 
 A single-process trial is exactly this; under DDP every rank runs it in its own process and
-`advisor.trial.distributed` combines the ranks' results. Failures are data (`status`), never an
-exception escaping to the caller.
+`advisor.trial.child.distributed` combines the ranks' results. Failures are data (`status`),
+never an exception escaping to the caller.
 
-Warm-up and window each keep to `trial_seconds` (`advisor.trial.budget`). From the warm-up on, a
-search trial tells the parent how far it got, and the parent may stop it
-(`advisor.trial.runner`).
+Warm-up and window each keep to `trial_seconds` (`advisor.trial.child.budget`). From the warm-up
+on, a search trial tells the parent how far it got, and the parent may stop it
+(`advisor.trial.parent.runner`).
 """
 
 from __future__ import annotations
@@ -29,14 +29,19 @@ from advisor.errors import AdvisorError, BadInputError
 from advisor.knobs import TrialConfig
 from advisor.results import FailurePhase, TaskSummary, TrialResult
 from advisor.task import TrainingTask, build_task, user_batch_size
-from advisor.trial.agreement import ParentWatch
-from advisor.trial.budget import estimated_cycle_s, timed_window, too_long_for_window, warm_up_trial
-from advisor.trial.convergence import held_out_split, measure_gradient_norms, run_race
-from advisor.trial.loop import DivergedError, Trainer
-from advisor.trial.memory import PeakMemory
+from advisor.trial.child.agreement import ParentWatch
+from advisor.trial.child.budget import (
+    estimated_cycle_s,
+    timed_window,
+    too_long_for_window,
+    warm_up_trial,
+)
+from advisor.trial.child.loop import DivergedError, Trainer
+from advisor.trial.child.memory import PeakMemory
+from advisor.trial.child.racing import held_out_split, measure_gradient_norms, train_racer
+from advisor.trial.child.warmup import FirstStep
+from advisor.trial.child.window import Bounds, Window, run_window
 from advisor.trial.protocol import EARLY_STEPS, TrialRequest
-from advisor.trial.warmup import FirstStep
-from advisor.trial.window import Bounds, Window, run_window
 
 __all__ = ["EARLY_STEPS", "measure_request"]
 
@@ -202,7 +207,7 @@ def _converged(
     state.startup_s = time.time() - request.launched_at
     try:
         if request.mode == "race":
-            curve = run_race(trainer, task, held_out, request.trial_seconds, request.race_target)
+            curve = train_racer(trainer, task, held_out, request.trial_seconds, request.race_target)
             update: dict[str, Any] = {"race": curve}
         else:
             update = {"gradient_norms": measure_gradient_norms(trainer, request.trial_seconds)}

@@ -1,11 +1,11 @@
 """Timing a window of a trial's micro-steps and optimizer steps (its warm-up is one too:
-`advisor.trial.warmup`).
+`advisor.trial.child.warmup`).
 
-A window runs a `Trainer` (`advisor.trial.loop`), bounded in seconds as well as steps. Under
+A window runs a `Trainer` (`advisor.trial.child.loop`), bounded in seconds as well as steps. Under
 DDP the ranks decide together when it ends (`Agreement`), so that a long optimizer cycle can
 be cut in its middle on every rank alike; a search trial's parent may stop it after any
 micro-step (`WindowMonitor`). A search trial's window may also end before its time once the
-rate it measures is precise (`Bounds.precise_after_s`, `advisor.trial.precision`), or clearly
+rate it measures is precise (`Bounds.precise_after_s`, `advisor.trial.child.early_end`), or clearly
 below the best trial's (`Bounds.beat_step_s`).
 """
 
@@ -18,8 +18,8 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-from advisor.trial.loop import DivergedError, Trainer
-from advisor.trial.precision import EarlyEnd, mean_and_error
+from advisor.trial.child.early_end import EarlyEnd, mean_and_error
+from advisor.trial.child.loop import DivergedError, Trainer
 
 __all__ = [
     "Agreement",

@@ -3,11 +3,11 @@
 A fresh interpreter spends about 2 s before a trial's first step: 1.1 s importing torch and
 0.9 s importing `torch._dynamo`, which every optimizer's constructor pulls in
 (`benchmarks/trial_overhead.py`). The launcher pays that once per advisor process. It is
-started as `python -m advisor.trial.launcher` in a session of its own, imports torch and the
+started as `python -m advisor.trial.parent.launcher` in a session of its own, imports torch and the
 trial code, and never runs a tensor operation or touches CUDA, so a fork of it is as clean as a
 new process: each trial child gets a copy of that state, becomes the leader of a new session
-(the runner kills its whole group), and runs `advisor.trial.worker.main` with its output in the
-trial's log.
+(the runner kills its whole group), and runs `advisor.trial.child.worker.main` with its output
+in the trial's log.
 
 `multiprocessing`'s forkserver is not used: it re-imports the caller's `__main__` in every
 child, which re-runs a user's script that calls `advisor.tune` without a main guard.
@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.trial.preload import import_ahead, package_of
+from advisor.trial.parent.preload import import_ahead, package_of
 
 __all__ = [
     "LaunchOrder",
@@ -49,7 +49,7 @@ __all__ = [
     "shared_launcher",
 ]
 
-PRELOAD = ("torch", "torch._dynamo", "torch.optim", "advisor.trial.worker")
+PRELOAD = ("torch", "torch._dynamo", "torch.optim", "advisor.trial.child.worker")
 REAP_POLL_S = 0.01
 READY_TIMEOUT_S = 120.0
 # Set anew for every test and phase by pytest; torch and advisor never read it.
@@ -74,7 +74,7 @@ class LaunchOrder(BaseModel):
     preload: tuple[str, ...] = Field(
         default=(),
         description="installed packages the trial's module imports: the launcher imports "
-        "them first, once (`advisor.trial.preload`)",
+        "them first, once (`advisor.trial.parent.preload`)",
     )
 
 
@@ -84,8 +84,8 @@ class LauncherGoneError(RuntimeError):
 
 class UnsafePreloadError(LauncherGoneError):
     """A package the launcher imported for the trials left it unsafe to fork, or its import
-    did not end within PRELOAD_TIMEOUT_S (`advisor.trial.preload.import_ahead`): that launcher
-    is gone, and none after it imports the package."""
+    did not end within PRELOAD_TIMEOUT_S (`advisor.trial.parent.preload.import_ahead`): that
+    launcher is gone, and none after it imports the package."""
 
     def __init__(self, entry: str, why: str = "left advisor's trial launcher unsafe to fork"):
         super().__init__(f"importing {entry} {why}")
@@ -158,14 +158,14 @@ def _run_child(order: LaunchOrder) -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         _redirect(order.log_path)
         os.chdir(order.cwd)
-        sys.path[0] = order.cwd  # as `python -m advisor.trial.worker` run there would have it
+        sys.path[0] = order.cwd  # as `python -m advisor.trial.child.worker` run there would have it
         os.environ.clear()
         os.environ.update(order.env)
-        from advisor.trial import worker
+        from advisor.trial.child import worker
 
         worker.exit_with_parent()
         if order.job == "probe":
-            from advisor.trial.probe import write_profile
+            from advisor.trial.child.probe import write_profile
 
             code = write_profile(order.request_path)
         else:
@@ -228,7 +228,7 @@ class Launcher:
     def __init__(self, env: dict[str, str], cwd: Path) -> None:
         self.env = env
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "advisor.trial.launcher"],
+            [sys.executable, "-m", "advisor.trial.parent.launcher"],
             cwd=cwd,
             env=env,
             stdin=subprocess.PIPE,
@@ -263,7 +263,7 @@ class Launcher:
         PRELOAD_TIMEOUT_S (the next launcher leaves that package to the trials).
 
         Anything that stops this call half-way (Ctrl-C, a timeout) kills the launcher: a child
-        it started unwatched then dies with it (`advisor.trial.worker.exit_with_parent`), and
+        it started unwatched then dies with it (`advisor.trial.child.worker.exit_with_parent`), and
         the next trial gets a new launcher, never an answer meant for another order.
         """
         self._orders += 1
@@ -351,7 +351,7 @@ class Launcher:
 def child_env() -> dict[str, str]:
     """The environment for advisor's child processes: unbuffered, importing this advisor."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    package_root = str(Path(__file__).resolve().parent.parent.parent)
+    package_root = str(Path(__file__).resolve().parents[3])  # the folder holding advisor/
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     return env
 

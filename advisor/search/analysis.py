@@ -7,7 +7,8 @@ from collections import Counter, defaultdict
 from typing import Literal
 
 from advisor.knobs import KNOB, KNOBS
-from advisor.results import Bottleneck, KnobEffect, LayoutBest, RejectedValue, TrialRecord
+from advisor.recommendation import Bottleneck, KnobEffect, LayoutBest, RejectedValue
+from advisor.results import TrialRecord
 
 __all__ = ["best_by_layout", "diagnose", "knob_effects", "param_importances", "rejected_values"]
 
@@ -63,7 +64,7 @@ MIN_TRIALS_FOR_IMPORTANCE = 4
 
 def _one_measurement(first: TrialRecord, second: TrialRecord) -> bool:
     """Whether one of the two was derived from the other's timed parts: their difference is
-    what `advisor.trial.window.cycle_s` computes, not a second measurement."""
+    what `advisor.trial.child.window.cycle_s` computes, not a second measurement."""
     return first.derived_from == second.number or second.derived_from == first.number
 
 
