@@ -216,6 +216,8 @@ def write_reports(
 ) -> TuneResult:
     """Re-render a tune's reports from its stored study (see `load_result`): every output file
     ("all": for a provisional result the reports only), or report.html or report.md alone."""
+    if fmt not in ("all", "html", "md"):
+        raise BadInputError(f"cannot write the reports as {fmt!r}: choose all, html or md")
     result = load_result(folder, storage=storage, study_name=study_name, out_dir=out_dir)
     if fmt == "all":
         write_outputs(result)
@@ -265,6 +267,8 @@ def write_script(recommendation: Path | str, output: Path | str = "train.py") ->
 def export(folder: Path | str, to: Framework | Literal["all"] = "all") -> list[Path]:
     """A folder's recommendation for HF Trainer ("hf"), Lightning or accelerate, or all three,
     written to FOLDER/exports/; the paths written."""
+    if to not in ("all", *FRAMEWORKS):
+        raise BadInputError(f"cannot export to {to!r}: choose all, {', '.join(FRAMEWORKS)}")
     rec = read_recommendation(Path(folder) / "recommendation.json", "export")
     frameworks = FRAMEWORKS if to == "all" else (cast(Framework, to),)
     return list(write_exports(rec, Path(folder), frameworks))
