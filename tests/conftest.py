@@ -1,12 +1,9 @@
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import sys
-import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -81,62 +78,6 @@ def _group_by_module_fixture(items: list[pytest.Item]) -> None:
         )
         if shared:
             item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{','.join(shared)}"))
-        elif _timing(item):  # one after the other, while the machine is theirs (`_MachineShare`)
-            item.add_marker(pytest.mark.xdist_group("timing"))
-
-
-class _MachineShare:
-    """This xdist worker's share of the machine: a readers-writer lock on two files, which every
-    worker opens. A test holds the machine shared; a `timing` test alone, and the turnstile while
-    it waits, so that the other workers finish the tests they run and start no other. Held
-    across consecutive `timing` tests (they form one xdist group), not released between them."""
-
-    def __init__(self, run_id: str) -> None:
-        base = Path(tempfile.gettempdir()) / f"advisor-tests-{run_id}"
-        self._turnstile = open(f"{base}.turnstile", "a")  # noqa: SIM115 (held for the session)
-        self._machine = open(f"{base}.machine", "a")  # noqa: SIM115
-        self._alone = False
-
-    def take(self, *, alone: bool) -> None:
-        if alone and self._alone:
-            return
-        fcntl.flock(self._turnstile, fcntl.LOCK_EX)
-        fcntl.flock(self._machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        self._alone = alone
-        if not alone:
-            fcntl.flock(self._turnstile, fcntl.LOCK_UN)
-
-    def give_back(self, *, keep_alone: bool) -> None:
-        if self._alone and keep_alone:
-            return
-        fcntl.flock(self._machine, fcntl.LOCK_UN)
-        if self._alone:
-            fcntl.flock(self._turnstile, fcntl.LOCK_UN)
-        self._alone = False
-
-
-_RUN_ID = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # None: one process runs every test
-_SHARE = _MachineShare(_RUN_ID) if _RUN_ID else None
-
-
-def _timing(item: pytest.Item | None) -> bool:
-    return item is not None and item.get_closest_marker("timing") is not None
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """A test marked `timing` runs alone on the machine: it asserts what a trial's clock saw
-    (steps of 0.1 s alike to the millisecond, a window that ends after its third micro-step),
-    and CI's two cores, shared by three workers and their DDP ranks, had made such steps read
-    0.71x to 1.3x their sleep. Setup and teardown count: a module's tune is load too."""
-    if _SHARE is None:
-        yield
-        return
-    _SHARE.take(alone=_timing(item))
-    try:
-        yield
-    finally:
-        _SHARE.give_back(keep_alone=_timing(nextitem))
 
 
 @pytest.fixture(autouse=True)

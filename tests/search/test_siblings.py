@@ -39,8 +39,9 @@ def test_a_trial_timed_in_parts_records_its_other_accumulation_as_a_derived_tria
         same = sibling.result.config.model_copy(update={"accumulation_steps": 1})
         assert same == source.result.config and sibling.result.config.accumulation_steps == 4
         assert sibling.result.estimated and sibling.result.wall_s is None  # it cost nothing
-        # Accumulation amortises the slow optimizer step: 1.75x the samples/s (sleeps).
-        assert sibling.result.samples_per_s > 1.4 * source.result.samples_per_s
+        # (its rate from the source's timed parts, 1.75x the source's here: on a fake clock in
+        # tests/trial/test_budget.py)
+        assert sibling.result.samples_per_s and source.result.samples_per_s
         assert f"derived from trial {source.number}" in sibling.note
     # --trials counts it: three configurations, one of them derived.
     measured = [t for t in result.trials if t.role in ("baseline", "search")]

@@ -30,7 +30,7 @@ def test_two_rank_trial_counts_the_samples_of_both_over_the_slowest_window(tmp_p
     assert phases == ["first_step", "warmup", "measure"]
     assert [rank.rank for rank in result.ranks] == [0, 1]
     slowest = max(rank.window_s for rank in result.ranks)
-    assert result.window_s == slowest >= 0.3
+    assert result.window_s == slowest
     # Both ranks ran the same agreed number of steps, each over its own shard.
     per_rank = result.steps_measured * 2 * 16
     assert result.samples_measured == 2 * per_rank

@@ -45,12 +45,13 @@ def test_ok_trial_records_every_measurement(tmp_path):
     result, phases = _run("factory", tmp_path, num_workers=1, accumulation_steps=2, amp="bf16")
     assert result.status == "ok", result.reason
     assert result.samples_per_s > 0
-    assert result.window_s >= 0.3 and result.steps_measured >= 3
+    # (how long the warm-up and window last: tests/trial/test_budget.py, on a fake clock)
+    assert result.steps_measured >= 3
     assert result.step_time_p10_s <= result.step_time_median_s <= result.step_time_p90_s
     assert 0 <= result.data_wait_fraction <= 1
     assert result.peak_memory_bytes > 10 * 2**20
     assert 0 < result.startup_s < result.wall_s
-    assert result.warmup_s > 0
+    assert result.warmup_s is not None and result.window_s is not None
     assert all(loss == loss for loss in result.losses) and result.losses
     assert result.task.batch_description == "(float32[16, 8], int64[16])"
     assert phases == ["first_step", "warmup", "measure"]

@@ -331,28 +331,7 @@ def _four_beats_under_autocast(model: Faulty, features: torch.Tensor) -> None:
 
 # bf16 runs at a quarter of fp32's speed, whatever the machine.
 slow_with_bf16 = _fault_factory(_four_beats_under_autocast)
-# One step every 20 ms on average, however busy the machine: a rate a short window pins down.
-on_the_beat = _fault_factory(_on_the_beat)
 
-
-def _slower_every_step(model: Faulty, features: torch.Tensor) -> None:
-    """Each step 1 ms slower than the one before (2 ms, 3 ms, ...), as on a machine slowing
-    down: no rate holds for long."""
-    time.sleep(0.001 * (1 + model.calls))
-
-
-drifting = _fault_factory(_slower_every_step)
-
-SCATTERED_MEAN_S = 0.03
-
-
-def _scattered(model: Faulty, features: torch.Tensor) -> None:
-    """Steps of 0 to 60 ms in a scrambled order (30 ms on average): a rate that a window pins
-    down only slowly."""
-    time.sleep(2 * SCATTERED_MEAN_S * (model.calls * 7 % 13) / 12)
-
-
-scattered = _fault_factory(_scattered)
 
 MICRO_STEP_S = 0.1
 
@@ -366,14 +345,8 @@ def _half_a_second_under_autocast(model: Faulty, features: torch.Tensor) -> None
         time.sleep(0.5)
 
 
-def _a_tenth_of_a_second_after_a_slow_first(model: Faulty, features: torch.Tensor) -> None:
-    time.sleep(3 * MICRO_STEP_S if model.calls == 1 else MICRO_STEP_S)
-
-
 # Every micro-step takes 0.1 s, whatever the machine: with accumulation, long optimizer cycles.
 slow_micro_steps = _fault_factory(_a_tenth_of_a_second)
-# The same, but for a first micro-step of 0.3 s (one-off costs, as compilation's): unlike the rest.
-slow_micro_steps_slow_first = _fault_factory(_a_tenth_of_a_second_after_a_slow_first)
 OPTIMIZER_STEP_S = 0.3
 
 
@@ -390,36 +363,6 @@ def slow_optimizer_steps():
     without accumulation, 0.7 s with 4 micro-steps (1.75x the samples/s)."""
     model, data, loss = slow_micro_steps()
     return model, data, loss, functools.partial(_SlowStepSGD, lr=0.05)
-
-
-SHORT_MICRO_STEP_S = 0.01
-SCATTERED_OPTIMIZER_STEP_S = (0.02, 0.06)
-
-
-def _ten_milliseconds(model: Faulty, features: torch.Tensor) -> None:
-    time.sleep(SHORT_MICRO_STEP_S)
-
-
-class _ScatteredStepSGD(torch.optim.SGD):
-    """SGD whose steps take 20 to 60 ms more, in a scrambled order (40 ms on average)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.steps = 0
-
-    def step(self, closure=None):
-        self.steps += 1
-        low, high = SCATTERED_OPTIMIZER_STEP_S
-        time.sleep(low + (high - low) * (self.steps * 7 % 13) / 12)
-        return super().step(closure)
-
-
-def scattered_optimizer_steps():
-    """Micro-steps of 10 ms, optimizer steps 20-60 ms more: without accumulation, a rate that a
-    window pins down only slowly; with 32 micro-steps a cycle, one that the scatter hardly moves,
-    4.4x as fast."""
-    model = Faulty(_ten_milliseconds)
-    return model, _data(), nn.CrossEntropyLoss(), functools.partial(_ScatteredStepSGD, lr=0.05)
 
 
 # bf16 micro-steps take half a second: hundreds of times slower than fp32 here.

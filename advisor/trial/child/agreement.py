@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from advisor.knobs import TrialConfig
+from advisor.trial.child.window import Clock
 from advisor.trial.protocol import PROGRESS_INTERVAL_S, TrialRequest
 
 __all__ = ["EveryStep", "ParentWatch", "RankAgreement"]
@@ -24,23 +25,31 @@ class ParentWatch:
 
     From the warm-up on, every `INTERVAL_S` rank 0 appends "elapsed_s samples" (all ranks'
     samples, estimated from its own) to the progress file, and every rank looks for the stop
-    file. DDP ranks then stop at their next agreement check.
+    file. DDP ranks then stop at their next agreement check. Time is read from `clock`.
     """
 
     INTERVAL_S = PROGRESS_INTERVAL_S
 
-    def __init__(self, request: TrialRequest, config: TrialConfig, rank: int) -> None:
+    def __init__(
+        self,
+        request: TrialRequest,
+        config: TrialConfig,
+        rank: int,
+        *,
+        clock: Clock = time.perf_counter,
+    ) -> None:
         self._progress = Path(request.progress_path) if request.progress_path and not rank else None
         self._stop = Path(request.stop_path) if request.stop_path else None
         self._samples_per_micro_batch = config.batch_size * config.world_size
-        self._started = time.perf_counter()
+        self._clock = clock
+        self._started = clock()
         self._micro_batches = 0
         self._next_s = self.INTERVAL_S
         self._stopping = False
 
     def __call__(self) -> bool:
         self._micro_batches += 1
-        elapsed_s = time.perf_counter() - self._started
+        elapsed_s = self._clock() - self._started
         if self._stopping or elapsed_s < self._next_s:
             return self._stopping
         self._next_s = elapsed_s + self.INTERVAL_S
@@ -78,20 +87,29 @@ class RankAgreement:
     overrun to the steps already run. A window the parent may end early is checked about
     every `check_every_s` (an all-reduce of two integers: tens of microseconds over gloo), so
     that the ranks stop soon after the parent asks. Its steps are whatever the window counts
-    where the ranks decide: optimizer steps, or an estimate's micro-steps.
+    where the ranks decide: optimizer steps, or an estimate's micro-steps. Time is read from
+    `clock`.
     """
 
-    def __init__(self, device: torch.device, seconds: float, check_every_s: float | None) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        seconds: float,
+        check_every_s: float | None,
+        *,
+        clock: Clock = time.perf_counter,
+    ) -> None:
         self._device = device
         self._seconds = seconds
         self._check_every_s = check_every_s
         self._next_check = 1
-        self._started = time.perf_counter()
+        self._clock = clock
+        self._started = clock()
 
     def all_done(self, steps: int, done: bool) -> bool:
         if steps < self._next_check:
             return False
-        elapsed = time.perf_counter() - self._started
+        elapsed = self._clock() - self._started
         missing_s = max(0.0, self._seconds - elapsed)
         gap = min(steps, max(1, math.ceil(missing_s * steps / elapsed)))
         if self._check_every_s:  # steps per check_every_s, at the pace measured so far

@@ -13,16 +13,45 @@ step nearest its time rather than the first after it.
 
 from __future__ import annotations
 
+import time
+from typing import Protocol
+
+import torch
 import torch.distributed as dist
 
 from advisor.trial.child.agreement import EveryStep, ParentWatch, RankAgreement
 from advisor.trial.child.early_end import PRECISE_MIN_BATCHES
-from advisor.trial.child.loop import Trainer
-from advisor.trial.child.warmup import FirstStep, warm_up
-from advisor.trial.child.window import Bounds, Window, cycle_s, run_window
+from advisor.trial.child.warmup import FirstStep, WarmUpSteps, warm_up
+from advisor.trial.child.window import (
+    Bounds,
+    Clock,
+    Window,
+    WindowMonitor,
+    cycle_s,
+    run_window,
+)
 from advisor.trial.protocol import PRECISE_AFTER_FRACTION, TrialRequest
 
-__all__ = ["estimated_cycle_s", "timed_window", "too_long_for_window", "warm_up_trial"]
+__all__ = [
+    "TrialSteps",
+    "estimated_cycle_s",
+    "timed_window",
+    "too_long_for_window",
+    "warm_up_trial",
+]
+
+
+class TrialSteps(WarmUpSteps, Protocol):
+    """What a trial's warm-up and window run and read of a `Trainer`: a warm-up's `WarmUpSteps`,
+    the device its DDP ranks agree on, and `restart_cycle` to time a cycle's parts."""
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def restart_cycle(self, cycle: int) -> None:
+        """From now on, cycles of `cycle` micro-batches (`Trainer.restart_cycle`)."""
+        ...
+
 
 # A window times whole cycles when a cycle takes at most this fraction of it, so that its three
 # steps take at most 1.5 windows; else it times a cycle's parts. A search trial's window, which
@@ -31,15 +60,18 @@ WHOLE_CYCLE_FRACTION = 0.5
 
 
 def warm_up_trial(
-    trainer: Trainer,
+    trainer: TrialSteps,
     request: TrialRequest,
-    watch: ParentWatch | None,
+    watch: WindowMonitor | None,
     first: FirstStep,
     steps: int,
+    *,
+    clock: Clock = time.perf_counter,
 ) -> Window:
     """`steps` optimizer steps within one window's time. A search trial's warm-up may end within
     a step, or take none after a first step long enough to have settled it (`warm_up`); a
-    re-run's (`whole_cycles`) runs whole steps, at least one; the numerics reference runs all."""
+    re-run's (`whole_cycles`) runs whole steps, at least one; the numerics reference runs all.
+    Time is read from `clock`."""
     agree = EveryStep(trainer.device) if trainer.config.world_size > 1 else None
     budget = None if request.mode == "reference" else request.trial_seconds
     settle = request.precise_window and not request.whole_cycles
@@ -53,6 +85,7 @@ def warm_up_trial(
         settle_s=PRECISE_AFTER_FRACTION * request.trial_seconds if settle else None,
         cycle_beyond_s=_longest_whole_cycle_s(request) if settle else None,
         first=first,
+        clock=clock,
     )
 
 
@@ -87,17 +120,20 @@ def _longest_whole_cycle_s(request: TrialRequest) -> float:
 
 
 def timed_window(
-    trainer: Trainer,
+    trainer: TrialSteps,
     request: TrialRequest,
     warmup: Window,
     first: FirstStep,
-    watch: ParentWatch | None,
+    watch: WindowMonitor | None,
     estimate: bool,
+    *,
+    clock: Clock = time.perf_counter,
 ) -> Window:
     """The measured window: at least `trial_seconds` (a search trial's, to the step nearest
     it), on every DDP rank, unless the parent watching it ends it early or, with
     `precise_window`, its rate is precise from an eighth of that on. Estimating, it runs cycles
-    of two micro-steps, one without and one with the optimizer step, and times each."""
+    of two micro-steps, one without and one with the optimizer step, and times each. Time is
+    read from `clock`."""
     agree = None
     if trainer.config.world_size > 1:
         dist.barrier()  # all windows start together
@@ -106,6 +142,7 @@ def timed_window(
             request.trial_seconds,
             # often where the parent may stop it or a precise rate may end it
             check_every_s=ParentWatch.INTERVAL_S if watch or request.precise_window else None,
+            clock=clock,
         )
     if estimate:
         trainer.restart_cycle(2)
@@ -148,7 +185,7 @@ def timed_window(
         # an estimate's micro-steps are long: a pair and the micro-step after it may be precise
         agree_every_micro_step=estimate,
     )
-    return run_window(trainer, bounds, agree=agree, monitor=watch, time_micro=estimate)
+    return run_window(trainer, bounds, agree=agree, monitor=watch, time_micro=estimate, clock=clock)
 
 
 def _worker_rounds(*, estimate: bool, long_cycles: bool) -> int:

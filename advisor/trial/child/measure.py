@@ -31,6 +31,7 @@ from advisor.results import FailurePhase, TaskSummary, TrialResult
 from advisor.task import TrainingTask, build_task, user_batch_size
 from advisor.trial.child.agreement import ParentWatch
 from advisor.trial.child.budget import (
+    TrialSteps,
     estimated_cycle_s,
     timed_window,
     too_long_for_window,
@@ -40,10 +41,10 @@ from advisor.trial.child.loop import DivergedError, Trainer
 from advisor.trial.child.memory import PeakMemory
 from advisor.trial.child.racing import held_out_split, measure_gradient_norms, train_racer
 from advisor.trial.child.warmup import FirstStep
-from advisor.trial.child.window import Bounds, Window, run_window
+from advisor.trial.child.window import Bounds, Clock, Window, run_window
 from advisor.trial.protocol import EARLY_STEPS, TrialRequest
 
-__all__ = ["EARLY_STEPS", "measure_request"]
+__all__ = ["EARLY_STEPS", "first_micro_step", "measure_request"]
 
 
 class _Phase:
@@ -130,7 +131,7 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
         return _converged(request, task, kind, trainer, held_out, memory, phase, state)
     phase.enter("first_step")
     try:
-        first, first_losses = _first_micro_step(trainer)
+        first, first_losses = first_micro_step(trainer)
     finally:  # also when the step fails: the batch it saw explains the failure
         state.summary = _summarise(task, kind, trainer)
     startup_s = time.time() - request.launched_at
@@ -175,15 +176,18 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
     return result.model_copy(update={"early_losses": early_losses, "first_step_s": first.seconds})
 
 
-def _first_micro_step(trainer: Trainer) -> tuple[FirstStep, list[float]]:
+def first_micro_step(
+    trainer: TrialSteps, *, clock: Clock = time.perf_counter
+) -> tuple[FirstStep, list[float]]:
     """The first micro-step, alone: its one-off costs (compilation, lazy initialisation, the
-    loader's first batch) stay out of every rate. Returns its seconds, and the loss of the
-    optimizer step it completed (without accumulation, the micro-step is the whole step)."""
+    loader's first batch) stay out of every rate. Returns its seconds (read from `clock`), and
+    the loss of the optimizer step it completed (without accumulation, the micro-step is the
+    whole step)."""
     trainer.synchronize()
-    started, waited_before = time.perf_counter(), trainer.data_wait_s
+    started, waited_before = clock(), trainer.data_wait_s
     stepped = trainer.micro_step()
     trainer.synchronize()
-    seconds = time.perf_counter() - started
+    seconds = clock() - started
     losses = [trainer.last_loss.item()] if stepped else []
     if not all(math.isfinite(loss) for loss in losses):
         raise DivergedError(f"the loss became non-finite ({losses[0]} at the first step)")
@@ -210,7 +214,10 @@ def _converged(
             curve = train_racer(trainer, task, held_out, request.trial_seconds, request.race_target)
             update: dict[str, Any] = {"race": curve}
         else:
-            update = {"gradient_norms": measure_gradient_norms(trainer, request.trial_seconds)}
+            norms = measure_gradient_norms(
+                trainer, request.trial_seconds, max_steps=request.max_measure_steps
+            )
+            update = {"gradient_norms": norms}
     finally:  # the batch the first step saw explains a failure
         state.summary = _summarise(task, kind, trainer)
     trainer.close()

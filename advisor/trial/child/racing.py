@@ -30,6 +30,7 @@ from advisor.convergence import GradientNorms, RaceCurve, RacePoint
 from advisor.task import TrainingTask
 from advisor.trial.child.batches import compute_loss, to_device
 from advisor.trial.child.loop import DivergedError, Trainer
+from advisor.trial.child.window import Clock
 
 __all__ = [
     "EVALUATIONS",
@@ -67,33 +68,37 @@ def train_racer(
     held_out: Dataset[Any] | None,
     seconds: float,
     target: float | None = None,
+    *,
+    clock: Clock = time.perf_counter,
 ) -> RaceCurve:
     """Train for `seconds` of training time, or until the loss reaches `target`; the loss at
     `EVALUATIONS` evenly spaced points. The trainer applies the learning-rate plan
-    (`Trainer.lr`)."""
+    (`Trainer.lr`). Time is read from `clock`."""
     evaluate = _HeldOut(trainer, task, held_out) if held_out is not None else None
     points = [RacePoint(seconds=0.0, samples=0, steps=0, loss=evaluate())] if evaluate else []
     per_step = trainer.config.global_batch_size
     interval = seconds / EVALUATIONS
-    clock, steps, losses = 0.0, 0, []
+    trained_s, steps, losses = 0.0, 0, []
     trainer.synchronize()
-    started = time.perf_counter()
+    started = clock()
     while True:
         losses.append(trainer.step())
         steps += 1
         next_at = interval * (len(points) + (evaluate is None))  # the initial point counts
-        if not _rank_zero_says(clock + time.perf_counter() - started >= next_at, trainer):
+        if not _rank_zero_says(trained_s + clock() - started >= next_at, trainer):
             continue
         trainer.synchronize()
-        clock += time.perf_counter() - started
+        trained_s += clock() - started
         train_loss = _finite_mean(losses)
         losses = []
         loss = evaluate() if evaluate else train_loss
-        points.append(RacePoint(seconds=clock, samples=steps * per_step, steps=steps, loss=loss))
+        points.append(
+            RacePoint(seconds=trained_s, samples=steps * per_step, steps=steps, loss=loss)
+        )
         reached = target is not None and loss <= target
-        if _rank_zero_says(clock >= seconds or reached, trainer):
+        if _rank_zero_says(trained_s >= seconds or reached, trainer):
             break
-        started = time.perf_counter()
+        started = clock()
     return RaceCurve(
         loss_kind="held-out" if evaluate else "train",
         held_out_samples=len(held_out) if held_out is not None else None,  # type: ignore[arg-type]
@@ -102,24 +107,33 @@ def train_racer(
     )
 
 
-def measure_gradient_norms(trainer: Trainer, seconds: float) -> GradientNorms:
+def measure_gradient_norms(
+    trainer: Trainer,
+    seconds: float,
+    *,
+    max_steps: int | None = None,
+    clock: Clock = time.perf_counter,
+) -> GradientNorms:
     """Train for about `seconds` (at least `NOISE_MIN_STEPS` steps, at most three times as
     long), recording each step's squared gradient norms at one micro-batch and at the whole
-    batch. Steps whose gradients are not finite (GradScaler backing off) are left out."""
+    batch. Steps whose gradients are not finite (GradScaler backing off) are left out. With
+    `max_steps`, it ends once it has recorded that many, however little time they took: a
+    run of known length (`TrialRequest.max_measure_steps`). Time is read from `clock`."""
     config = trainer.config
     if config.accumulation_steps < 2:
         raise ValueError("a noise trial needs accumulation_steps >= 2: two batch sizes")
     small: list[float] = []
     big: list[float] = []
-    started = time.perf_counter()
+    started = clock()
     while True:
         norms = _NormCapture(trainer)
         trainer.step(on_backward=norms)
         if norms.small is not None and norms.big is not None:
             small.append(norms.small)
             big.append(norms.big)
-        elapsed = time.perf_counter() - started
+        elapsed = clock() - started
         done = (len(big) >= NOISE_MIN_STEPS and elapsed >= seconds) or elapsed >= 3 * seconds
+        done = done or (max_steps is not None and len(big) >= max_steps)
         if _rank_zero_says(done, trainer):
             break
     return GradientNorms(

@@ -6,11 +6,19 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
+from typing import Protocol
 
-from advisor.trial.child.loop import Trainer
-from advisor.trial.child.window import Agreement, Bounds, Window, WindowMonitor, run_window
+from advisor.trial.child.window import (
+    Agreement,
+    Bounds,
+    Clock,
+    StepSource,
+    Window,
+    WindowMonitor,
+    run_window,
+)
 
-__all__ = ["SCALER_STABLE_STEPS", "FirstStep", "warm_up"]
+__all__ = ["SCALER_STABLE_STEPS", "FirstStep", "LossScaler", "WarmUpSteps", "warm_up"]
 
 BENCHMARK_EXTRA_STEPS = 5  # cudnn.benchmark autotunes every new shape on its first calls
 SCALER_STABLE_STEPS = 3  # fp16: the loss scale must have stopped backing off
@@ -18,6 +26,25 @@ SCALER_MAX_STEPS = 50
 # A first step that waited for its batch this much of its time waited for the workers' first
 # round (`FirstStep.data_bound`).
 DATA_BOUND_FIRST_STEP = 0.5
+
+
+class LossScaler(Protocol):
+    """What a warm-up reads of a `torch.amp.GradScaler`: whether it scales (fp16), and its scale."""
+
+    def is_enabled(self) -> bool:
+        """Whether it scales the loss (fp16 only)."""
+        ...
+
+    def get_scale(self) -> float:
+        """The current loss scale."""
+        ...
+
+
+class WarmUpSteps(StepSource, Protocol):
+    """What a warm-up runs and reads of a `Trainer`: a window's `StepSource`, and its GradScaler."""
+
+    @property
+    def scaler(self) -> LossScaler: ...
 
 
 @dataclass(frozen=True)
@@ -46,7 +73,7 @@ class FirstStep:
 
 
 def warm_up(
-    trainer: Trainer,
+    trainer: WarmUpSteps,
     steps: int,
     budget_s: float | None = None,
     *,
@@ -56,6 +83,7 @@ def warm_up(
     settle_s: float | None = None,
     cycle_beyond_s: float | None = None,
     first: FirstStep | None = None,
+    clock: Clock = time.perf_counter,
 ) -> Window:
     """Run past everything that makes early steps unrepresentative; return the warm-up window,
     every micro-step timed.
@@ -80,7 +108,7 @@ def warm_up(
     is then ready, as after any round. Where something else made it long (compilation, lazy
     initialisation), the batches the workers queued meanwhile must drain before the window,
     which would read them as fast steps. The monitor's stop ends it at once. DDP ranks pass
-    `agree`, and end it together after an optimizer step.
+    `agree`, and end it together after an optimizer step. Time is read from `clock`.
     """
     extra = BENCHMARK_EXTRA_STEPS if trainer.config.cudnn_benchmark else 0
     if first is not None and not first.predicts_steps:
@@ -113,15 +141,15 @@ def warm_up(
         if agree is not None:  # every rank skips it, or none does
             settled = agree.all_done(0, settled)
         if settled:
-            return _settled_scaler(trainer, Window(), budget_s, agree, monitor, whole_steps)
-    window = run_window(trainer, bounds, agree=agree, monitor=monitor, time_micro=True)
+            return _settled_scaler(trainer, Window(), budget_s, agree, monitor, whole_steps, clock)
+    window = run_window(trainer, bounds, agree=agree, monitor=monitor, time_micro=True, clock=clock)
     if window.stopped_early:
         return window
-    return _settled_scaler(trainer, window, budget_s, agree, monitor, whole_steps)
+    return _settled_scaler(trainer, window, budget_s, agree, monitor, whole_steps, clock)
 
 
 def _settling(
-    trainer: Trainer,
+    trainer: WarmUpSteps,
     steps: int,
     extra: int,
     budget_s: float | None,
@@ -151,7 +179,7 @@ def _left_after(first: FirstStep | None, seconds: float) -> float:
 
 
 def _first_cycle_too_long(
-    trainer: Trainer, first: FirstStep | None, cycle_beyond_s: float | None
+    trainer: WarmUpSteps, first: FirstStep | None, cycle_beyond_s: float | None
 ) -> bool:
     """Whether the first micro-step, one without the optimizer step, already predicts an
     optimizer cycle longer than `cycle_beyond_s`: the window will time the cycle's parts, which
@@ -174,28 +202,29 @@ def _first_round_micro(first: FirstStep | None, workers: int) -> int:
 
 
 def _settled_scaler(
-    trainer: Trainer,
+    trainer: WarmUpSteps,
     window: Window,
     budget_s: float | None,
     agree: Agreement | None,
     monitor: WindowMonitor | None,
     whole_steps: bool,
+    clock: Clock,
 ) -> Window:
     """fp16: whole steps after `window` until the GradScaler's scale has stopped backing off,
     within what is left of `budget_s`; the steps' losses join the window's."""
     if not trainer.scaler.is_enabled():
         return window
-    started = time.perf_counter() - window.elapsed_s
+    started = clock() - window.elapsed_s
     scale, stable = trainer.scaler.get_scale(), 0
     for _ in range(SCALER_MAX_STEPS):
-        left = None if budget_s is None else budget_s - (time.perf_counter() - started)
+        left = None if budget_s is None else budget_s - (clock() - started)
         done = stable >= SCALER_STABLE_STEPS or (left is not None and left <= 0)
         if agree is not None:  # each rank's clock started apart: they end it together
             done = agree.all_done(window.steps, done)
         if done:
             break
         one = Bounds(max_seconds=None if whole_steps else left, worker_rounds=0, stop_at_once=True)
-        settling = run_window(trainer, one, agree=agree, monitor=monitor)
+        settling = run_window(trainer, one, agree=agree, monitor=monitor, clock=clock)
         window.losses += settling.losses  # every step's loss, in order: the early losses
         if settling.stopped_early:
             window.stopped_early = True

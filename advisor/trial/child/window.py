@@ -7,28 +7,65 @@ be cut in its middle on every rank alike; a search trial's parent may stop it af
 micro-step (`WindowMonitor`). A search trial's window may also end before its time once the
 rate it measures is precise (`Bounds.precise_after_s`, `advisor.trial.child.early_end`), or clearly
 below the best trial's (`Bounds.beat_step_s`).
+
+A window reads the time through a `Clock` (`time.perf_counter` in a trial) and runs the
+micro-steps of a `StepSource` (a `Trainer` in a trial): its tests drive it with a fake clock and
+scripted step times.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 import torch
 
+from advisor.knobs import TrialConfig
 from advisor.trial.child.early_end import EarlyEnd, mean_and_error
-from advisor.trial.child.loop import DivergedError, Trainer
+from advisor.trial.child.loop import DivergedError
 
 __all__ = [
     "Agreement",
     "Bounds",
+    "Clock",
+    "StepSource",
     "Window",
     "WindowMonitor",
     "cycle_s",
     "run_window",
 ]
+
+# Seconds from an arbitrary start: `time.perf_counter` in a trial, a fake clock in tests.
+Clock = Callable[[], float]
+
+
+class StepSource(Protocol):
+    """What a window runs and reads of a `Trainer` (`advisor.trial.child.loop`, whose docstrings
+    state the contract): one micro-step at a time, the cycle of micro-steps that ends with the
+    optimizer step, the loss of the last optimizer step and the seconds waited for batches."""
+
+    @property
+    def config(self) -> TrialConfig: ...
+
+    @property
+    def cycle(self) -> int: ...
+
+    @property
+    def data_wait_s(self) -> float: ...
+
+    @property
+    def last_loss(self) -> torch.Tensor: ...
+
+    def micro_step(self) -> bool:
+        """One micro-step; whether it ended with the optimizer step (`Trainer.micro_step`)."""
+        ...
+
+    def synchronize(self) -> None:
+        """Wait for the device to finish the work queued so far."""
+        ...
 
 
 class Agreement(Protocol):
@@ -236,12 +273,13 @@ class Bounds:
 
 
 def run_window(
-    trainer: Trainer,
+    trainer: StepSource,
     bounds: Bounds,
     *,
     agree: Agreement | None = None,
     monitor: WindowMonitor | None = None,
     time_micro: bool = False,
+    clock: Clock = time.perf_counter,
 ) -> Window:
     """Run micro-steps until the bounds say, then check the losses.
 
@@ -253,7 +291,7 @@ def run_window(
     for the others would hang). `time_micro` times every micro-step,
     synchronising the device after each. With `bounds.precise_after_s`, the window is checked
     every `PRECISE_CHECK_EVERY_S` from then on and ends once its rate is precise, or clearly
-    below `bounds.beat_step_s`'s (`Window.below_best`).
+    below `bounds.beat_step_s`'s (`Window.below_best`). Time is read from `clock`.
     """
     config = trainer.config
     round_micro = config.num_workers * (config.prefetch_factor if bounds.prefetched_rounds else 1)
@@ -262,13 +300,13 @@ def run_window(
     loss_tensors = []
     trainer.synchronize()
     wait_before = wait_last = trainer.data_wait_s
-    started = last_step = last_micro = time.perf_counter()
+    started = last_step = last_micro = clock()
     precise = EarlyEnd(bounds, config.num_workers, trainer.cycle)
     while True:
         stepped = trainer.micro_step()
         if time_micro:
             trainer.synchronize()
-        now = time.perf_counter()
+        now = clock()
         window.micro_batches += 1
         if time_micro:
             window.micro_times_s.append((now - last_micro, stepped))
@@ -299,7 +337,7 @@ def run_window(
             window.below_best = precise.below_best and not window.stopped_early
             break
     trainer.synchronize()
-    window.elapsed_s = time.perf_counter() - started
+    window.elapsed_s = clock() - started
     window.data_wait_s = trainer.data_wait_s - wait_before
     window.losses = torch.stack(loss_tensors).cpu().tolist() if loss_tensors else []
     if not all(torch.isfinite(torch.tensor(window.losses))):
@@ -352,7 +390,7 @@ def _short_of_time_s(window: Window, bounds: Bounds, elapsed: float) -> float:
     return elapsed / window.steps / 2 if window.steps else 0.0
 
 
-def _cycle_too_long(window: Window, bounds: Bounds, trainer: Trainer) -> bool:
+def _cycle_too_long(window: Window, bounds: Bounds, trainer: StepSource) -> bool:
     """Whether the micro-steps timed so far, none of them an optimizer step's, predict a cycle
     longer than `bounds.cycle_beyond_s`."""
     if bounds.cycle_beyond_s is None:
