@@ -1,13 +1,18 @@
 """Early stopping: Optuna's pruner stops trials projected far slower than the best, in any phase."""
 
+from pathlib import Path
+
 import optuna
 import pytest
 
 import advisor
 from advisor.knobs import TrialConfig
 from advisor.search.pruning import CHECK_AFTER, SlowerThanBestPruner, stop_reason
-from advisor.trial.parent.runner import STALL_S, TrialLaunch, run_trial
+from advisor.trial.child.agreement import ParentWatch
+from advisor.trial.parent.runner import POLL_S, STALL_S, ProgressWatch, TrialLaunch, run_trial
+from advisor.trial.protocol import TrialRequest
 from tests.conftest import ROOT, TINY, survivors
+from tests.trial.scripted import FakeClock, Loader
 
 
 def _study_with_best(value: float) -> optuna.Study:
@@ -55,7 +60,7 @@ def test_the_parent_ends_a_window_early_and_keeps_what_it_measured(tmp_path, mar
     # test_budget.py, test_a_search_trial_the_parent_stops_keeps_the_step_it_timed).
     assert result.stopped_early and result.reason == "enough seen"
     assert result.samples_per_s > 0 and result.steps_measured >= 3
-    assert all(rate > 0 for _, rate in seen) and seen[0][0] < 0.5
+    assert seen and all(rate > 0 for _, rate in seen)
     assert survivors(marked) == []
 
 
@@ -143,25 +148,79 @@ def test_a_trial_deaf_to_the_stop_is_killed_and_keeps_its_start_up(tmp_path, mar
     assert survivors(marked) == []
 
 
-def test_a_bursty_loader_is_not_projected_slower_than_it_runs(tmp_path):
-    # Two workers deliver batches in pairs: a step that waits for a pair is twice the average.
-    seen: list[float] = []
-
-    def watch(elapsed_s: float, samples_per_s: float) -> None:
-        if elapsed_s >= CHECK_AFTER * WINDOW_S:  # when the pruner starts judging
-            seen.append(samples_per_s)
-
-    launch = TrialLaunch(
-        spec=f"{TINY}:slow_samples", cwd=ROOT, warmup_steps=2, trial_seconds=WINDOW_S,
-        timeout_s=60,
-    )  # fmt: skip
+@pytest.mark.parametrize("batch_s", [0.48, 0.15])  # rounds beyond, and within, STALL_S
+def test_a_bursty_loader_is_not_projected_slower_than_it_runs(tmp_path, batch_s):
+    """Two workers deliver batches in rounds (`Loader`): a micro-step that waits for a round
+    takes all of its time, the next one none. No projection the pruner judges may read half the
+    rate the window measures, or the pruner (at 0.5 of the best) would stop the best."""
     config = TrialConfig(batch_size=16, num_workers=2)
-    result = run_trial(launch, config, tmp_path / "t.log", on_progress=watch)
+    clock = FakeClock()
+    loader = Loader(clock, workers=2, batch_s=batch_s)
+    clock.advance(loader(0) + COMPUTE_S)  # the first micro-step, before the warm-up
+    trial = _Trial(tmp_path, config, clock)
+    for micro in range(1, 60):
+        trial.micro_step(loader(micro) + COMPUTE_S)
+    rate = 59 * 16 / trial.elapsed_s
+    judged = [projected for at_s, projected in trial.seen if at_s >= CHECK_AFTER * WINDOW_S]
+    assert len(judged) > 10 and min(judged) > 0.7 * rate
 
-    assert result.status == "ok", result.reason
-    # No projection on the way reads half the rate the window measures: the pruner (at 0.5 of
-    # the best) would stop the best configuration.
-    assert seen and min(seen) > 0.7 * (result.samples_per_s or 0)
+
+def test_a_silent_trial_is_projected_as_if_its_round_ended_now(tmp_path):
+    """A child quiet for longer than STALL_S is inside a micro-step at least that long: its rate
+    so far is bounded by counting the round it waits in as finished now, and falls while it is
+    silent, so that a hung trial is stopped rather than judged on its past."""
+    trial = _Trial(tmp_path, TrialConfig(batch_size=16), FakeClock())
+    for _ in range(10):  # 160 samples in 1 s, one line each 0.1 s
+        trial.micro_step(0.1)
+    trial.micro_step(3.0)  # then silence
+
+    stalled = [(at_s, rate) for at_s, rate in trial.seen if at_s > 1.0]  # past its last line
+    rates = [rate for _, rate in stalled]
+    assert len(stalled) > 10 and rates == sorted(rates, reverse=True)
+    # The later half of its progress (80 samples since 0.5 s) and one more micro-batch, now.
+    for at_s, rate in stalled:
+        assert rate == pytest.approx((160 + 16 - 80) / (at_s - 0.5), rel=1e-3)
+
+
+COMPUTE_S = 0.005  # of a micro-step, besides its wait for a batch
+
+
+class _Trial:
+    """A search trial's progress on a fake clock: the child reports it as a trial does
+    (`ParentWatch`), the parent reads it every POLL_S as `run_trial` does (`ProgressWatch`), and
+    the projections it hands the pruner are collected in `seen` (seconds, samples/s)."""
+
+    def __init__(self, tmp_path: Path, config: TrialConfig, clock: FakeClock) -> None:
+        request = TrialRequest(
+            spec=f"{TINY}:factory", cwd=str(ROOT), config=config, trial_seconds=WINDOW_S,
+            precise_window=True, launched_at=0.0, result_path=str(tmp_path / "result.json"),
+            phase_path=str(tmp_path / "phase"), progress_path=str(tmp_path / "progress"),
+            stop_path=str(tmp_path / "stop"),
+        )  # fmt: skip
+        self.seen: list[tuple[float, float]] = []
+        self._clock = clock
+        self._parent = ProgressWatch(
+            request, None, lambda at_s, rate: self.seen.append((at_s, rate)), clock=clock
+        )
+        (tmp_path / "phase").write_text("warmup\n")
+        self._parent.read()
+        self._started = clock()
+        self._child = ParentWatch(request, config, rank=0, clock=clock)
+        self._next_poll = clock() + POLL_S
+
+    @property
+    def elapsed_s(self) -> float:
+        return self._clock() - self._started
+
+    def micro_step(self, seconds: float) -> None:
+        """A micro-step of `seconds`, the parent polling meanwhile; then the child's report."""
+        end = self._clock() + seconds
+        while self._next_poll <= end:
+            self._clock.advance(self._next_poll - self._clock())
+            self._parent.read()
+            self._next_poll += POLL_S
+        self._clock.advance(end - self._clock())
+        self._child()
 
 
 WINDOW_S = 2.0

@@ -39,7 +39,7 @@ from advisor.trial.parent.launcher import (
 from advisor.trial.parent.preload import installed_imports
 from advisor.trial.protocol import PROGRESS_INTERVAL_S, TrialRequest, died_without_result
 
-__all__ = ["ProgressCallback", "TrialLaunch", "run_trial"]
+__all__ = ["ProgressCallback", "ProgressWatch", "TrialLaunch", "run_trial"]
 
 GRACE_S = 3.0
 POLL_S = 0.2
@@ -154,7 +154,7 @@ def run_trial(
         request_path = Path(scratch) / "request.json"
         request_path.write_text(request.model_dump_json())
         started = time.perf_counter()
-        watch = _Watch(request, on_phase, on_progress)
+        watch = ProgressWatch(request, on_phase, on_progress)
         outcome, returncode = _supervise(request, request_path, launch, log_path, watch)
         wall_s = time.perf_counter() - started
         result = watch.stopped(outcome or _read_result(request, returncode, log_path))
@@ -166,7 +166,7 @@ def _supervise(
     request_path: Path,
     launch: TrialLaunch,
     log_path: Path,
-    watch: _Watch,
+    watch: ProgressWatch,
 ) -> tuple[TrialResult | None, int]:
     """Wait for the child; return a result only when the parent decided the outcome."""
     try:
@@ -230,7 +230,7 @@ def _timed_out(request: TrialRequest, timeout_s: float, phase: str) -> TrialResu
 
 
 def _wait(
-    process: _Child, request: TrialRequest, timeout_s: float, watch: _Watch
+    process: _Child, request: TrialRequest, timeout_s: float, watch: ProgressWatch
 ) -> tuple[bool, str]:
     deadline = time.monotonic() + timeout_s
     result_path = Path(request.result_path)
@@ -267,10 +267,10 @@ class _Stop:
     reason: str
     samples_per_s: float
     phase: str
-    at: float  # time.monotonic()
+    at: float  # the watch's clock: time.monotonic()
 
 
-class _Watch:
+class ProgressWatch:
     """What the parent reads from a running child: its phases and its progress, from which it
     projects the trial's samples/s for `on_progress`."""
 
@@ -279,8 +279,11 @@ class _Watch:
         request: TrialRequest,
         on_phase: PhaseCallback | None,
         on_progress: ProgressCallback | None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._request = request
+        self._clock = clock
         self._on_phase = on_phase
         self._on_progress = on_progress
         self._phases: list[str] = []
@@ -302,7 +305,7 @@ class _Watch:
         for phase in _new_lines(self._request.phase_path, len(self._phases)):
             self._phases.append(phase)
             if phase == "warmup":
-                self._last_seen = time.monotonic()
+                self._last_seen = self._clock()
                 self._startup_s = time.time() - self._request.launched_at
             if self._on_phase is not None:
                 self._on_phase(phase)
@@ -314,7 +317,7 @@ class _Watch:
         for line in fresh:
             elapsed_s, samples = (float(field) for field in line.split())
             self._progress.append((elapsed_s, samples))
-        now = time.monotonic()
+        now = self._clock()
         if fresh:
             self._last_seen = now
         projection = self._projection(now - self._last_seen)
@@ -350,7 +353,7 @@ class _Watch:
         reason = self._on_progress(step / 1000, samples_per_s)
         if reason is not None:
             Path(self._request.stop_path or "").touch()
-            self.stop = _Stop(reason, samples_per_s, self.phase, time.monotonic())
+            self.stop = _Stop(reason, samples_per_s, self.phase, self._clock())
 
     def stopped(self, result: TrialResult) -> TrialResult:
         """The child's (or the parent's) result, with why and when the parent stopped it."""
