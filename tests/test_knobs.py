@@ -152,7 +152,8 @@ def test_a_compiled_trial_times_its_compilation_apart_from_its_steps(tmp_path):
     compiled = _trial(f"{TINY}:factory", TrialConfig(batch_size=16, compile="default"), tmp_path)
     assert compiled.status == "ok", compiled.reason
     assert compiled.first_step_s > 10 * eager.first_step_s  # the compilation
-    assert compiled.window_s >= 0.3 and compiled.steps_measured >= 3
+    # ... and none of it in the window's steps (how long a window runs: tests/trial/test_budget.py)
+    assert compiled.steps_measured >= 3 and compiled.step_time_median_s < compiled.first_step_s / 10
     assert maths_problem(compiled, eager) is None
 
 
