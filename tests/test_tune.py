@@ -18,7 +18,6 @@ import pytest
 
 import advisor
 from advisor import TuneResult
-from advisor.api import stored_result
 from advisor.recommendation import Recommendation
 from advisor.report.render import render_html
 from tests.browser import needs_chromium, rendered_dom, screenshot
@@ -243,7 +242,7 @@ def _check_provisional_reports(out, stderr: str) -> None:
     training script; `advisor report` renders the same from the study."""
     assert f"provisional reports of the trials so far (not re-measured): {out}/report.md" in stderr
     assert not (out / "train.py").exists()
-    stored = stored_result(f"sqlite:///{out}/study.db", None, out)
+    stored = advisor.load_result(out)
     rec = stored.recommendation
     search = [t for t in stored.trials if t.role in ("baseline", "search") and t.eligible]
     assert rec.provisional and not rec.confirm_runs and not stored.confirmations
@@ -308,6 +307,24 @@ def test_report_re_renders_every_output_from_the_study_alone(first_run, tmp_path
     assert TuneResult.model_validate_json(as_json.stdout).recommendation == stored
 
 
+def test_each_command_is_a_python_function_too(first_run, tmp_path):
+    out = first_run.out_dir
+    assert advisor.load_result(out).recommendation == first_run.recommendation
+    html = (out / "report.html").read_text()
+    (out / "report.html").unlink()
+    assert advisor.write_reports(out, fmt="html").out_dir == out
+    assert (out / "report.html").read_text() == html
+    written = advisor.write_script(out / "recommendation.json", tmp_path / "script.py")
+    assert written == [tmp_path / "script.py", tmp_path / "launch.sh"]
+    compile(written[0].read_text(), str(written[0]), "exec")
+    assert written[1].stat().st_mode & 0o100  # executable
+    assert advisor.export(out, to="hf") == [out / "exports" / "hf_training_args.json"]
+    with pytest.raises(advisor.BadInputError, match="cannot export to 'tf': choose all, hf"):
+        advisor.export(out, to="tf")  # type: ignore[arg-type]
+    with pytest.raises(advisor.BadInputError, match=r"missing\.json does not exist"):
+        advisor.write_script(tmp_path / "missing.json")
+
+
 def test_report_of_an_unfinished_or_missing_study_says_what_to_do(tmp_path):
     missing = run_advisor("report", str(tmp_path))
     assert missing.returncode == 2
@@ -327,7 +344,7 @@ def test_report_of_an_unfinished_or_missing_study_says_what_to_do(tmp_path):
 def test_html_report_is_self_contained_and_every_headline_figure_is_stored(first_run):
     out = first_run.out_dir
     html = (out / "report.html").read_text()
-    stored = stored_result(f"sqlite:///{out}/study.db", None, out)  # what the files came from
+    stored = advisor.load_result(out)  # what the files came from
     rec = stored.recommendation
     assert "http://" not in html and "https://" not in html and "<script" not in html
     assert html.count("<svg") >= 3  # history, batch x AMP, memory (+ importance with enough trials)
