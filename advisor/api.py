@@ -261,6 +261,7 @@ def write_script(recommendation: Path | str, output: Path | str = "train.py") ->
     """train.py for a recommendation.json (or the folder holding it), and launch.sh beside it;
     the paths written."""
     rec = read_recommendation(recommendation, "codegen")
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
     return _write_training_script(rec, Path(output))
 
 

@@ -315,8 +315,9 @@ def test_each_command_is_a_python_function_too(first_run, tmp_path):
     (out / "report.html").unlink()
     assert advisor.write_reports(out, fmt="html").out_dir == out
     assert (out / "report.html").read_text() == html
-    written = advisor.write_script(out / "recommendation.json", tmp_path / "script.py")
-    assert written == [tmp_path / "script.py", tmp_path / "launch.sh"]
+    script = tmp_path / "new folder" / "script.py"  # made as it is needed
+    written = advisor.write_script(out / "recommendation.json", script)
+    assert written == [script, script.parent / "launch.sh"]
     compile(written[0].read_text(), str(written[0]), "exec")
     assert written[1].stat().st_mode & 0o100  # executable
     assert advisor.export(out, to="hf") == [out / "exports" / "hf_training_args.json"]
