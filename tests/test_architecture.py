@@ -1,5 +1,6 @@
-"""The package's shape: imports flow one way, torch stays in trial processes, every public name is
-exported where others import it and says what it is."""
+"""The package's shape (docs/architecture.md): imports flow one way, the reports render what the
+search decided, torch stays in trial processes, every public name is exported where others import
+it and says what it is."""
 
 from __future__ import annotations
 
