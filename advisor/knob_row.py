@@ -106,6 +106,7 @@ def in_loader(*, hf: Counterpart, loader: Counterpart) -> dict[Target, Counterpa
     Lightning and accelerate exports print."""
     return {"hf": hf, "lightning": IN_LOADER, "accelerate": IN_LOADER, "loader": loader}
 
+
 # The lines and names the knob table's `exports` use.
 CUDNN_BENCHMARK = "cudnn.benchmark: torch.backends.cudnn.benchmark = True before training"
 CUDNN_DETERMINISTIC = "cudnn.deterministic: torch.backends.cudnn.deterministic = True"

@@ -111,8 +111,9 @@ class TrialConfig(BaseModel):
                     "DataParallel on its own"
                 ),
                 "lightning": setting(
-                    lambda mode, c: {"devices": c.world_size}
-                    | ({"strategy": "ddp"} if mode == "ddp" else {}),
+                    lambda mode, c: (
+                        {"devices": c.world_size} | ({"strategy": "ddp"} if mode == "ddp" else {})
+                    ),
                     by_hand=lambda mode, _: DP_LIGHTNING if mode == "dp" else None,
                 ),
                 "accelerate": setting(
@@ -268,13 +269,17 @@ class TrialConfig(BaseModel):
             tag="compile={}",
             exports={
                 "hf": setting(
-                    lambda mode, _: {"torch_compile": mode != "off"}
-                    | ({"torch_compile_mode": mode} if mode != "off" else {})
+                    lambda mode, _: (
+                        {"torch_compile": mode != "off"}
+                        | ({"torch_compile_mode": mode} if mode != "off" else {})
+                    )
                 ),
                 "lightning": by_hand(
-                    lambda mode, _: f"compile={mode}: model = torch.compile(model, mode=...)"
-                    if mode != "off"
-                    else None
+                    lambda mode, _: (
+                        f"compile={mode}: model = torch.compile(model, mode=...)"
+                        if mode != "off"
+                        else None
+                    )
                 ),
                 "accelerate": key("dynamo_mode", lambda mode: None if mode == "off" else mode),
             },
@@ -312,9 +317,11 @@ class TrialConfig(BaseModel):
                 "hf": key("tf32", lambda precision: precision == "high"),
                 "lightning": elsewhere("the export's code: torch.set_float32_matmul_precision"),
                 "accelerate": by_hand(
-                    lambda precision, _: f'torch.set_float32_matmul_precision("{precision}")'
-                    if precision != "highest"
-                    else None
+                    lambda precision, _: (
+                        f'torch.set_float32_matmul_precision("{precision}")'
+                        if precision != "highest"
+                        else None
+                    )
                 ),
             },
         ),

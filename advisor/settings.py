@@ -131,9 +131,7 @@ class TuneSettings(BaseModel):
         description="training time of each racer; 0: no race, and only configurations at your "
         "global batch are searched (no race could show that another reaches your loss sooner)",
     )
-    confirm_top: int = Field(
-        default=3, ge=1, description="finalists re-measured with the baseline"
-    )
+    confirm_top: int = Field(default=3, ge=1, description="finalists re-measured with the baseline")
     confirm_repeats: int = Field(default=2, ge=1, description="re-runs per finalist")
     memory_headroom: float = Field(
         default=0.1, ge=0, lt=1, description="fraction of the memory to keep free"

@@ -52,13 +52,15 @@ def rejected_values(records: Iterable[TrialRecord], knobs: Iterable[str]) -> lis
             if _rules_out(knob, trials, best_record, best_rate):
                 fraction = max(rate for _, rate in trials) / best_rate
                 numbers = tuple(sorted(record.number for record, _ in trials))
-                found.append(Rejected(
+                found.append(
+                    Rejected(
                         knob=knob,
                         value=value,
                         trials=numbers,
                         fraction=fraction,
                         best_trial=best_record.number,
-                    ))
+                    )
+                )
     return found
 
 

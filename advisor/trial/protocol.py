@@ -69,7 +69,12 @@ class TrialRequest(BaseModel):
         "configuration. Where one of their cycles is too long for the window, this trial's is "
         "timed in parts too, and its result gives their samples/s (`sibling_rates`)",
     )
-    max_measure_steps: int | None = Field(default=None, ge=1)
+    max_measure_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="at most this many steps: a window's optimizer steps, a noise trial's "
+        "recorded gradient norms (a run of known length, whatever the machine's speed)",
+    )
     seed: int = 0
     launched_at: float = Field(description="time.time() when the parent started the child")
     result_path: str

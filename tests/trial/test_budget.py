@@ -41,10 +41,14 @@ LONG_CYCLE = {"batch_size": 16, "accumulation_steps": 4}
 
 @LAYOUTS
 def test_a_trial_whose_cycle_is_longer_than_its_window_times_the_parts(tmp_path, marked, knobs):
-    result = run_trial(_launch(), TrialConfig(**LONG_CYCLE, **knobs), tmp_path / "t.log")
+    config = TrialConfig(**LONG_CYCLE, **knobs)
+    result = run_trial(_launch(), config, tmp_path / "t.log", sibling_accumulation=(8,))
 
     assert result.status == "ok", result.reason
     assert result.estimated and result.steps_measured >= 1
+    # The same parts give the rate at the other accumulation the search may try (how much,
+    # on a fake clock: ...gives_its_rate below).
+    assert set(result.sibling_rates) == {8} and result.sibling_rates[8] > 0
     assert survivors(marked) == []
 
 

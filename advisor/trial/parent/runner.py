@@ -39,7 +39,7 @@ from advisor.trial.parent.launcher import (
 from advisor.trial.parent.preload import installed_imports
 from advisor.trial.protocol import PROGRESS_INTERVAL_S, TrialRequest, died_without_result
 
-__all__ = ["ProgressCallback", "ProgressWatch", "TrialLaunch", "run_trial"]
+__all__ = ["ProgressCallback", "ProgressReader", "TrialLaunch", "run_trial"]
 
 GRACE_S = 3.0
 POLL_S = 0.2
@@ -154,7 +154,7 @@ def run_trial(
         request_path = Path(scratch) / "request.json"
         request_path.write_text(request.model_dump_json())
         started = time.perf_counter()
-        watch = ProgressWatch(request, on_phase, on_progress)
+        watch = ProgressReader(request, on_phase, on_progress)
         outcome, returncode = _supervise(request, request_path, launch, log_path, watch)
         wall_s = time.perf_counter() - started
         result = watch.stopped(outcome or _read_result(request, returncode, log_path))
@@ -166,7 +166,7 @@ def _supervise(
     request_path: Path,
     launch: TrialLaunch,
     log_path: Path,
-    watch: ProgressWatch,
+    watch: ProgressReader,
 ) -> tuple[TrialResult | None, int]:
     """Wait for the child; return a result only when the parent decided the outcome."""
     try:
@@ -230,7 +230,7 @@ def _timed_out(request: TrialRequest, timeout_s: float, phase: str) -> TrialResu
 
 
 def _wait(
-    process: _Child, request: TrialRequest, timeout_s: float, watch: ProgressWatch
+    process: _Child, request: TrialRequest, timeout_s: float, watch: ProgressReader
 ) -> tuple[bool, str]:
     deadline = time.monotonic() + timeout_s
     result_path = Path(request.result_path)
@@ -270,7 +270,7 @@ class _Stop:
     at: float  # the watch's clock: time.monotonic()
 
 
-class ProgressWatch:
+class ProgressReader:
     """What the parent reads from a running child: its phases and its progress, from which it
     projects the trial's samples/s for `on_progress`."""
 
