@@ -214,7 +214,9 @@ def scripted_trial(
     `config.num_workers` loader workers in `batch_s` each (`Loader`; ready at once without),
     under DDP in a `one_rank_group`. `fields` are the request's (`TrialRequest`)."""
     clock = FakeClock()
-    wait_s = Loader(clock, config.num_workers, batch_s) if batch_s is not None else 0.0
+    wait_s: Seconds = 0.0
+    if batch_s is not None:
+        wait_s = Loader(clock, config.num_workers, batch_s, config.prefetch_factor)
     trainer = ScriptedTrainer(
         config, clock, micro_s=micro_s, optimizer_s=optimizer_s, wait_s=wait_s
     )
