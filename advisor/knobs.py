@@ -22,25 +22,31 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticUndefined
 
 from advisor.knob_row import (
-    ACCELERATE_DISTRIBUTED,
-    ACCUMULATE,
     CHANNELS_LAST,
     CUDNN_BENCHMARK,
     CUDNN_DETERMINISTIC,
-    DP_ACCELERATE,
-    DP_LIGHTNING,
     FRAMEWORKS,
-    HF_FOREACH,
-    HF_OPTIM,
     IN_LOADER,
     Knob,
+    accelerate_accumulation,
+    accelerate_dp,
+    accelerate_layout,
     by_hand,
+    compile_by_hand,
     elsewhere,
+    hf_compile,
+    hf_foreach,
+    hf_optimizer,
     in_loader,
     key,
-    optimizer_line,
+    lightning_dp,
+    lightning_layout,
+    loader_with_workers,
+    matmul_by_hand,
+    optimizer_by_hand,
     setting,
     when_set,
+    with_workers,
 )
 from advisor.knob_rules import (
     Device,
@@ -110,19 +116,8 @@ class TrialConfig(BaseModel):
                     "the launch line: torchrun for DDP; Trainer wraps several visible GPUs in "
                     "DataParallel on its own"
                 ),
-                "lightning": setting(
-                    lambda mode, c: (
-                        {"devices": c.world_size} | ({"strategy": "ddp"} if mode == "ddp" else {})
-                    ),
-                    by_hand=lambda mode, _: DP_LIGHTNING if mode == "dp" else None,
-                ),
-                "accelerate": setting(
-                    lambda mode, c: {
-                        "distributed_type": ACCELERATE_DISTRIBUTED.get((mode, c.device), "NO"),
-                        "num_processes": c.world_size,
-                    },
-                    by_hand=lambda mode, _: DP_ACCELERATE if mode == "dp" else None,
-                ),
+                "lightning": setting(lightning_layout, by_hand=lightning_dp),
+                "accelerate": setting(accelerate_layout, by_hand=accelerate_dp),
             },
         ),
     ] = "none"
@@ -149,9 +144,7 @@ class TrialConfig(BaseModel):
             exports={
                 "hf": key("gradient_accumulation_steps"),
                 "lightning": key("accumulate_grad_batches"),
-                "accelerate": by_hand(
-                    lambda steps, _: ACCUMULATE.format(steps) if steps > 1 else None
-                ),
+                "accelerate": by_hand(accelerate_accumulation),
             },
         ),
     ] = Field(default=1, ge=1)
@@ -268,19 +261,8 @@ class TrialConfig(BaseModel):
             fixed_when=(compiler_missing,),
             tag="compile={}",
             exports={
-                "hf": setting(
-                    lambda mode, _: (
-                        {"torch_compile": mode != "off"}
-                        | ({"torch_compile_mode": mode} if mode != "off" else {})
-                    )
-                ),
-                "lightning": by_hand(
-                    lambda mode, _: (
-                        f"compile={mode}: model = torch.compile(model, mode=...)"
-                        if mode != "off"
-                        else None
-                    )
-                ),
+                "hf": setting(hf_compile),
+                "lightning": by_hand(compile_by_hand),
                 "accelerate": key("dynamo_mode", lambda mode: None if mode == "off" else mode),
             },
         ),
@@ -316,13 +298,7 @@ class TrialConfig(BaseModel):
             exports={
                 "hf": key("tf32", lambda precision: precision == "high"),
                 "lightning": elsewhere("the export's code: torch.set_float32_matmul_precision"),
-                "accelerate": by_hand(
-                    lambda precision, _: (
-                        f'torch.set_float32_matmul_precision("{precision}")'
-                        if precision != "highest"
-                        else None
-                    )
-                ),
+                "accelerate": by_hand(matmul_by_hand),
             },
         ),
     ] = "highest"
@@ -336,15 +312,9 @@ class TrialConfig(BaseModel):
             needs="num_workers",
             tag="prefetch={}",
             exports={
-                "hf": setting(
-                    lambda factor, c: {
-                        "dataloader_prefetch_factor": factor if c.num_workers else None
-                    }
-                ),
+                "hf": with_workers("dataloader_prefetch_factor"),
                 **dict.fromkeys(("lightning", "accelerate"), IN_LOADER),
-                "loader": setting(
-                    lambda factor, c: {"prefetch_factor": factor} if c.num_workers else {}
-                ),
+                "loader": loader_with_workers("prefetch_factor"),
             },
         ),
     ] = Field(default=2, ge=1)
@@ -357,13 +327,9 @@ class TrialConfig(BaseModel):
             needs="num_workers",
             tag="workers-per-epoch",
             exports={
-                "hf": setting(
-                    lambda keep, c: {"dataloader_persistent_workers": keep and c.num_workers > 0}
-                ),
+                "hf": with_workers("dataloader_persistent_workers", without=False),
                 **dict.fromkeys(("lightning", "accelerate"), IN_LOADER),
-                "loader": setting(
-                    lambda keep, c: {"persistent_workers": keep} if c.num_workers else {}
-                ),
+                "loader": loader_with_workers("persistent_workers"),
             },
         ),
     ] = True
@@ -382,17 +348,11 @@ class TrialConfig(BaseModel):
             ),
             tag="optimizer={}",
             exports={
-                # TrainingArguments.optim names advisor's default AdamW per implementation.
-                "hf": setting(
-                    lambda impl, _: {"optim": HF_OPTIM[impl]} if impl in HF_OPTIM else {},
-                    by_hand=lambda impl, _: HF_FOREACH if impl == "foreach" else None,
-                    when_searched=True,
-                ),
+                "hf": setting(hf_optimizer, by_hand=hf_foreach, when_searched=True),
                 "lightning": by_hand(
-                    lambda impl, _: optimizer_line(impl, " in configure_optimizers"),
-                    when_searched=True,
+                    optimizer_by_hand(" in configure_optimizers"), when_searched=True
                 ),
-                "accelerate": by_hand(lambda impl, _: optimizer_line(impl), when_searched=True),
+                "accelerate": by_hand(optimizer_by_hand(), when_searched=True),
             },
         ),
     ] = "default"
