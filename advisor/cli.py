@@ -36,7 +36,7 @@ from advisor.errors import AdvisorError, BadInputError, SettingsError
 from advisor.knob_row import FRAMEWORKS, Framework
 from advisor.report.codegen import launch_command
 from advisor.report.race import baseline_kept
-from advisor.report.render import reproduce_command
+from advisor.report.render import effort_summary, reproduce_command
 from advisor.settings import TuneSettings, mask_url, read_settings_file, setting_help
 
 __all__ = ["cli", "main"]
@@ -114,6 +114,8 @@ def tune(spec: str | None, config: Path | None, as_json: bool, quiet: bool, **fl
     if kept is not None:
         more = " (see report.md)" if rec.throughput_pick else ""
         out.print(f"{kept[0].lower()}: {kept[1]}{more}", highlight=False, soft_wrap=True)
+    if (searched := effort_summary(result.effort)) is not None:
+        out.print(f"search: {searched}", highlight=False, soft_wrap=True)
     if rec.race is not None:
         out.print(f"race: {escape(rec.race.verdict)}", highlight=False, soft_wrap=True)
     for warning in rec.warnings:

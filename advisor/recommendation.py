@@ -16,6 +16,7 @@ from advisor.results import HardwareProfile, PrunedProposal, TaskSummary, TrialR
 from advisor.settings import Objective, TuneSettings
 
 __all__ = [
+    "BatchEffort",
     "Bottleneck",
     "Efficiency",
     "FixedKnob",
@@ -26,6 +27,7 @@ __all__ = [
     "Recommendation",
     "Rejected",
     "RejectedValue",
+    "SearchEffort",
     "StudyContext",
     "ThroughputPick",
     "TuneResult",
@@ -274,6 +276,40 @@ class Rejected(_Frozen):
         )
 
 
+class BatchEffort(_Frozen):
+    """What the search spent at one global batch."""
+
+    global_batch: int
+    ran: int = Field(description="trials that ran (probes included)")
+    derived: int = Field(description="configurations derived from a trial's timed parts")
+    raced: bool = Field(description="the race ran this global batch")
+    yours: bool = Field(description="the user's global batch")
+
+
+class SearchEffort(_Frozen):
+    """Where the search's budget went, and the best it found at the user's global batch."""
+
+    batches: tuple[BatchEffort, ...]
+    best_at_yours: int | None = Field(
+        default=None, description="the search trial fastest at the user's global batch"
+    )
+    best_at_yours_label: str | None = None
+    best_at_yours_speedup: float | None = Field(
+        default=None, description="its samples/s over the baseline's (re-runs where both had)"
+    )
+    on_re_runs: bool = Field(default=False, description="whether the speed-up is of re-runs")
+
+    @property
+    def ran(self) -> int:
+        return sum(b.ran for b in self.batches)
+
+    @property
+    def share(self) -> float | None:
+        """The fraction of trials that ran at the user's global batch or at one that raced."""
+        useful = sum(b.ran for b in self.batches if b.yours or b.raced)
+        return useful / self.ran if self.ran else None
+
+
 class TuneResult(_Frozen):
     """What `advisor.tune()` returns."""
 
@@ -290,4 +326,7 @@ class TuneResult(_Frozen):
     )
     importances: dict[str, float] = Field(
         default_factory=dict, description="Optuna's parameter importances (PED-ANOVA)"
+    )
+    effort: SearchEffort | None = Field(
+        default=None, description="where the search's budget went, per global batch"
     )

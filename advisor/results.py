@@ -186,10 +186,29 @@ class TrialRecord(_Frozen):
         "configuration's samples/s (the same configuration at another accumulation steps)",
     )
     worker: str | None = Field(default=None, description="the worker that measured it")
+    stage: Literal["your batch", "probe", "raced batch"] | None = Field(
+        default=None,
+        description="the stage of a time-to-loss search that proposed it (None: the baseline, "
+        "the sampler, or another objective)",
+    )
+    samples_ratio: float = Field(
+        default=1.0,
+        gt=0,
+        description="the samples its global batch needs to reach a loss, relative to the "
+        "user's batch, by the noise scale at the optimistic end of its interval; 1 where "
+        "the search ranks by samples/s (objective throughput, or no noise scale yet)",
+    )
 
     @property
     def eligible(self) -> bool:
         return self.result.feasible and self.infeasible_reason is None
+
+    @property
+    def goodput(self) -> float | None:
+        """Samples/s over the samples ratio: the rate at which it approaches the user's loss,
+        what the search ranks by (AdaptDL's goodput: throughput x statistical efficiency)."""
+        rate = self.result.samples_per_s
+        return rate / self.samples_ratio if rate is not None else None
 
     @property
     def note(self) -> str:

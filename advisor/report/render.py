@@ -8,14 +8,26 @@ import shlex
 from collections import Counter, defaultdict
 
 from advisor.knobs import KNOBS
-from advisor.recommendation import LayoutBest, Recommendation, TuneResult, shown_knobs
+from advisor.recommendation import (
+    LayoutBest,
+    Recommendation,
+    SearchEffort,
+    TuneResult,
+    shown_knobs,
+)
 from advisor.report.codegen import launch_command
 from advisor.report.race import race_view
 from advisor.report.templating import template_environment
 from advisor.results import PrunedProposal, TrialRecord, relative_spread
 from advisor.settings import TuneSettings, mask_url
 
-__all__ = ["render_html", "render_markdown", "render_trials_csv", "reproduce_command"]
+__all__ = [
+    "effort_summary",
+    "render_html",
+    "render_markdown",
+    "render_trials_csv",
+    "reproduce_command",
+]
 
 # Every knob's fields (`parallel` is mode and world size), so trials.csv can be filtered on either.
 CSV_CONFIG_FIELDS = ("device", *(name for row in KNOBS for name in row.fields))
@@ -107,6 +119,7 @@ def render_markdown(result: TuneResult) -> str:
             counts=_counts(result.trials),
             pruned=_pruned_rows(result.pruned),
             rejected=result.rejected,
+            effort=result.effort,
             hw=rec.hardware,
             settings=result.settings,
             measured=_measured(result.trials),
@@ -152,6 +165,7 @@ def render_html(result: TuneResult) -> str:
         counts=_counts(trials),
         pruned=_pruned_rows(result.pruned),
         rejected=result.rejected,
+        effort=result.effort,
         hw=rec.hardware,
         settings=result.settings,
         measured=_measured(trials),
@@ -160,6 +174,24 @@ def render_html(result: TuneResult) -> str:
         reproduce=reproduce_command(result.settings),
         rerender=shlex.join(["advisor", "report", result.out_dir.as_posix()]),
     )
+
+
+def effort_summary(effort: SearchEffort | None) -> str | None:
+    """One line on where the search went, e.g. `20 trials ran, 90% at your global batch 32 or
+    one that raced (128, 256); the best at 32: 1.21x your samples/s (trial 4)`."""
+    if effort is None or not effort.ran or effort.share is None:
+        return None
+    yours = next((b.global_batch for b in effort.batches if b.yours), None)
+    raced = [str(b.global_batch) for b in effort.batches if b.raced]
+    where = f"your global batch {yours}" if yours is not None else "your global batch"
+    text = f"{effort.ran} trials ran, {effort.share:.0%} at {where}"
+    text += f" or one that raced ({', '.join(raced)})" if raced else ""
+    if effort.best_at_yours is not None and effort.best_at_yours_speedup:
+        text += (
+            f"; the best at {yours}: {effort.best_at_yours_speedup:.2f}x your samples/s "
+            f"(trial {effort.best_at_yours})"
+        )
+    return text
 
 
 def reproduce_command(settings: TuneSettings) -> str:
@@ -225,15 +257,29 @@ def render_trials_csv(result: TuneResult) -> str:
     """trials.csv: one row per trial and re-run, every knob and measurement a column."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow(["number", "role", *CSV_CONFIG_FIELDS, *CSV_RESULT_FIELDS, "infeasible_reason"])
+    writer.writerow(
+        [
+            "number",
+            "role",
+            "stage",
+            *CSV_CONFIG_FIELDS,
+            *CSV_RESULT_FIELDS,
+            "samples_ratio",
+            "goodput",
+            "infeasible_reason",
+        ]
+    )
     for record in (*result.trials, *result.confirmations):
         config = record.result.config
         writer.writerow(
             [
                 record.number,
                 record.role,
+                record.stage or "",
                 *(getattr(config, name) for name in CSV_CONFIG_FIELDS),
                 *(getattr(record.result, name) for name in CSV_RESULT_FIELDS),
+                record.samples_ratio,
+                record.goodput,
                 record.infeasible_reason or "",
             ]
         )

@@ -7,10 +7,25 @@ from collections import Counter, defaultdict
 from typing import Literal
 
 from advisor.knobs import KNOB, KNOBS
-from advisor.recommendation import Bottleneck, KnobEffect, LayoutBest, RejectedValue
+from advisor.recommendation import (
+    BatchEffort,
+    Bottleneck,
+    KnobEffect,
+    LayoutBest,
+    Recommendation,
+    RejectedValue,
+    SearchEffort,
+)
 from advisor.results import TrialRecord
 
-__all__ = ["best_by_layout", "diagnose", "knob_effects", "param_importances", "rejected_values"]
+__all__ = [
+    "best_by_layout",
+    "diagnose",
+    "knob_effects",
+    "param_importances",
+    "rejected_values",
+    "search_effort",
+]
 
 # The knobs in table order: reports list effects and rejected values in this order.
 KNOB_NAMES = tuple(row.name for row in KNOBS)
@@ -330,3 +345,54 @@ def param_importances(records: list[TrialRecord]) -> dict[str, float]:
     # process to process, and a re-rendered report must not.
     rounded = {name: round(value, 6) for name, value in importances.items()}
     return dict(sorted(rounded.items(), key=lambda item: (-item[1], item[0])))
+
+
+def search_effort(
+    trials: tuple[TrialRecord, ...],
+    confirmations: tuple[TrialRecord, ...],
+    rec: Recommendation,
+) -> SearchEffort:
+    """Trials per global batch (run, derived), which batches raced, and the fastest
+    configuration at the user's global batch with its speed-up over the baseline: on the
+    medians of their re-runs where both were re-run, else on their search windows."""
+    batch0 = rec.baseline_config.global_batch_size
+    raced = {r.config.global_batch_size for r in rec.race.racers} if rec.race else set()
+    searched = [r for r in trials if r.role in ("baseline", "search")]
+    by_batch: dict[int, list[TrialRecord]] = defaultdict(list)
+    for record in searched:
+        by_batch[record.result.config.global_batch_size].append(record)
+    batches = tuple(
+        BatchEffort(
+            global_batch=batch,
+            ran=sum(r.derived_from is None for r in records),
+            derived=sum(r.derived_from is not None for r in records),
+            raced=batch in raced and batch != batch0,
+            yours=batch == batch0,
+        )
+        for batch, records in sorted(by_batch.items())
+    )
+    at_yours = [r for r in by_batch.get(batch0, []) if r.eligible and r.result.samples_per_s]
+    best = max(at_yours, key=lambda r: r.result.samples_per_s or 0.0, default=None)
+    baseline = next((r for r in searched if r.role == "baseline"), None)
+    if best is None or baseline is None or not baseline.result.samples_per_s:
+        return SearchEffort(batches=batches)
+    reruns = {n: _median_rerun(confirmations, n) for n in (best.number, baseline.number)}
+    on_re_runs = all(reruns.values())
+    mine = reruns[best.number] if on_re_runs else best.result.samples_per_s
+    theirs = reruns[baseline.number] if on_re_runs else baseline.result.samples_per_s
+    return SearchEffort(
+        batches=batches,
+        best_at_yours=best.number,
+        best_at_yours_label=best.result.config.label(),
+        best_at_yours_speedup=(mine or 0.0) / theirs if theirs else None,
+        on_re_runs=on_re_runs,
+    )
+
+
+def _median_rerun(confirmations: tuple[TrialRecord, ...], number: int) -> float | None:
+    rates = [
+        c.result.samples_per_s
+        for c in confirmations
+        if c.number == number and c.eligible and c.result.samples_per_s
+    ]
+    return statistics.median(rates) if rates else None

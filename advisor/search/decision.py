@@ -32,6 +32,7 @@ from advisor.search.analysis import (
     knob_effects,
     param_importances,
     rejected_values,
+    search_effort,
 )
 from advisor.search.context import SearchContext
 from advisor.search.dominance import rejected_in_search
@@ -89,8 +90,7 @@ def _race_entrants(
     """The noise scale, what it predicts per global batch, and the search trials the race
     needs re-measured with the other finalists."""
     baseline = search.space.baseline
-    search.progress.stage("measuring the gradient noise scale of your configuration")
-    noise = measure_noise_scale(study, search, baseline)
+    noise = measure_noise_scale(study, search, baseline)  # the search measured it, as a rule
     predictions, extra = race_finalists(
         predict_batches(noise, records, baseline), noise, records, baseline
     )
@@ -120,6 +120,7 @@ def tune_result(
         out_dir=out_dir,
         rejected=tuple(rejected_in_search(trials, knobs, settings.early_stop)),
         importances=param_importances(list(trials)),
+        effort=search_effort(trials, confirmations, recommendation),
     )
 
 

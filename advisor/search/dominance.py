@@ -1,7 +1,9 @@
 """Knob values the search stops proposing: every trial with them ran far below the best.
 
 A value is rejected once at least `MIN_TRIALS` trials had it, every one of them ran (or was
-projected, when stopped before its window) below `REJECT_BELOW` x the best trial's samples/s,
+projected, when stopped before its window) below `REJECT_BELOW` x the best trial's goodput
+(what the search ranks by: samples/s, over the samples ratio of the global batch under the
+time-to-loss objective, `advisor.search.ranking`),
 and, for a knob other than the batch size, one of them ran at a micro-batch at least half the
 best's: knob effects flip with the batch (docs/method.md, "The search": bf16 on CPU loses at
 batch 16 and wins at 256 and above), so evidence from small batches alone says nothing about
@@ -82,5 +84,5 @@ def _rate(record: TrialRecord) -> float | None:
     if record.role not in ("baseline", "search") or record.derived_from is not None:
         return None
     if record.eligible or record.result.status == "stopped":
-        return record.result.samples_per_s
+        return record.goodput  # samples/s where the search ranks by samples/s
     return None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from advisor.search.records import TrialKey
 from advisor.trial.protocol import PRECISE_AFTER_FRACTION
 
 __all__ = ["SlowerThanBestPruner", "best_value", "make_pruner", "stop_reason"]
@@ -38,7 +39,9 @@ class SlowerThanBestPruner(optuna.pruners.BasePruner):
         if trial.number not in self._best:
             self._best[trial.number] = best_value(study)
         best = self._best[trial.number]
-        return best is not None and trial.intermediate_values[step] < self._fraction * best
+        # values are goodput: the projected samples/s over the trial's samples ratio
+        ratio = trial.user_attrs.get(TrialKey.SAMPLES_RATIO, 1.0)
+        return best is not None and trial.intermediate_values[step] / ratio < self._fraction * best
 
 
 def stop_reason(projected: float, best: float | None) -> str:
@@ -53,7 +56,8 @@ def stop_reason(projected: float, best: float | None) -> str:
 
 
 def best_value(study: optuna.Study) -> float | None:
-    """The highest samples/s of the study's finished trials (ineligible ones count 0)."""
+    """The highest value of the study's finished trials: goodput, samples/s where the search
+    ranks by samples/s (ineligible ones count 0)."""
     values = [
         trial.value
         for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))

@@ -32,6 +32,7 @@ __all__ = [
     "StudyKey",
     "TrialKey",
     "claim",
+    "enqueued",
     "fail_abandoned",
     "planned_params",
     "pruned_of",
@@ -65,6 +66,10 @@ class TrialKey:
     CONFIG: Final = "config"  # TrialConfig.label()
     STATUS: Final = "status"
     SAMPLES_PER_S: Final = "samples_per_s"
+    # The samples its global batch needs relative to the user's (`TrialRecord.samples_ratio`);
+    # set before a trial runs, for the pruner, which compares goodput.
+    SAMPLES_RATIO: Final = "samples_ratio"
+    STAGE: Final = "stage"  # the search stage that proposed it (advisor.search.staging)
     REASON: Final = "reason"
 
 
@@ -113,6 +118,10 @@ def record_attrs(record: TrialRecord) -> dict[str, Any]:
         attrs[TrialKey.DERIVED_FROM] = record.derived_from
     if record.worker is not None:
         attrs[TrialKey.WORKER] = record.worker
+    if record.stage is not None:
+        attrs[TrialKey.STAGE] = record.stage
+    if record.samples_ratio != 1.0:
+        attrs[TrialKey.SAMPLES_RATIO] = record.samples_ratio
     return attrs
 
 
@@ -142,6 +151,8 @@ def _record_of(trial: FrozenTrial) -> TrialRecord:
         duplicate_of=attrs.get(TrialKey.DUPLICATE_OF),
         derived_from=attrs.get(TrialKey.DERIVED_FROM),
         worker=attrs.get(TrialKey.WORKER),
+        samples_ratio=attrs.get(TrialKey.SAMPLES_RATIO, 1.0),
+        stage=attrs.get(TrialKey.STAGE),
     )
 
 
@@ -155,6 +166,12 @@ def pruned_of(study: optuna.Study) -> tuple[PrunedProposal, ...]:
         )
         for trial in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
     )
+
+
+def enqueued(trial: optuna.Trial) -> bool:
+    """Whether a running trial was queued with its parameters (by advisor or by its caller)
+    rather than proposed by the sampler."""
+    return bool(trial.study._storage.get_trial_system_attrs(trial._trial_id).get(_ENQUEUED_PARAMS))
 
 
 def planned_params(trial: FrozenTrial) -> dict[str, Any]:

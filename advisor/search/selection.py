@@ -64,8 +64,10 @@ def select_winner(
     values), so it takes no part in the ranking or in the figures reported.
     """
     measured = [r for r in records if r.role != "duplicate"]
+    # By goodput: under the time-to-loss objective the finalists are those nearest the user's
+    # loss by the noise scale, not the largest batches (samples/s where nothing else ranks).
     eligible = sorted(
-        (r for r in measured if r.eligible), key=lambda r: r.result.samples_per_s or 0, reverse=True
+        (r for r in measured if r.eligible), key=lambda r: r.goodput or 0, reverse=True
     )
     if not eligible:
         raise NoFeasibleConfigError(failure_summary(measured))

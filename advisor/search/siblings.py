@@ -24,6 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 from advisor.knobs import TrialConfig
 from advisor.results import TrialRecord, TrialResult
 from advisor.search.context import SearchContext
+from advisor.search.ranking import Ranking
 from advisor.search.records import planned_params, record_attrs
 from advisor.search.space import SearchSpace
 
@@ -103,6 +104,7 @@ def add_siblings(
     records: list[TrialRecord],
     measured: dict[TrialConfig, TrialRecord],
     done: int,
+    ranking: Ranking,
 ) -> bool:
     """Add the configurations that this worker's trials' timed parts also measured, and
     nobody has measured or is measuring, as trials of their own (`advisor.search.siblings`):
@@ -144,6 +146,7 @@ def add_siblings(
                 result=result,
                 derived_from=source.number,
                 worker=settings.worker_name,
+                samples_ratio=ranking.samples_ratio(config.global_batch_size),
             )
             study.add_trial(_derived_trial(space, sibling))
             added.append(sibling)
@@ -158,7 +161,7 @@ def _derived_trial(space: SearchSpace, record: TrialRecord) -> FrozenTrial:
     return optuna.trial.create_trial(
         params=space.params_of(record.result.config),
         distributions={name: CategoricalDistribution(values) for name, values in domains.items()},
-        value=record.result.samples_per_s,
+        value=record.goodput,
         user_attrs=record_attrs(record),
     )
 

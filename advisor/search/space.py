@@ -27,7 +27,7 @@ from advisor.settings import TuneSettings
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["SearchSpace", "build_space", "machine_facts", "resolve_device"]
+__all__ = ["SHAPE", "SearchSpace", "build_space", "machine_facts", "resolve_device"]
 
 BATCH_SCALES = (-2, -1, 0, 1, 2, 3, 4, 5)  # powers of two around the user's batch size
 # The knobs whose values together make the global batch; only they can make a combination

@@ -25,10 +25,13 @@ from advisor.search.checks import known_out_of_memory, memory_problem
 from advisor.search.context import SearchContext
 from advisor.search.dominance import rejected_in_search
 from advisor.search.pruning import best_value, stop_reason
+from advisor.search.race.noise import measure_noise_scale
+from advisor.search.ranking import Ranking
 from advisor.search.records import (
     StudyKey,
     TrialKey,
     claim,
+    enqueued,
     planned_params,
     records_of,
     write_record,
@@ -36,6 +39,7 @@ from advisor.search.records import (
 from advisor.search.seeding import next_seed, seed_count
 from advisor.search.siblings import add_siblings, counted, ran_itself, sibling_accumulation
 from advisor.search.space import SearchSpace
+from advisor.search.staging import allowed_batches, next_move
 from advisor.search.storage import optimize_one
 from advisor.settings import TuneSettings
 from advisor.trial.parent.runner import ProgressCallback, run_trial
@@ -143,7 +147,7 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
         unique = sorted((r for r in records if r.role != "duplicate"), key=ran_itself)
         measured = {r.result.config: r for r in unique}
         done = counted(unique, settings.worker_name)
-        if add_siblings(study, context, records, measured, done):
+        if add_siblings(study, context, records, measured, done, objective.ranking):
             continue  # read back with the others
         if done >= settings.trials or len(measured) >= space.size:
             return records
@@ -166,17 +170,86 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
                 "the sampler keeps proposing measured or impossible configurations"
             )
             return records
+        if measured and not objective.ranked and _ranks_by_goodput(context):
+            objective.ranking, objective.ranked = _measure_ranking(study, context), True
+            continue  # the next trials are ranked by it
         objective.measured, objective.done = measured, done
         if context.numerics is not None:  # measured twins, also those of an earlier run
             for record in measured.values():
                 context.numerics.remember(record.result)
-        ran = [r for r in measured.values() if r.derived_from is None]
-        if settings.sampler == "tpe" and len(ran) < seed_count(settings):
-            _enqueue_seed(study, context, list(measured.values()), turn=max(0, len(ran) - 1))
-        _enqueue_neighbours(study, context, list(measured.values()), settings.trials - done)
+        _enqueue_next(study, context, objective.ranking, list(measured.values()), done)
         # One trial per optimize() call: GridSampler stops the study when exhausted, which Optuna
         # allows only inside optimize(); an interrupt marks the running trial FAIL.
         optimize_one(study, objective, settings.storage_url)
+
+
+def _ranks_by_goodput(context: SearchContext) -> bool:
+    """Whether the search ranks by goodput: the time-to-loss objective with a race between
+    global batches (its noise scale measured before the search goes beyond the user's batch)."""
+    settings = context.settings
+    return (
+        settings.objective == "time-to-loss"
+        and settings.race_seconds > 0
+        and context.space.global_batch_size is None
+    )
+
+
+def _measure_ranking(study: optuna.Study, context: SearchContext) -> Ranking:
+    """The ranking by goodput: the noise scale of the user's configuration, measured once (a
+    resumed study keeps its figure); where it fails, samples/s ranks, as before it."""
+    baseline = context.space.baseline
+    context.progress.stage(
+        "measuring the gradient noise scale of your configuration: it says which larger "
+        "global batches can reach your loss sooner"
+    )
+    noise = measure_noise_scale(study, context, baseline)
+    return Ranking(baseline.global_batch_size, noise if noise and noise.value else None)
+
+
+def _staged(settings: TuneSettings) -> bool:
+    """Whether the search proposes by stages (`advisor.search.staging`): the time-to-loss
+    objective with TPE, the default; another sampler or objective proposes as it would."""
+    return settings.objective == "time-to-loss" and settings.sampler == "tpe"
+
+
+def _enqueue_next(
+    study: optuna.Study,
+    context: SearchContext,
+    ranking: Ranking,
+    measured: list[TrialRecord],
+    done: int,
+) -> None:
+    """Queue the next proposal the stages make, or the next seed and the newer knobs' pairs."""
+    settings = context.settings
+    if _staged(settings):
+        _enqueue_move(study, context, ranking, measured)
+        return
+    ran = [r for r in measured if r.derived_from is None]
+    if settings.sampler == "tpe" and len(ran) < seed_count(settings):
+        _enqueue_seed(study, context, measured, turn=max(0, len(ran) - 1))
+    _enqueue_neighbours(study, context, measured, settings.trials - done)
+
+
+def _enqueue_move(
+    study: optuna.Study, context: SearchContext, ranking: Ranking, measured: list[TrialRecord]
+) -> None:
+    """Queue the next configuration the search's stages ask for; none once none is left, and
+    the sampler proposes (among the batches that may still win)."""
+    if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        return
+    space, settings = context.space, context.settings
+    rejected = rejected_in_search(measured, space.domains, settings.early_stop)
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    busy = [
+        space.config_from_params(p)
+        for trial in running
+        if set(space.domains) <= set(p := planned_params(trial)) and space.problem(p) is None
+    ]
+    move = next_move(space, ranking, measured, rejected, settings.trials, busy)
+    if move is not None:
+        study.enqueue_trial(
+            move.params, user_attrs={TrialKey.ROLE: "search", TrialKey.STAGE: move.stage}
+        )
 
 
 def _same_error(records: list[TrialRecord], first_number: int) -> str | None:
@@ -213,6 +286,8 @@ class _Objective:
         self.done = 0  # configurations this worker measured
         self.unmeasured_in_a_row = 0
         self.deadline: float | None = None
+        self.ranking = Ranking(context.space.baseline.global_batch_size)
+        self.ranked = False  # whether the noise scale was measured for the ranking
 
     def __call__(self, trial: optuna.Trial) -> float:
         settings, space = self.context.settings, self.context.space
@@ -233,9 +308,15 @@ class _Objective:
         self.unmeasured_in_a_row = 0
         role = trial.user_attrs.get(TrialKey.ROLE, "search")
         label = f"trial {self.done + 1}/{settings.trials}"
+        if TrialKey.STAGE in trial.user_attrs:
+            label += f", {trial.user_attrs[TrialKey.STAGE]}"
         if self.deadline is not None:
             label += f" ({max(0.0, self.deadline - time.monotonic()):.0f} s of --timeout left)"
-        record = _measure(trial, config, role, label, self.context)
+        ratio = self.ranking.samples_ratio(config.global_batch_size)
+        trial.set_user_attr(TrialKey.SAMPLES_RATIO, ratio)  # for the pruner, which ranks goodput
+        record = _measure(trial, config, role, label, self.context).model_copy(
+            update={"samples_ratio": ratio, "stage": trial.user_attrs.get(TrialKey.STAGE)}
+        )
         value = _record(trial, record)
         self.context.progress.trial_finished(record, _best([*self.measured.values(), record]))
         return value
@@ -258,7 +339,24 @@ class _Objective:
         for rejected in rejected_in_search(self.measured.values(), domains, settings.early_stop):
             if params.get(rejected.knob) == rejected.value:
                 return rejected.reason
+        if _staged(settings) and not enqueued(trial):  # the sampler's
+            problem = self._cannot_win(config)
+            if problem is not None:
+                return problem
         return known_out_of_memory(config, self.measured.values())
+
+    def _cannot_win(self, config: TrialConfig) -> str | None:
+        """Why a sampled configuration's global batch cannot win the race: neither the user's
+        nor one that races by what is measured so far."""
+        records = list(self.measured.values())
+        allowed = allowed_batches(self.context.space, self.ranking, records)
+        batch = config.global_batch_size
+        if batch in allowed:
+            return None
+        return (
+            f"global batch {batch} cannot reach your loss sooner by what is measured (the race "
+            f"runs {', '.join(map(str, sorted(allowed)))})"
+        )
 
 
 def _measured_now(
@@ -349,7 +447,7 @@ def _measure(
         on_progress=_pruning(trial) if role != "baseline" else None,
         precise_window=True,
         # clearly below the best, a longer window would only narrow the gap's interval
-        beat_samples_per_s=best_value(trial.study) if role != "baseline" else None,
+        beat_samples_per_s=_to_beat(trial) if role != "baseline" else None,
         sibling_accumulation=sibling_accumulation(context.space, config)
         if role != "baseline"
         else (),
@@ -365,6 +463,13 @@ def _measure(
     )
 
 
+def _to_beat(trial: optuna.Trial) -> float | None:
+    """The samples/s this trial must exceed to be the best: the best goodput so far, at its
+    global batch's samples ratio."""
+    best = best_value(trial.study)
+    return best * trial.user_attrs.get(TrialKey.SAMPLES_RATIO, 1.0) if best else None
+
+
 def _pruning(trial: optuna.Trial) -> ProgressCallback:
     """Report the trial's projected throughput to Optuna; stop it when the study's pruner says
     so, with the reason."""
@@ -373,19 +478,18 @@ def _pruning(trial: optuna.Trial) -> ProgressCallback:
         trial.report(samples_per_s, step=round(elapsed_s * 1000))
         if not trial.should_prune():
             return None
-        return stop_reason(samples_per_s, best_value(trial.study))
+        return stop_reason(samples_per_s, _to_beat(trial))
 
     return report
 
 
 def _record(trial: optuna.Trial, record: TrialRecord) -> float:
-    """Store the record on the trial; the objective is its samples/s, or a penalty if ineligible."""
+    """Store the record on the trial; the objective is its goodput (samples/s where the search
+    ranks by samples/s), or a penalty if ineligible."""
     write_record(trial, record)
-    return (
-        record.result.samples_per_s if record.eligible and record.result.samples_per_s else PENALTY
-    )
+    return record.goodput if record.eligible and record.goodput else PENALTY
 
 
 def _best(records: list[TrialRecord]) -> float | None:
-    values = [r.result.samples_per_s for r in records if r.eligible and r.result.samples_per_s]
+    values = [r.goodput for r in records if r.eligible and r.goodput]
     return max(values) if values else None

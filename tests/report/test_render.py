@@ -11,7 +11,9 @@ from advisor.recommendation import (
     ThroughputPick,
     TuneResult,
 )
-from advisor.report.render import render_html, render_markdown
+from advisor.report.render import effort_summary, render_html, render_markdown
+from advisor.results import TrialRecord, TrialResult
+from advisor.search.analysis import search_effort
 from advisor.search.race.verdict import decide_race
 from advisor.settings import TuneSettings
 from tests.conftest import CPU_PROFILE
@@ -178,3 +180,41 @@ def test_a_batch_that_was_to_race_but_did_not_is_not_said_skipped_where_the_loss
     assert "| 64 | 1,900 | 1.20x | 1.60x sooner | yes |" in markdown
     assert "| 1024 | 2,000 | 3.00x | 1.52x later | no |" in markdown
     assert "The target is" in markdown
+
+
+def test_the_reports_say_where_the_search_went_and_the_best_at_your_batch():
+    def record(number, config, rate, role="search", derived_from=None):
+        result = TrialResult(config=config, status="ok", samples_per_s=rate)
+        return TrialRecord(number=number, role=role, result=result, derived_from=derived_from)
+
+    yours = TrialConfig(batch_size=32)
+    workers = TrialConfig(batch_size=32, num_workers=2)
+    big = TrialConfig(batch_size=256)
+    trials = (
+        record(0, yours, 1000.0, role="baseline"),
+        record(1, workers, 1500.0),
+        record(2, big, 5000.0),
+        record(3, TrialConfig(batch_size=256, accumulation_steps=2), 5200.0, derived_from=2),
+        record(4, TrialConfig(batch_size=512), 6000.0),
+    )
+    reruns = (
+        record(0, yours, 900.0, role="confirm"),
+        record(1, workers, 1260.0, role="confirm"),
+    )
+    rec = _result().recommendation  # no race: no batch raced
+    effort = search_effort(trials, reruns, rec)
+    batches = [(b.global_batch, b.ran, b.derived, b.yours) for b in effort.batches]
+    assert batches == [(32, 2, 0, True), (256, 1, 0, False), (512, 1, 1, False)]
+    assert effort.best_at_yours == 1 and effort.on_re_runs
+    assert abs(effort.best_at_yours_speedup - 1.4) < 1e-9  # re-runs: 1,260 / 900
+    assert effort.share == 2 / 4  # two of the four that ran are at batch 32; none raced
+    result = _result().model_copy(update={"trials": trials, "effort": effort})
+    report = render_markdown(result)
+    assert "## Where the search went" in report
+    assert "| 32 (yours) | 2 | 0 | yours |" in report
+    assert (
+        "trial 1, bs=32 acc=1 amp=off workers=2, 1.40x your baseline's samples/s (re-runs)"
+        in report
+    )
+    assert "Where the search went" in render_html(result)
+    assert effort_summary(effort).startswith("4 trials ran, 50% at your global batch 32")

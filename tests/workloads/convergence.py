@@ -85,3 +85,28 @@ def big_batch_wins() -> TrainingTask:
         optimizer=lambda params: torch.optim.SGD(params, lr=0.005),
         batch_size=8,
     )
+
+
+class _SlowToLoad(TensorDataset):
+    """A dataset whose every sample takes `load_s` to build, as a decoded image would."""
+
+    def __init__(self, data: TensorDataset, load_s: float) -> None:
+        super().__init__(*data.tensors)
+        self.load_s = load_s
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+        time.sleep(self.load_s)
+        return super().__getitem__(index)
+
+
+def input_bound() -> TrainingTask:
+    """Clean labels, an lr tuned for batch 16, and samples/s set by loading alone (1 ms a
+    sample, whatever the batch): loader workers are the one win, and they keep the batch."""
+    scales = torch.tensor([1.0, 0.7, 0.5, 0.3, 0.2, 0.15, 0.1, 0.1])
+    return TrainingTask(
+        model=Throttled(len(scales)),
+        dataset=_SlowToLoad(_regression(scales, noise=0.0), load_s=1e-3),
+        loss_fn=nn.MSELoss(),
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.3),
+        batch_size=16,
+    )

@@ -41,6 +41,7 @@ __all__ = [
     "NoiseScaleEstimate",
     "estimate_noise_scale",
     "measure_noise_scale",
+    "optimistic_ratio",
     "samples_ratio",
 ]
 
@@ -103,6 +104,16 @@ def samples_ratio(noise_scale: float, baseline_batch: int, batch: int) -> float:
     """How many times the samples of batch `baseline_batch` a batch of `batch` needs to reach
     the same loss: (B_simple + B) / (B_simple + B0); its inverse is the statistical efficiency."""
     return (noise_scale + batch) / (noise_scale + baseline_batch)
+
+
+def optimistic_ratio(noise: NoiseScale | None, baseline_batch: int, batch: int) -> float:
+    """`samples_ratio` at the end of phi's 95 % interval that favours `batch`: the high end for
+    a larger batch, the low end for a smaller one (phi grows as training goes on, so the
+    interval's high end is the nearer guess for later training). 1 without a phi."""
+    if noise is None or noise.value is None:
+        return 1.0
+    phi = noise.high if batch > baseline_batch else noise.low
+    return samples_ratio(phi if phi is not None else noise.value, baseline_batch, batch)
 
 
 def _ratio_stderr(

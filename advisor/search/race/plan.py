@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from advisor.convergence import BatchPrediction, LrPlan, NoiseScale
 from advisor.knobs import TrialConfig
 from advisor.results import TrialRecord
-from advisor.search.race.noise import samples_ratio
+from advisor.search.race.noise import optimistic_ratio, samples_ratio
 from advisor.search.selection import Selection
 
 __all__ = [
@@ -92,9 +92,7 @@ def _optimistic_speedup(
     if noise is None or noise.value is None:
         return prediction.predicted_speedup
     throughput = prediction.predicted_speedup * prediction.samples_ratio
-    phi = noise.high if prediction.global_batch > batch0 else noise.low
-    ratio = samples_ratio(phi if phi is not None else noise.value, batch0, prediction.global_batch)
-    return throughput / ratio
+    return throughput / optimistic_ratio(noise, batch0, prediction.global_batch)
 
 
 def _best_by_global_batch(records: Sequence[TrialRecord]) -> dict[int, TrialRecord]:

@@ -1,0 +1,31 @@
+"""What the search ranks configurations by: goodput under the time-to-loss objective.
+
+A global batch B needs about (phi + B) / (phi + B0) times the samples of the user's batch B0 to
+reach a loss (`advisor.search.race.noise`), so a configuration approaches the user's loss at its
+samples/s over that ratio: its goodput (AdaptDL's throughput x statistical efficiency). The
+ratio is taken at the end of phi's interval that favours the batch, since phi grows as training
+goes on: the search measures every batch that might win, and the race decides. Without a noise
+scale (before it is measured, where it failed, under `--objective throughput`) the ratio is 1
+and goodput is samples/s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from advisor.convergence import NoiseScale
+from advisor.search.race.noise import optimistic_ratio
+
+__all__ = ["Ranking"]
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """The user's global batch `batch0` and the noise scale measured at it, if any."""
+
+    batch0: int
+    noise: NoiseScale | None = None
+
+    def samples_ratio(self, batch: int) -> float:
+        """The samples global batch `batch` needs relative to `batch0`, at phi's favourable end."""
+        return optimistic_ratio(self.noise, self.batch0, batch)

@@ -1,0 +1,299 @@
+"""Where a time-to-loss search measures next: the user's global batch first, then only the
+larger global batches that can still win the race.
+
+The race decides between global batches by time to the user's loss, so the search serves it in
+three stages (docs/method.md, "The search"):
+
+1. **Your batch.** From the fastest configuration at the user's global batch B0 (the baseline at
+   first), one move at a time: another value of one knob that keeps the optimisation (loader
+   workers, amp, compile, ...), or another layout of B0 (micro-batch x accumulation x
+   processes). A faster move becomes the start of the next; knob effects flip with the batch and
+   the machine, so every value is measured, none assumed. This is the configuration the race
+   calls "the best at your global batch", and the fallback.
+2. **Probes.** A larger global batch is measured once, with the knobs of the best at B0 and its
+   micro-batch scaled (or its accumulation, beyond the largest micro-batch), and ranked by its
+   goodput: samples/s over the samples its batch needs by the noise scale, at the optimistic end
+   of its interval. B0 x4 first; up while the goodput rises, else the neighbours of the best.
+   At most a quarter of the budget goes to probes: a batch that cannot win gets no more.
+3. **The batches that race.** The ones `race_finalists` would race now (the best predicted, or
+   the fastest when none is predicted to win) get the same one-move search as B0.
+
+Each stage keeps a share of `--trials` (`stage_budget`); what one leaves goes to the next, and
+once no move is left the sampler proposes among B0 and the raced batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import product
+from typing import Any, Literal
+
+from advisor.knobs import KNOBS, TrialConfig
+from advisor.recommendation import Rejected
+from advisor.results import TrialRecord
+from advisor.search.checks import known_out_of_memory
+from advisor.search.race.plan import predict_batches, race_finalists
+from advisor.search.ranking import Ranking
+from advisor.search.siblings import ran_itself
+from advisor.search.space import SHAPE, SearchSpace
+
+__all__ = [
+    "PROBE_SHARE",
+    "Move",
+    "StageBudget",
+    "allowed_batches",
+    "next_move",
+    "raced_batches",
+    "stage_budget",
+]
+
+PROBE_SHARE = 0.25  # of --trials: probes of larger batches, and again the raced batches' moves
+LAYOUT = "layout"  # the shape knobs moved together, keeping the global batch
+# The knobs whose moves come first at a batch: workers and amp most often pay off, then the
+# layouts (DDP that keeps the batch); the others follow in table order.
+FIRST = ("num_workers", "amp", LAYOUT)
+
+Stage = Literal["your batch", "probe", "raced batch"]
+
+
+@dataclass(frozen=True)
+class StageBudget:
+    """How many of `--trials` each stage may take before the next: the probes and the raced
+    batches a quarter each, the user's batch the rest."""
+
+    your_batch: int
+    probes: int
+    raced: int
+
+
+def stage_budget(trials: int) -> StageBudget:
+    """The stages' shares of a search of `trials`."""
+    share = max(1, int(trials * PROBE_SHARE))
+    return StageBudget(your_batch=max(1, trials - 2 * share), probes=share, raced=share)
+
+
+@dataclass(frozen=True)
+class Move:
+    """The next configuration to measure, and the stage that chose it."""
+
+    params: dict[str, Any]
+    stage: Stage
+
+
+def next_move(
+    space: SearchSpace,
+    ranking: Ranking,
+    records: Sequence[TrialRecord],
+    rejected: Iterable[Rejected],
+    trials: int,
+    busy: Iterable[TrialConfig] = (),
+) -> Move | None:
+    """The next configuration the stages ask for; None once none asks for one. `busy`
+    configurations (another worker's) count as measured."""
+    records = [r for r in records if r.role in ("baseline", "search")]
+    known = {r.result.config for r in records} | set(busy)
+    ruled_out = {(r.knob, r.value) for r in rejected}
+    budget = stage_budget(trials)
+    ran = [r for r in records if ran_itself(r)]
+    batch0 = ranking.batch0
+    at_batch0 = _moves(space, _incumbent(records, batch0), records, known, ruled_out)
+    if at_batch0 and len(ran) < budget.your_batch:
+        return Move(at_batch0[0], "your batch")
+    elsewhere = [r for r in ran if r.result.config.global_batch_size != batch0]
+    probed = {r.result.config.global_batch_size for r in elsewhere}
+    if len(probed) < budget.probes and (probe := _next_probe(space, ranking, records, known)):
+        return Move(probe, "probe")
+    raced = _raced_move(space, ranking, records, known, ruled_out, ran)
+    if raced is not None and len(elsewhere) < budget.probes + budget.raced:
+        return raced
+    if at_batch0:
+        return Move(at_batch0[0], "your batch")
+    return raced
+
+
+def _raced_move(
+    space: SearchSpace,
+    ranking: Ranking,
+    records: list[TrialRecord],
+    known: set[TrialConfig],
+    ruled_out: set[tuple[str, Any]],
+    ran: list[TrialRecord],
+) -> Move | None:
+    """One move at the raced batch with the fewest trials that has one left."""
+    for batch in _by_fewest_trials(raced_batches(space, ranking, records), ran):
+        moves = _moves(space, _incumbent(records, batch), records, known, ruled_out)
+        if moves:
+            return Move(moves[0], "raced batch")
+    return None
+
+
+def raced_batches(
+    space: SearchSpace, ranking: Ranking, records: Sequence[TrialRecord]
+) -> list[int]:
+    """The larger or smaller global batches the race would run now, judged from `records`."""
+    predictions, _ = race_finalists(
+        predict_batches(ranking.noise, records, space.baseline),
+        ranking.noise,
+        records,
+        space.baseline,
+    )
+    return [p.global_batch for p in predictions if p.raced]
+
+
+def allowed_batches(
+    space: SearchSpace, ranking: Ranking, records: Sequence[TrialRecord]
+) -> set[int]:
+    """The global batches a proposal may still take: the user's and those that would race."""
+    return {ranking.batch0, *raced_batches(space, ranking, records)}
+
+
+def _by_fewest_trials(batches: list[int], ran: list[TrialRecord]) -> list[int]:
+    count = {b: sum(r.result.config.global_batch_size == b for r in ran) for b in batches}
+    return sorted(batches, key=lambda b: count[b])
+
+
+def _incumbent(records: Sequence[TrialRecord], batch: int) -> TrialConfig | None:
+    """The fastest eligible configuration measured at global batch `batch`."""
+    at_batch = [r for r in records if r.eligible and r.result.config.global_batch_size == batch]
+    best = max(at_batch, key=lambda r: r.result.samples_per_s or 0.0, default=None)
+    return best.result.config if best is not None else None
+
+
+def _moves(
+    space: SearchSpace,
+    start: TrialConfig | None,
+    records: Sequence[TrialRecord],
+    known: set[TrialConfig],
+    ruled_out: set[tuple[str, Any]],
+) -> list[dict[str, Any]]:
+    """Every configuration one move from `start` at its global batch that nobody measured: the
+    knobs in `FIRST`'s order, each value nearest the current first."""
+    if start is None:
+        return []
+    params = space.params_of(start)
+    moves: list[dict[str, Any]] = []
+    for name in _move_order(space):
+        if name == LAYOUT:
+            candidates = _layouts(space, params, start.global_batch_size)
+        else:
+            candidates = [
+                {**params, name: value} for value in _nearest(space.domains[name], params[name])
+            ]
+            candidates = [c for c in candidates if (name, c[name]) not in ruled_out]
+        for candidate in candidates:
+            if space.problem(candidate) is not None:
+                continue
+            config = space.config_from_params(candidate)
+            if config in known or known_out_of_memory(config, records) is not None:
+                continue
+            if any(candidate == move for move in moves):
+                continue
+            moves.append(candidate)
+    return moves
+
+
+def _move_order(space: SearchSpace) -> list[str]:
+    table = [row.name for row in KNOBS if row.name in space.domains and row.name not in SHAPE]
+    names = [*table, LAYOUT] if any(name in space.domains for name in SHAPE) else table
+    return sorted(
+        names, key=lambda n: (FIRST.index(n) if n in FIRST else len(FIRST), names.index(n))
+    )
+
+
+def _nearest(values: tuple[Any, ...], current: Any) -> list[Any]:
+    """The other values of a domain, nearest `current` first (domains run from the default)."""
+    here = values.index(current) if current in values else 0
+    others = [v for v in values if v != current]
+    return sorted(others, key=lambda v: abs(values.index(v) - here))
+
+
+def _layouts(space: SearchSpace, params: dict[str, Any], batch: int) -> list[dict[str, Any]]:
+    """Every other combination of the shape knobs that makes global batch `batch`: the fewest
+    accumulation steps first, then the most processes."""
+    names = [name for name in SHAPE if name in space.domains]
+    layouts = []
+    for combo in product(*(space.domains[name] for name in names)):
+        candidate = {**params, **dict(zip(names, combo, strict=True))}
+        if candidate == params or space.problem(candidate) is not None:
+            continue
+        config = space.config_from_params(candidate)
+        if config.global_batch_size == batch:
+            layouts.append((config.accumulation_steps, -config.world_size, candidate))
+    return [candidate for *_, candidate in sorted(layouts, key=lambda item: item[:2])]
+
+
+def _next_probe(
+    space: SearchSpace,
+    ranking: Ranking,
+    records: Sequence[TrialRecord],
+    known: set[TrialConfig],
+) -> dict[str, Any] | None:
+    """The next larger global batch to probe, with the best configuration at the user's batch
+    scaled to it; None once the ladder is done (see the module's doc)."""
+    start = _incumbent(records, ranking.batch0)
+    if start is None:
+        return None
+    ladder = [ranking.batch0, *sorted(b for b in _global_batches(space) if b > ranking.batch0)]
+    gains = _goodput_gains(records, ranking, ladder)
+    for index in _ladder_candidates(gains, len(ladder)):
+        probe = _scaled(space, start, ladder[index], records, known)
+        if probe is not None:
+            return probe
+    return None
+
+
+def _goodput_gains(
+    records: Sequence[TrialRecord], ranking: Ranking, ladder: list[int]
+) -> dict[int, float]:
+    """For each rung measured (a failure counts 0): its best goodput over the best at B0's."""
+    best: dict[int, float] = {}
+    for record in records:
+        batch = record.result.config.global_batch_size
+        if batch not in ladder:
+            continue
+        rate = (record.result.samples_per_s or 0.0) if record.eligible else 0.0
+        goodput = rate / ranking.samples_ratio(batch)
+        best[ladder.index(batch)] = max(best.get(ladder.index(batch), 0.0), goodput)
+    base = best.get(0) or 1.0
+    return {index: value / base for index, value in best.items()}
+
+
+def _ladder_candidates(gains: dict[int, float], rungs: int) -> list[int]:
+    """The rungs to probe next, in order: two up from the best rung while nothing above it is
+    measured, else its unmeasured neighbours (goodput against the batch is taken to rise, then
+    fall: beyond a measured fall nothing is probed)."""
+    best = max(gains, key=lambda i: (gains[i], -i))
+    above = [i for i in gains if i > best]
+    order = [best + 2, best + 1] if not above else [best + 1, best - 1]
+    return [i for i in order if 0 < i < rungs and i not in gains]
+
+
+def _global_batches(space: SearchSpace) -> set[int]:
+    names = [name for name in SHAPE if name in space.domains]
+    batches = set()
+    for combo in product(*(space.domains[name] for name in names)):
+        params = dict(zip(names, combo, strict=True))
+        if space.problem(params) is None:
+            batches.add(space.config_from_params(params).global_batch_size)
+    return batches
+
+
+def _scaled(
+    space: SearchSpace,
+    start: TrialConfig,
+    batch: int,
+    records: Sequence[TrialRecord],
+    known: set[TrialConfig],
+) -> dict[str, Any] | None:
+    """`start` at global batch `batch`: its knobs, the layout with the largest micro-batch that
+    may fit (its processes kept where they can be), the fewest accumulation steps."""
+    params = space.params_of(start)
+    options = []
+    for candidate in _layouts(space, params, batch):
+        config = space.config_from_params(candidate)
+        if config in known or known_out_of_memory(config, records) is not None:
+            continue
+        key = (config.world_size != start.world_size, -config.batch_size, config.accumulation_steps)
+        options.append((key, candidate))
+    return min(options, key=lambda option: option[0])[1] if options else None

@@ -1,0 +1,159 @@
+"""A time-to-loss search measures the user's global batch first, probes larger batches by their
+goodput, and spends the rest at the batches that race (`advisor.search.staging`).
+
+These drive the planner with a described machine (samples/s as a function of the configuration)
+instead of trials: what is asserted is where the search goes, given what it measured.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+import advisor
+from advisor.convergence import NoiseScale
+from advisor.knobs import TrialConfig
+from advisor.results import TrialRecord, TrialResult
+from advisor.search.ranking import Ranking
+from advisor.search.staging import next_move, raced_batches, stage_budget
+from tests.search.test_race import CONVERGENCE
+from tests.search.test_seeding import SPACE
+
+BATCH0 = SPACE.baseline.global_batch_size  # 32
+
+
+def _noise(value: float, high: float | None = None) -> NoiseScale:
+    return NoiseScale(
+        value=value, low=value / 2, high=high or value, small_batch=32, big_batch=256, steps=8
+    )
+
+
+def _search(
+    rate: Callable[[TrialConfig], float], ranking: Ranking, trials: int = 20
+) -> list[TrialRecord]:
+    """The trials a search of `trials` makes on a machine where `rate` gives samples/s."""
+    records = [_record(0, SPACE.baseline, rate(SPACE.baseline), ranking)]
+    while len(records) < trials:
+        move = next_move(SPACE, ranking, records, [], trials)
+        if move is None:
+            break
+        config = SPACE.config_from_params(move.params)
+        records.append(_record(len(records), config, rate(config), ranking, move.stage))
+    return records
+
+
+def _record(
+    number: int,
+    config: TrialConfig,
+    rate: float,
+    ranking: Ranking,
+    stage: str | None = None,
+) -> TrialRecord:
+    return TrialRecord(
+        number=number,
+        role="baseline" if number == 0 else "search",
+        result=TrialResult(config=config, status="ok", samples_per_s=rate),
+        samples_ratio=ranking.samples_ratio(config.global_batch_size),
+        stage=stage,  # type: ignore[arg-type]
+    )
+
+
+def _cpu(config: TrialConfig) -> float:
+    """A CPU where bf16 pays 1.5x, two loader workers 1.3x, DDP halves the rate, and a larger
+    micro-batch is faster with diminishing returns (per-step overhead 4 ms, 0.1 ms a sample)."""
+    per_step = 0.004 + 0.0001 * config.batch_size
+    rate = config.batch_size / per_step
+    rate *= 1.5 if config.amp == "bf16" else 1.0
+    rate *= 1.3 if config.num_workers == 2 else 1.0
+    rate /= 2.0 if config.world_size > 1 else 1.0
+    return rate / (1 + 0.1 * (config.accumulation_steps - 1))
+
+
+def test_the_users_batch_comes_first_and_every_knob_is_measured_there():
+    records = _search(_cpu, Ranking(BATCH0, _noise(64.0)))
+    first = records[: stage_budget(20).your_batch]
+    assert all(r.result.config.global_batch_size == BATCH0 for r in first)
+    at_batch0 = {r.result.config for r in first}
+    for knob, value in (("amp", "bf16"), ("num_workers", 1), ("num_workers", 2)):
+        assert any(getattr(c, knob) == value for c in at_batch0), (knob, value)
+    assert any(c.world_size == 2 for c in at_batch0)  # a layout that keeps the batch
+    # from the fastest so far: bf16 and two workers together
+    best = max(first, key=lambda r: r.result.samples_per_s or 0.0).result.config
+    assert (best.amp, best.num_workers, best.batch_size) == ("bf16", 2, 32)
+
+
+def test_probes_start_from_the_best_at_your_batch_and_the_rest_goes_where_the_race_runs():
+    ranking = Ranking(BATCH0, _noise(64.0))
+    records = _search(_cpu, ranking)
+    probes = [r for r in records if r.stage == "probe"]
+    assert probes and len({r.result.config.global_batch_size for r in probes}) <= 5
+    first = probes[0].result.config
+    assert first.global_batch_size == 4 * BATCH0  # x4 first
+    assert (first.amp, first.num_workers) == ("bf16", 2)  # the best at your batch, scaled
+    raced = set(raced_batches(SPACE, ranking, records))
+    assert raced
+    share = sum(r.result.config.global_batch_size in raced | {BATCH0} for r in records)
+    assert share / len(records) >= 0.75
+    assert any(r.stage == "raced batch" for r in records)
+
+
+def test_batches_whose_goodput_cannot_win_get_one_probe_at_most():
+    """phi 8: a batch 4x yours needs 3.3x the samples, more than its 2x samples/s buys."""
+    ranking = Ranking(BATCH0, _noise(8.0))
+    records = _search(_cpu, ranking)
+    per_batch = Counter(r.result.config.global_batch_size for r in records)
+    raced = set(raced_batches(SPACE, ranking, records))
+    for batch, count in per_batch.items():
+        if batch != BATCH0 and batch not in raced:
+            assert count == 1, (batch, count)
+    assert per_batch[BATCH0] >= 10
+
+
+def test_goodput_ranks_a_larger_batch_by_the_samples_it_needs():
+    ranking = Ranking(BATCH0, _noise(32.0, high=96.0))
+    assert ranking.samples_ratio(BATCH0) == 1.0
+    assert ranking.samples_ratio(128) == (96.0 + 128) / (96.0 + 32)  # the optimistic end
+    assert Ranking(BATCH0).samples_ratio(128) == 1.0  # no phi: samples/s ranks
+    record = _record(1, SPACE.baseline.model_copy(update={"batch_size": 128}), 7000.0, ranking)
+    assert record.goodput == 7000.0 / ranking.samples_ratio(128)
+
+
+def test_a_kept_global_batch_is_searched_to_the_end_of_its_moves():
+    """Nothing larger can race: every move from the fastest at your batch is measured, then
+    the planner asks for nothing more."""
+    ranking = Ranking(BATCH0)
+    kept = SPACE.__class__(**{**SPACE.__dict__, "global_batch_size": BATCH0})
+    records = [_record(0, kept.baseline, _cpu(kept.baseline), ranking)]
+    while (move := next_move(kept, ranking, records, [], trials=50)) is not None:
+        config = kept.config_from_params(move.params)
+        assert config.global_batch_size == BATCH0 and move.stage == "your batch"
+        records.append(_record(len(records), config, _cpu(config), ranking, move.stage))
+    assert 5 <= len(records) < 50
+
+
+# --- real tunes -----------------------------------------------------------------------------
+REAL = {"trials": 8, "trial_seconds": 1.0, "race_seconds": 2.5, "max_world_size": 1}
+
+
+def test_an_input_bound_workload_gets_loader_workers_at_its_own_batch(tmp_path):
+    """Only loader workers help (samples/s is set by loading, whatever the batch): the search
+    measures them at the user's batch, and the recommendation keeps that batch."""
+    result = advisor.tune(f"{CONVERGENCE}:input_bound", out=tmp_path, **REAL)
+    rec, effort = result.recommendation, result.effort
+    at_batch0 = [t.result.config for t in result.trials if t.result.config.global_batch_size == 16]
+    assert {c.num_workers for c in at_batch0} >= {0, 1, 2}
+    assert rec.config.global_batch_size == 16 and rec.config.num_workers > 0, rec.race
+    assert effort is not None and effort.share is not None and effort.share >= 0.75
+    assert effort.best_at_yours_speedup is not None and effort.best_at_yours_speedup > 1.3
+
+
+def test_a_larger_batch_that_clearly_wins_is_still_found_and_raced(tmp_path):
+    """Steps cost the same whatever the batch and the labels are noisy: larger batches are
+    probed, and one of them wins the race."""
+    result = advisor.tune(f"{CONVERGENCE}:big_batch_wins", out=tmp_path, **REAL)
+    rec = result.recommendation
+    assert rec.noise_scale is not None and rec.noise_scale.value
+    stages = [t.stage for t in result.trials if t.role == "search"]
+    assert "probe" in stages
+    assert rec.config.global_batch_size > 8, rec.race.verdict if rec.race else rec
+    assert result.effort is not None and result.effort.share >= 0.75
