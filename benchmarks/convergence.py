@@ -1,22 +1,28 @@
-"""Time to the baseline's loss: the baseline, the throughput pick and the time-to-loss pick.
+"""Time to the baseline's loss over a horizon longer than the race, for each pick a tune makes.
 
     python benchmarks/convergence.py [--specs examples/mlp.py:factory ...] [--seconds 60]
+                                     [--repeats 3] [--trials 20]
 
-For each example, one `advisor.tune` (objective time-to-loss, which also records the throughput
-pick) chooses two configurations: the highest samples/s (trained with your learning rate, as a
-throughput tuner would ship it) and the time-to-loss recommendation (with the learning rate it
-ships). Then the baseline trains in a fresh process for `--seconds` of training time from the
-same initial weights, longer than the tune's race, and each pick for 1.5x that (a pick that
-equals the baseline shares its run). The target is the lowest loss the baseline reached; each
-row says when the configuration first reached it.
-The loss is advisor's race loss (held-out slice, fp32, eval mode). Results:
-benchmarks/results/convergence.json and .md.
+For each example, one default `advisor.tune` (objective time-to-loss) names four configurations:
+
+- the baseline (your configuration);
+- the best at your global batch (the search's fastest there, `TuneResult.effort`);
+- the throughput pick (the highest re-measured samples/s, with your learning rate, as a
+  throughput tuner would ship it);
+- the default recommendation, with the learning rate it ships.
+
+Each then trains `--repeats` times in fresh processes, from the same initial weights, for
+`--seconds` of training time (at least six race lengths), with advisor's race loss (held-out
+slice, fp32, eval mode) over time. Configurations that coincide share their runs. The target is
+the median over the baseline's repeats of its lowest loss; each row gives the time each repeat
+first reached it. Results: benchmarks/results/convergence.json and .md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -24,74 +30,93 @@ from pathlib import Path
 import advisor
 from advisor.convergence import LrPlan, RaceCurve
 from advisor.knobs import TrialConfig
+from advisor.recommendation import TuneResult
 from advisor.search.race.verdict import time_to_loss
 from advisor.trial.parent.runner import TrialLaunch, run_trial
 
 RESULTS = Path(__file__).parent / "results"
-EXAMPLES = ("examples/mlp.py:factory", "examples/teacher.py:factory")
-TUNE = {"trials": 12, "trial_seconds": 1.0, "race_seconds": 10.0}
+EXAMPLES = (
+    "examples/mlp.py:factory",
+    "examples/data_bound.py:factory",
+    "examples/teacher.py:factory",
+    "examples/hf_gpt2.py:factory",
+    "examples/large_data.py:factory",
+)
+Pick = tuple[TrialConfig, LrPlan]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--specs", nargs="*", default=list(EXAMPLES))
     parser.add_argument("--seconds", type=float, default=60.0, help="training time per run")
+    parser.add_argument("--repeats", type=int, default=3, help="fresh runs per configuration")
+    parser.add_argument("--trials", type=int, default=20, help="the tune's --trials")
     args = parser.parse_args()
-    rows = [_example(spec, args.seconds) for spec in args.specs]
+    rows = []
+    for spec in args.specs:
+        rows.append(_example(spec, args.seconds, args.repeats, args.trials))
+        _write(rows, args.seconds)  # each example's figures as soon as it has them
+
+
+def _write(rows: list[dict[str, object]], seconds: float) -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "convergence.json").write_text(json.dumps(rows, indent=2))
-    table = _markdown(rows, args.seconds)
+    table = _markdown(rows, seconds)
     (RESULTS / "convergence.md").write_text(table)
-    print(table)
+    print(table, flush=True)
 
 
-def _example(spec: str, seconds: float) -> dict[str, object]:
+def _picks(result: TuneResult) -> dict[str, Pick]:
+    rec = result.recommendation
+    best = result.effort.best_at_yours if result.effort else None
+    at_yours = next((t.result.config for t in result.trials if t.number == best), None)
+    throughput = rec.throughput_pick.config if rec.throughput_pick else rec.config
+    return {
+        "baseline": (rec.baseline_config, LrPlan()),
+        "best at your batch": (at_yours or rec.baseline_config, LrPlan()),
+        "throughput pick": (throughput, LrPlan()),
+        "recommendation": (rec.config, rec.lr),
+    }
+
+
+def _example(spec: str, seconds: float, repeats: int, trials: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as out:
         started = time.perf_counter()
-        rec = advisor.tune(spec, out=Path(out), **TUNE).recommendation
+        result = advisor.tune(spec, out=Path(out), trials=trials)
         tune_s = time.perf_counter() - started
-        pick = rec.throughput_pick.config if rec.throughput_pick else rec.config
-        runs = {
-            "baseline": (rec.baseline_config, LrPlan()),
-            "throughput pick": (pick, LrPlan()),
-            "time-to-loss pick": (rec.config, rec.lr),
-        }
-        curves = {"baseline": _train(spec, rec.baseline_config, LrPlan(), seconds, Path(out))}
-        for name, (config, lr) in list(runs.items())[1:]:
-            if (config, lr) == runs["baseline"]:
-                curves[name] = curves["baseline"]
-            else:
-                curves[name] = _train(spec, config, lr, 1.5 * seconds, Path(out))
-    target = curves["baseline"].best_loss if curves["baseline"] else None
+        picks = _picks(result)
+        curves: dict[Pick, list[RaceCurve | None]] = {}
+        for pick in dict.fromkeys(picks.values()):
+            curves[pick] = [_train(spec, *pick, seconds, Path(out)) for _ in range(repeats)]
+    rec, effort = result.recommendation, result.effort
+    bests = [c.best_loss for c in curves[picks["baseline"]] if c is not None]
+    target = statistics.median(bests) if bests else None
     return {
         "spec": spec,
         "tune_s": tune_s,
+        "search_share": effort.share if effort else None,
+        "trials_ran": effort.ran if effort else None,
         "target_loss": target,
-        "race": rec.race.model_dump(mode="json", exclude={"racers"}) if rec.race else None,
-        "racers": [
-            {
-                "config": r.label,
-                "time_to_target_s": r.time_to_target_s,
-                "final_loss": r.curve.final_loss if r.curve else r.result.status,
-            }
-            for r in rec.race.racers
-        ]
-        if rec.race
-        else [],
+        "verdict": rec.race.verdict if rec.race else None,
         "noise_scale": rec.noise_scale.model_dump(mode="json") if rec.noise_scale else None,
-        "runs": [
-            {
-                "name": name,
-                "config": config.label(),
-                "global_batch": config.global_batch_size,
-                "lr": lr.label,
-                "seconds_to_target": time_to_loss(curves[name], target)
-                if curves[name] and target is not None
-                else None,
-                "final_loss": curves[name].final_loss if curves[name] else None,
-            }
-            for name, (config, lr) in runs.items()
+        "runs": [_row(name, pick, curves[pick], target) for name, pick in picks.items()],
+    }
+
+
+def _row(
+    name: str, pick: Pick, curves: list[RaceCurve | None], target: float | None
+) -> dict[str, object]:
+    config, lr = pick
+    return {
+        "name": name,
+        "config": config.label(),
+        "global_batch": config.global_batch_size,
+        "lr": lr.label,
+        "seconds_to_target": [
+            time_to_loss(c, target) if c is not None and target is not None else None
+            for c in curves
         ],
+        "final_loss": [c.final_loss if c is not None else None for c in curves],
     }
 
 
@@ -103,28 +128,40 @@ def _train(
         cwd=Path.cwd(),
         warmup_steps=1,
         trial_seconds=seconds,
-        timeout_s=3 * seconds + 120,
+        timeout_s=3 * seconds + 300,
     )
     result = run_trial(launch, config, out / "run.log", mode="race", lr=lr)
     if result.race is None:
-        print(f"{spec} {config.label()}: {result.status} {result.reason}")
+        print(f"{spec} {config.label()}: {result.status} {result.reason}", flush=True)
     return result.race
 
 
 def _markdown(rows: list[dict[str, object]], seconds: float) -> str:
     lines = [
         "| example | run | configuration | global batch | lr | "
-        f"time to the baseline's {seconds:g}-s loss |",
-        "|---|---|---|---|---|---|",
+        f"time to the baseline's best {seconds:g}-s loss, each repeat | final loss (median) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         for run in row["runs"]:  # type: ignore[attr-defined]
-            reached = run["seconds_to_target"]
-            shown = f"{reached:.1f} s" if reached is not None else f"not in {1.5 * seconds:g} s"
-            lines.append(
-                f"| {row['spec']} | {run['name']} | {run['config']} | {run['global_batch']} | "
-                f"{run['lr']} | {shown} |"
+            times = ", ".join(
+                f"{t:.1f} s" if t is not None else "not reached" for t in run["seconds_to_target"]
             )
+            finals = [f for f in run["final_loss"] if f is not None]
+            final = f"{statistics.median(finals):.4g}" if finals else "failed"
+            lines.append(
+                f"| {Path(str(row['spec']).split(':')[0]).name} | {run['name']} | "
+                f"{run['config']} | {run['global_batch']} | {run['lr']} | {times} | {final} |"
+            )
+    lines.append("")
+    for row in rows:
+        share = row["search_share"]
+        lines.append(
+            f"- {Path(str(row['spec']).split(':')[0]).name}: tune {row['tune_s']:.0f} s, "
+            f"{row['trials_ran']} search trials ran, "
+            + (f"{share:.0%} at your batch or one that raced; " if share is not None else "")
+            + f"target loss {row['target_loss']}; race: {row['verdict']}"
+        )
     return "\n".join(lines) + "\n"
 
 
