@@ -24,7 +24,7 @@ once no move is left the sampler proposes among B0 and the raced batches.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import product
 from typing import Any, Literal
@@ -167,30 +167,69 @@ def _moves(
     known: set[TrialConfig],
     ruled_out: set[tuple[str, Any]],
 ) -> list[dict[str, Any]]:
-    """Every configuration one move from `start` at its global batch that nobody measured: the
-    knobs in `FIRST`'s order, each value nearest the current first."""
+    """The configurations one move from `start` at its global batch that nobody measured: the
+    knobs in `FIRST`'s order, each walked outwards from its value (`_walk`), then every other
+    layout of the batch."""
     if start is None:
         return []
     params = space.params_of(start)
+    rates = {
+        r.result.config: (r.result.samples_per_s or 0.0) if r.eligible else 0.0 for r in records
+    }
+    floor = rates.get(start, 0.0)
+
+    def proposable(candidate: dict[str, Any]) -> bool:
+        if space.problem(candidate) is not None:
+            return False
+        config = space.config_from_params(candidate)
+        return config not in known and known_out_of_memory(config, records) is None
+
     moves: list[dict[str, Any]] = []
     for name in _move_order(space):
         if name == LAYOUT:
             candidates = _layouts(space, params, start.global_batch_size)
         else:
+
+            def allowed(value: Any, knob: str = name) -> bool:
+                return (knob, value) not in ruled_out and proposable({**params, knob: value})
+
             candidates = [
-                {**params, name: value} for value in _nearest(space.domains[name], params[name])
+                {**params, name: v} for v in _walk(space, name, params, rates, floor, allowed)
             ]
-            candidates = [c for c in candidates if (name, c[name]) not in ruled_out]
-        for candidate in candidates:
-            if space.problem(candidate) is not None:
-                continue
-            config = space.config_from_params(candidate)
-            if config in known or known_out_of_memory(config, records) is not None:
-                continue
-            if any(candidate == move for move in moves):
-                continue
-            moves.append(candidate)
+        moves += [c for c in candidates if proposable(c) and c not in moves]
     return moves
+
+
+def _walk(
+    space: SearchSpace,
+    name: str,
+    params: dict[str, Any],
+    rates: dict[TrialConfig, float],
+    floor: float,
+    allowed: Callable[[Any], bool],
+) -> list[Any]:
+    """The values of knob `name` to try next from `params`: in each direction along its domain,
+    the nearest value not measured, unless two measured values on the way both ran slower than
+    `floor` (the start's samples/s): a knob's effect rises then falls along its values, and one
+    dip may be noise. A value not `allowed` (rejected, known not to fit) is passed over. Nearest
+    first."""
+    values = space.domains[name]
+    here = values.index(params[name]) if params[name] in values else 0
+    found = []
+    for step in (1, -1):
+        slower = 0
+        index = here + step
+        while 0 <= index < len(values) and slower < 2:
+            config = space.config_from_params({**params, name: values[index]})
+            if config not in rates:
+                if allowed(values[index]):
+                    found.append(values[index])
+                    break
+                index += step
+                continue
+            slower = slower + 1 if rates[config] < floor else 0
+            index += step
+    return sorted(found, key=lambda value: abs(values.index(value) - here))
 
 
 def _move_order(space: SearchSpace) -> list[str]:
@@ -199,13 +238,6 @@ def _move_order(space: SearchSpace) -> list[str]:
     return sorted(
         names, key=lambda n: (FIRST.index(n) if n in FIRST else len(FIRST), names.index(n))
     )
-
-
-def _nearest(values: tuple[Any, ...], current: Any) -> list[Any]:
-    """The other values of a domain, nearest `current` first (domains run from the default)."""
-    here = values.index(current) if current in values else 0
-    others = [v for v in values if v != current]
-    return sorted(others, key=lambda v: abs(values.index(v) - here))
 
 
 def _layouts(space: SearchSpace, params: dict[str, Any], batch: int) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
 import advisor
 from advisor.convergence import NoiseScale
@@ -122,13 +123,30 @@ def test_a_kept_global_batch_is_searched_to_the_end_of_its_moves():
     """Nothing larger can race: every move from the fastest at your batch is measured, then
     the planner asks for nothing more."""
     ranking = Ranking(BATCH0)
-    kept = SPACE.__class__(**{**SPACE.__dict__, "global_batch_size": BATCH0})
+    kept = replace(SPACE, global_batch_size=BATCH0)
     records = [_record(0, kept.baseline, _cpu(kept.baseline), ranking)]
     while (move := next_move(kept, ranking, records, [], trials=50)) is not None:
         config = kept.config_from_params(move.params)
         assert config.global_batch_size == BATCH0 and move.stage == "your batch"
         records.append(_record(len(records), config, _cpu(config), ranking, move.stage))
     assert 5 <= len(records) < 50
+
+
+def test_a_knob_is_walked_along_its_values_until_two_in_a_row_ran_slower():
+    """Six loader-worker counts, as on a 16-core GPU host, every one slower than none: two are
+    measured, not five."""
+    space = replace(SPACE, domains={**SPACE.domains, "num_workers": (0, 1, 2, 4, 8, 16)})
+    ranking = Ranking(BATCH0)
+
+    def slower_with_workers(config: TrialConfig) -> float:
+        return 1000.0 / (1 + 0.2 * (config.num_workers > 0))
+
+    records = [_record(0, space.baseline, 1000.0, ranking)]
+    while (move := next_move(space, ranking, records, [], trials=40)) is not None:
+        config = space.config_from_params(move.params)
+        records.append(_record(len(records), config, slower_with_workers(config), ranking))
+    workers = {r.result.config.num_workers for r in records if r.result.config.amp == "off"}
+    assert {1, 2} <= workers and not workers & {4, 8, 16}
 
 
 # --- real tunes -----------------------------------------------------------------------------
