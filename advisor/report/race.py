@@ -261,6 +261,35 @@ def _lr_text(rec: Recommendation) -> str:
     return text + "; LR_SCALE and LR_WARMUP_STEPS at the top of train.py hold it"
 
 
+def _raced_pick_text(raced: list[Racer], winner: Racer | None) -> str:
+    """How the throughput pick fared in the race: with the learning rate that ended lower (the
+    one the verdict judges it by), and the other where that one reached your loss sooner."""
+    ended = [r for r in raced if r.curve is not None] or raced
+    kept = min(ended, key=lambda r: r.curve.final_loss if r.curve else float("inf"))
+    text = f"it raced and {_reached(kept)} ({kept.lr.label})"
+    sooner = min(raced, key=lambda r: r.time_to_target_s or float("inf"))
+    if sooner is not kept and sooner.time_to_target_s and sooner.curve and kept.curve:
+        text += (
+            f"; with {sooner.lr.label} it reached it after {sooner.time_to_target_s:.1f} s but "
+            f"ended at {sooner.curve.final_loss:.4g}, above {kept.curve.final_loss:.4g}: a "
+            "learning rate that loses ground by the end of the race is not recommended"
+        )
+    if winner is None or winner.time_to_target_s is None:
+        return text
+    if kept.time_to_target_s is not None and kept.time_to_target_s < winner.time_to_target_s:
+        return text + (
+            f"; the recommendation took {winner.time_to_target_s:.1f} s: not enough later for the "
+            "pick to win by the race's margin over the noise"
+        )
+    return text + f"; the recommendation reached it after {winner.time_to_target_s:.1f} s"
+
+
+def _reached(racer: Racer) -> str:
+    if racer.time_to_target_s:
+        return f"reached your loss after {racer.time_to_target_s:.1f} s"
+    return "did not reach your loss within the race"
+
+
 def _pick_text(rec: Recommendation) -> str | None:
     """The highest-throughput configuration when the race chose another, and why."""
     pick = rec.throughput_pick
@@ -271,14 +300,9 @@ def _pick_text(rec: Recommendation) -> str | None:
         f"({pick.samples_per_s:,.0f} samples/s against {rec.samples_per_s:,.0f})"
     )
     raced = [r for r in rec.race.racers if r.config == pick.config] if rec.race else []
-    if raced:
-        best = min(raced, key=lambda r: r.time_to_target_s or float("inf"))
-        reached = (
-            f"reached your loss after {best.time_to_target_s:.1f} s"
-            if best.time_to_target_s
-            else "did not reach your loss within the race"
-        )
-        return f"{text}: it raced and {reached} ({best.lr.label}); the recommendation was sooner."
+    if raced and rec.race is not None:
+        winner = rec.race.racers[rec.race.winner] if rec.race.winner is not None else None
+        return f"{text}: {_raced_pick_text(raced, winner)}."
     batch = pick.config.global_batch_size
     prediction = (
         next((p for p in rec.noise_scale.predictions if p.global_batch == batch), None)

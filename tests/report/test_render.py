@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from advisor.convergence import BatchPrediction, NoiseScale
+from advisor.convergence import BatchPrediction, LrPlan, NoiseScale
 from advisor.knobs import KNOB, TrialConfig
 from advisor.recommendation import (
     FixedKnob,
@@ -218,3 +218,26 @@ def test_the_reports_say_where_the_search_went_and_the_best_at_your_batch():
     )
     assert "Where the search went" in render_html(result)
     assert effort_summary(effort).startswith("4 trials ran, 50% at your global batch 32")
+
+
+def test_a_throughput_pick_is_judged_by_the_lr_that_ended_lower_as_the_verdict_judged_it():
+    """On an H200, batch 256 reached the race loss sooner with lr x4 than the winner, then
+    rose far above where your lr left it: the report must not say the winner was sooner
+    without saying why the faster run did not count."""
+    from tests.search.test_race import SMALL, _racer
+
+    mid = TrialConfig(batch_size=64)
+    rule = LrPlan(scale=4.0, rule="sqrt")
+    racers = [
+        _racer("baseline", SMALL, [4.0, 3.0, 2.0, 1.5, 1.2, 1.0]),
+        _racer("candidate", mid, [4.0, 2.0, 1.5, 1.2, 1.0, 0.9]),
+        _racer("candidate", WINNER, [4.0, 2.5, 2.2, 2.1, 2.0, 1.9]),
+        _racer("candidate", WINNER, [4.0, 0.9, 2.0, 2.5, 2.8, 3.0], rule),
+    ]
+    race = decide_race(racers, 5)
+    assert race.racers[race.winner].config == mid
+    report = _with_race(race, mid)
+    assert "it raced and did not reach your loss within the race (your lr)" in report
+    assert "with lr x4 (sqrt rule) it reached it after 1.0 s but ended at 3, above 1.9" in report
+    assert "the recommendation reached it after 4.0 s" in report
+    assert "the recommendation was sooner" not in report
