@@ -298,6 +298,9 @@ class SearchEffort(_Frozen):
         default=None, description="its samples/s over the baseline's (re-runs where both had)"
     )
     on_re_runs: bool = Field(default=False, description="whether the speed-up is of re-runs")
+    best_is_yours: bool = Field(
+        default=False, description="nothing measured at the user's batch beat their configuration"
+    )
 
     @property
     def ran(self) -> int:

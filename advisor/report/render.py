@@ -186,7 +186,9 @@ def effort_summary(effort: SearchEffort | None) -> str | None:
     where = f"your global batch {yours}" if yours is not None else "your global batch"
     text = f"{effort.ran} trials ran, {effort.share:.0%} at {where}"
     text += f" or one that raced ({', '.join(raced)})" if raced else ""
-    if effort.best_at_yours is not None and effort.best_at_yours_speedup:
+    if effort.best_is_yours:
+        text += f"; nothing at {yours} beat your configuration"
+    elif effort.best_at_yours is not None and effort.best_at_yours_speedup:
         text += (
             f"; the best at {yours}: {effort.best_at_yours_speedup:.2f}x your samples/s "
             f"(trial {effort.best_at_yours})"

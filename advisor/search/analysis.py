@@ -386,6 +386,7 @@ def search_effort(
         best_at_yours_label=best.result.config.label(),
         best_at_yours_speedup=(mine or 0.0) / theirs if theirs else None,
         on_re_runs=on_re_runs,
+        best_is_yours=best.number == baseline.number,
     )
 
 

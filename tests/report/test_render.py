@@ -218,6 +218,14 @@ def test_the_reports_say_where_the_search_went_and_the_best_at_your_batch():
     )
     assert "Where the search went" in render_html(result)
     assert effort_summary(effort).startswith("4 trials ran, 50% at your global batch 32")
+    assert not effort.best_is_yours
+
+    slower = (trials[0], record(1, workers, 800.0), *trials[2:])
+    kept = search_effort(slower, (), rec)
+    assert kept.best_is_yours and not kept.on_re_runs
+    assert effort_summary(kept).endswith("; nothing at 32 beat your configuration")
+    kept_report = render_markdown(result.model_copy(update={"trials": slower, "effort": kept}))
+    assert "**Best at your global batch:** your configuration;" in kept_report
 
 
 def test_a_throughput_pick_is_judged_by_the_lr_that_ended_lower_as_the_verdict_judged_it():
