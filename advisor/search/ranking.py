@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from advisor.convergence import NoiseScale
-from advisor.search.race.noise import optimistic_ratio
+import optuna
 
-__all__ = ["Ranking"]
+from advisor.convergence import NoiseScale
+from advisor.search.context import SearchContext
+from advisor.search.race.noise import measure_noise_scale, optimistic_ratio
+
+__all__ = ["Ranking", "measure_ranking", "ranks_by_goodput"]
 
 
 @dataclass(frozen=True)
@@ -29,3 +32,26 @@ class Ranking:
     def samples_ratio(self, batch: int) -> float:
         """The samples global batch `batch` needs relative to `batch0`, at phi's favourable end."""
         return optimistic_ratio(self.noise, self.batch0, batch)
+
+
+def ranks_by_goodput(context: SearchContext) -> bool:
+    """Whether the search ranks by goodput: the time-to-loss objective with a race between
+    global batches (its noise scale measured before the search goes beyond the user's batch)."""
+    settings = context.settings
+    return (
+        settings.objective == "time-to-loss"
+        and settings.race_seconds > 0
+        and context.space.global_batch_size is None
+    )
+
+
+def measure_ranking(study: optuna.Study, context: SearchContext) -> Ranking:
+    """The ranking by goodput: the noise scale of the user's configuration, measured once (a
+    resumed study keeps its figure); where it fails, samples/s ranks, as before it."""
+    baseline = context.space.baseline
+    context.progress.stage(
+        "measuring the gradient noise scale of your configuration: it says which larger "
+        "global batches can reach your loss sooner"
+    )
+    noise = measure_noise_scale(study, context, baseline)
+    return Ranking(baseline.global_batch_size, noise if noise and noise.value else None)

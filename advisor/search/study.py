@@ -1,8 +1,10 @@
 """The Optuna search: the baseline first, then sampled configurations, each an isolated trial.
 
-With TPE, the first trials are seeded from the baseline outwards (`advisor.search.seeding`)
-instead of drawn at random; a proposal with a value every trial has ruled out
-(`advisor.search.dominance`) is pruned without running.
+Proposals advisor queues come before the sampler's (`advisor.search.proposals`): under the
+time-to-loss objective the noise scale is measured right after the baseline, every trial is
+ranked by goodput (`advisor.search.ranking`), and the stages of `advisor.search.staging` propose
+first; a proposal with a value every trial has ruled out (`advisor.search.dominance`), or a
+sampled one at a global batch that cannot win the race, is pruned without running.
 
 A failed or infeasible trial is told to the study as COMPLETE with a violated constraint and a
 penalty value, so the sampler learns to avoid the region (FAIL trials are ignored by samplers).
@@ -19,14 +21,14 @@ import optuna
 from optuna.trial import TrialState
 
 from advisor.errors import SettingsError
-from advisor.knobs import BASE_GROUP, KNOBS, TrialConfig
+from advisor.knobs import KNOBS, TrialConfig
 from advisor.results import TrialRecord
 from advisor.search.checks import known_out_of_memory, memory_problem
 from advisor.search.context import SearchContext
 from advisor.search.dominance import rejected_in_search
+from advisor.search.proposals import enqueue_baseline, enqueue_next, staged
 from advisor.search.pruning import best_value, stop_reason
-from advisor.search.race.noise import measure_noise_scale
-from advisor.search.ranking import Ranking
+from advisor.search.ranking import Ranking, measure_ranking, ranks_by_goodput
 from advisor.search.records import (
     StudyKey,
     TrialKey,
@@ -36,10 +38,10 @@ from advisor.search.records import (
     records_of,
     write_record,
 )
-from advisor.search.seeding import next_seed, seed_count
+from advisor.search.seeding import seed_count
 from advisor.search.siblings import add_siblings, counted, ran_itself, sibling_accumulation
 from advisor.search.space import SearchSpace
-from advisor.search.staging import allowed_batches, next_move
+from advisor.search.staging import allowed_batches
 from advisor.search.storage import optimize_one
 from advisor.settings import TuneSettings
 from advisor.trial.parent.runner import ProgressCallback, run_trial
@@ -136,7 +138,7 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
     configuration is measured, or a budget runs out."""
     settings, space = context.settings, context.space
     first_number = len(study.get_trials(deepcopy=False))  # this run's trials come after
-    _enqueue_baseline(study, space)
+    enqueue_baseline(study, space)
     deadline = time.monotonic() + settings.timeout if settings.timeout else None
     objective = _Objective(context)
     objective.deadline = deadline
@@ -170,86 +172,17 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
                 "the sampler keeps proposing measured or impossible configurations"
             )
             return records
-        if measured and not objective.ranked and _ranks_by_goodput(context):
-            objective.ranking, objective.ranked = _measure_ranking(study, context), True
+        if measured and not objective.ranked and ranks_by_goodput(context):
+            objective.ranking, objective.ranked = measure_ranking(study, context), True
             continue  # the next trials are ranked by it
         objective.measured, objective.done = measured, done
         if context.numerics is not None:  # measured twins, also those of an earlier run
             for record in measured.values():
                 context.numerics.remember(record.result)
-        _enqueue_next(study, context, objective.ranking, list(measured.values()), done)
+        enqueue_next(study, context, objective.ranking, list(measured.values()), done)
         # One trial per optimize() call: GridSampler stops the study when exhausted, which Optuna
         # allows only inside optimize(); an interrupt marks the running trial FAIL.
         optimize_one(study, objective, settings.storage_url)
-
-
-def _ranks_by_goodput(context: SearchContext) -> bool:
-    """Whether the search ranks by goodput: the time-to-loss objective with a race between
-    global batches (its noise scale measured before the search goes beyond the user's batch)."""
-    settings = context.settings
-    return (
-        settings.objective == "time-to-loss"
-        and settings.race_seconds > 0
-        and context.space.global_batch_size is None
-    )
-
-
-def _measure_ranking(study: optuna.Study, context: SearchContext) -> Ranking:
-    """The ranking by goodput: the noise scale of the user's configuration, measured once (a
-    resumed study keeps its figure); where it fails, samples/s ranks, as before it."""
-    baseline = context.space.baseline
-    context.progress.stage(
-        "measuring the gradient noise scale of your configuration: it says which larger "
-        "global batches can reach your loss sooner"
-    )
-    noise = measure_noise_scale(study, context, baseline)
-    return Ranking(baseline.global_batch_size, noise if noise and noise.value else None)
-
-
-def _staged(settings: TuneSettings) -> bool:
-    """Whether the search proposes by stages (`advisor.search.staging`): the time-to-loss
-    objective with TPE, the default; another sampler or objective proposes as it would."""
-    return settings.objective == "time-to-loss" and settings.sampler == "tpe"
-
-
-def _enqueue_next(
-    study: optuna.Study,
-    context: SearchContext,
-    ranking: Ranking,
-    measured: list[TrialRecord],
-    done: int,
-) -> None:
-    """Queue the next proposal the stages make, or the next seed and the newer knobs' pairs."""
-    settings = context.settings
-    if _staged(settings):
-        _enqueue_move(study, context, ranking, measured)
-        return
-    ran = [r for r in measured if r.derived_from is None]
-    if settings.sampler == "tpe" and len(ran) < seed_count(settings):
-        _enqueue_seed(study, context, measured, turn=max(0, len(ran) - 1))
-    _enqueue_neighbours(study, context, measured, settings.trials - done)
-
-
-def _enqueue_move(
-    study: optuna.Study, context: SearchContext, ranking: Ranking, measured: list[TrialRecord]
-) -> None:
-    """Queue the next configuration the search's stages ask for; none once none is left, and
-    the sampler proposes (among the batches that may still win)."""
-    if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        return
-    space, settings = context.space, context.settings
-    rejected = rejected_in_search(measured, space.domains, settings.early_stop)
-    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    busy = [
-        space.config_from_params(p)
-        for trial in running
-        if set(space.domains) <= set(p := planned_params(trial)) and space.problem(p) is None
-    ]
-    move = next_move(space, ranking, measured, rejected, settings.trials, busy)
-    if move is not None:
-        study.enqueue_trial(
-            move.params, user_attrs={TrialKey.ROLE: "search", TrialKey.STAGE: move.stage}
-        )
 
 
 def _same_error(records: list[TrialRecord], first_number: int) -> str | None:
@@ -339,7 +272,7 @@ class _Objective:
         for rejected in rejected_in_search(self.measured.values(), domains, settings.early_stop):
             if params.get(rejected.knob) == rejected.value:
                 return rejected.reason
-        if _staged(settings) and not enqueued(trial):  # the sampler's
+        if staged(settings) and not enqueued(trial):  # the sampler's
             problem = self._cannot_win(config)
             if problem is not None:
                 return problem
@@ -368,68 +301,6 @@ def _measured_now(
         return measured[config]
     fresh = [r for r in records_of(study) if r.role != "duplicate" and r.result.config == config]
     return min(fresh, key=lambda r: r.number, default=None)
-
-
-def _enqueue_neighbours(
-    study: optuna.Study, context: SearchContext, measured: list[TrialRecord], left: int
-) -> None:
-    """Spend the last trials (at most half of `--trials`) on the best configuration with one
-    newer knob changed.
-
-    The sampler rarely proposes two configurations that differ in compile (or channels_last,
-    prefetching, the optimizer implementation) alone; these pairs measure each such knob's
-    effect on the configuration that matters, and the report states it.
-    """
-    if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        return
-    best = max(
-        (r for r in measured if r.eligible), key=lambda r: r.result.samples_per_s or 0, default=None
-    )
-    if best is None:
-        return
-    space = context.space
-    params = space.params_of(best.result.config)
-    known = {r.result.config for r in measured}
-    neighbours = [
-        {**params, row.name: value}
-        for row in KNOBS
-        if row.group != BASE_GROUP and row.name in space.domains
-        for value in space.domains[row.name]
-        if value != params[row.name]
-    ]
-    fresh = [
-        p
-        for p in neighbours
-        if space.problem(p) is None and space.config_from_params(p) not in known
-    ]
-    room = min(len(fresh), context.settings.trials // 2)  # the sampler keeps the other half
-    if 0 < left <= room:
-        for neighbour in fresh[:left]:
-            study.enqueue_trial(neighbour, user_attrs={TrialKey.ROLE: "search"})
-
-
-def _enqueue_seed(
-    study: optuna.Study, context: SearchContext, measured: list[TrialRecord], turn: int
-) -> None:
-    """Queue the next first trial: one step out from the fastest configuration so far, the
-    knobs taking turns (`turn`: the trials run so far, less the baseline)."""
-    if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        return
-    space = context.space
-    rejected = rejected_in_search(measured, space.domains, context.settings.early_stop)
-    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    busy = [planned_params(trial) for trial in running]  # other workers' trials
-    params = next_seed(space, measured, rejected, turn=turn, busy=busy)
-    if params is not None:
-        study.enqueue_trial(params, user_attrs={TrialKey.ROLE: "search"})
-
-
-def _enqueue_baseline(study: optuna.Study, space: SearchSpace) -> None:
-    params = space.params_of(space.baseline)
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.WAITING)):
-        if planned_params(trial) == params:
-            return
-    study.enqueue_trial(params, user_attrs={TrialKey.ROLE: "baseline"})
 
 
 def _measure(
