@@ -228,6 +228,26 @@ def test_a_chance_dip_on_a_plateau_wins_no_race():
     assert race.racers[1].time_to_target_s > 0.85 * race.racers[0].time_to_target_s
 
 
+def test_a_racer_that_settles_below_the_band_wins_at_the_lowest_loss():
+    """The baseline's evaluations are so noisy that the band above its lowest loss is reached by
+    every racer within a second; the candidate then settles far below that lowest loss, so
+    matching it was no chance dip, and the lowest loss decides."""
+    wobble = [0.12, -0.1, 0.09, -0.12, 0.1, -0.08, 0.12, -0.11, 0.08, -0.1, 0.11]
+    baseline = [1.0, 0.6] + [0.75 - 0.015 * i + wobble[i % 11] for i in range(1, 20)]
+    candidate = [1.0, 0.62, 0.5, 0.4, 0.3, 0.2, 0.1] + [0.06 - 0.001 * i for i in range(14)]
+    racers = [_racer("baseline", SMALL, baseline), _racer("candidate", BIG, candidate)]
+    low, high = racers[0].curve.target_losses
+    assert high - low > 0.2  # the band is most of the fall
+    assert time_to_loss(racers[1].curve, high) > 0.9 * time_to_loss(racers[0].curve, high)
+
+    race = decide_race(racers, 20)
+
+    assert race.racers[race.winner].config == BIG, race.verdict
+    assert race.target_loss == low
+    assert race.racers[1].time_to_target_s == pytest.approx(3.3)
+    # On a plateau both end at (chance dip aside), the band still decides: see the test above.
+
+
 def test_a_win_that_holds_at_every_target_claims_the_smaller_speedup():
     # The baseline reaches its lowest loss, 1.0, at 10 s, then wobbles by 0.1 about 1.15; the
     # candidate falls three times as fast. Within the band above 1.0 it wins by more.
