@@ -10,17 +10,22 @@ import statistics
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
     "BatchPrediction",
+    "BatchSchedule",
     "GradientNorms",
     "LossKind",
     "LrPlan",
     "LrRule",
+    "NoisePoint",
+    "NoiseProbe",
     "NoiseScale",
+    "NoiseTrack",
     "RaceCurve",
     "RacePoint",
+    "ScheduleStage",
 ]
 
 # A race's verdict must hold at targets from the baseline's lowest loss up to this many times its
@@ -83,6 +88,9 @@ class RaceCurve(_Frozen):
     held_out_samples: int | None = None
     lr: LrPlan = LrPlan()
     points: tuple[RacePoint, ...]
+    noise_probes: tuple[NoiseProbe, ...] = Field(
+        default=(), description="a tracked race's gradient norms along the run"
+    )
 
     @property
     def final_loss(self) -> float:
@@ -172,3 +180,87 @@ class NoiseScale(_Frozen):
     big_batch: int
     steps: int
     predictions: tuple[BatchPrediction, ...] = ()
+
+
+class NoiseProbe(_Frozen):
+    """Gradient norms measured at one point of a tracked race, out of its training time."""
+
+    seconds: float = Field(description="training time of the run when they were measured")
+    samples: int = Field(description="samples the run had trained on by then")
+    loss: float | None = Field(description="the run's loss there; None before a training loss")
+    norms: GradientNorms
+
+
+class NoisePoint(_Frozen):
+    """The noise scale measured at one point of a longer run, with its 95 % interval (None
+    where the signal did not rise above the noise there)."""
+
+    seconds: float = Field(description="training time of the run when it was measured")
+    samples: int = Field(description="samples the run had trained on by then")
+    loss: float | None = Field(description="the run's loss there")
+    value: float | None
+    low: float | None = None
+    high: float | None = None
+
+
+class NoiseTrack(_Frozen):
+    """The noise scale along a run of the user's configuration, from its initial weights on:
+    measured between steps, out of the training time, with gradients the run does not apply."""
+
+    points: tuple[NoisePoint, ...]
+
+    @property
+    def measured(self) -> tuple[NoisePoint, ...]:
+        return tuple(point for point in self.points if point.value is not None)
+
+    @property
+    def grew(self) -> bool:
+        """Whether phi grew beyond its noise: the low end of a later point's 95 % interval above
+        the high end of the first measured point's."""
+        measured = self.measured
+        if len(measured) < 2 or measured[0].high is None:
+            return False
+        return any((point.low or 0.0) > measured[0].high for point in measured[1:])
+
+
+class ScheduleStage(_Frozen):
+    """One stage of a batch-size schedule: from optimizer step `from_step` on, micro-batches of
+    `batch_size` per process, `accumulation_steps` of them per step, and the learning rate the
+    user's optimizer was built with times `lr_scale`."""
+
+    from_step: int = Field(ge=0)
+    batch_size: int = Field(ge=1)
+    accumulation_steps: int = Field(ge=1)
+    lr_scale: float = Field(default=1.0, gt=0)
+
+
+class BatchSchedule(_Frozen):
+    """A global batch that grows as training goes on: stages in the order they apply, every
+    other knob as the configuration it belongs to."""
+
+    stages: tuple[ScheduleStage, ...] = Field(min_length=1)
+    rule: LrRule = Field(description="how each stage's lr scale was set: yours keeps it at 1")
+
+    @field_validator("stages")
+    @classmethod
+    def _ordered(cls, stages: tuple[ScheduleStage, ...]) -> tuple[ScheduleStage, ...]:
+        if stages[0].from_step != 0:
+            raise ValueError("the first stage must start at step 0")
+        steps = [stage.from_step for stage in stages]
+        if steps != sorted(set(steps)):
+            raise ValueError(f"stages must start at increasing steps, not {steps}")
+        return stages
+
+    def stage_at(self, step: int) -> ScheduleStage:
+        """The stage optimizer step `step` (counted from 0) trains in."""
+        return [stage for stage in self.stages if stage.from_step <= step][-1]
+
+    def global_batches(self, world_size: int) -> tuple[int, ...]:
+        return tuple(s.batch_size * s.accumulation_steps * world_size for s in self.stages)
+
+    def label(self, world_size: int) -> str:
+        parts = [
+            f"{batch} from step {stage.from_step}"
+            for batch, stage in zip(self.global_batches(world_size), self.stages, strict=True)
+        ]
+        return "global batch " + ", then ".join(parts)

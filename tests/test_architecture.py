@@ -21,7 +21,7 @@ LAYERS = (
     ("knob_row",),
     ("knobs",),
     ("settings",),
-    ("convergence",),
+    ("convergence", "noise_scale"),
     ("results", "task"),
     ("recommendation", "progress"),
     ("trial",),

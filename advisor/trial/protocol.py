@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.convergence import LrPlan
+from advisor.convergence import BatchSchedule, LrPlan
 from advisor.knobs import TrialConfig
 from advisor.results import TrialResult
 
@@ -43,6 +43,12 @@ class TrialRequest(BaseModel):
     lr: LrPlan = Field(default=LrPlan(), description="race: the learning rate to train with")
     race_target: float | None = Field(
         default=None, description="race: stop once the loss reaches this (None: train on)"
+    )
+    schedule: BatchSchedule | None = Field(
+        default=None, description="race: the batch-size schedule to train with, stage by stage"
+    )
+    track_noise: bool = Field(
+        default=False, description="race: measure gradient norms for phi along the run"
     )
     warmup_steps: int = Field(default=3, ge=1)
     whole_cycles: bool = Field(

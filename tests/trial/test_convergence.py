@@ -8,10 +8,15 @@ import torch
 
 from advisor.convergence import LrPlan
 from advisor.knobs import TrialConfig
-from advisor.search.race.noise import NoiseScaleEstimate, estimate_noise_scale
+from advisor.search.race.noise import NoiseScaleEstimate, estimate_noise_scale, noise_track
 from advisor.task import build_task
 from advisor.trial.child.loop import Trainer, apply_lr
-from advisor.trial.child.racing import EVALUATIONS, held_out_split, train_racer
+from advisor.trial.child.racing import (
+    EVALUATIONS,
+    TRACK_POINTS,
+    held_out_split,
+    train_racer,
+)
 from advisor.trial.parent.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY
 from tests.trial.scripted import FakeClock
@@ -160,3 +165,29 @@ def test_the_warm_up_ramps_the_scaled_learning_rate_linearly():
         optimizer.step()
         scheduler.step()
     assert rates == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.4, 0.4])
+
+
+def test_a_tracked_race_sees_the_noise_scale_grow_as_the_loss_falls(tmp_path):
+    """On a noisy regression started far from its optimum, phi is about 17 at the start and
+    grows past 100 as the weights approach w* (`noise_grows`): the track must show it grow
+    beyond its intervals, at the run's own positions, and the probes must not count as
+    training time."""
+    launch = _launch(f"{CONVERGENCE}:noise_grows", 2.0)
+    config = TrialConfig(batch_size=32)
+    result = run_trial(launch, config, tmp_path / "track.log", mode="race", track_noise=True)
+    assert result.status == "ok", result.reason
+    curve = result.race
+    track = noise_track(curve)
+    assert track is not None and len(track.points) == 1 + TRACK_POINTS
+    first = track.points[0]
+    assert first.samples == 0 and track.points[-1].samples == curve.points[-1].samples
+    assert first.low < 17 < first.high  # the closed form at the initial weights
+    assert curve.points[-1].loss < curve.points[0].loss / 10
+    assert track.grew, track
+    assert max(point.low or 0.0 for point in track.points) > 3 * first.value
+    assert curve.points[-1].seconds < 2.0 * 1.2  # the probes are not training time
+
+
+def test_an_untracked_race_measures_no_noise(tmp_path):
+    result = _race(tmp_path, f"{CONVERGENCE}:noise_grows", seconds=0.5, batch_size=8)
+    assert result.race.noise_probes == () and noise_track(result.race) is None

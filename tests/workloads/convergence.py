@@ -110,3 +110,24 @@ def input_bound() -> TrainingTask:
         optimizer=lambda params: torch.optim.SGD(params, lr=0.3),
         batch_size=16,
     )
+
+
+GROWING_FEATURES = 16
+GROWING_TRUTH = 10.0  # |w*|: the run starts far from its optimum
+
+
+def noise_grows() -> TrainingTask:
+    """Linear regression with label noise, from zero weights far from w* (|w*| = 10), steps of
+    at least a millisecond: at w the noise scale is about d + 1 + sigma^2 d / |w - w*|^2, 17 at
+    the start, and it grows as the run converges (33 at |w - w*| = 1, 177 at 0.3)."""
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.randn(SAMPLES, GROWING_FEATURES, generator=generator)
+    truth = torch.full((GROWING_FEATURES,), GROWING_TRUTH / GROWING_FEATURES**0.5)
+    targets = inputs @ truth + NOISE_SIGMA * torch.randn(SAMPLES, generator=generator)
+    return TrainingTask(
+        model=Throttled(GROWING_FEATURES, per_step_s=0.001),
+        dataset=TensorDataset(inputs, targets),
+        loss_fn=nn.MSELoss(),
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.002),
+        batch_size=32,
+    )

@@ -75,6 +75,8 @@ class Trainer:
         self.lr = lr or LrPlan()
         self.scheduler = apply_lr(self.optimizer, self.lr)
         self.loss_fn = task.loss_fn
+        self._task = task
+        self._base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self.sampler = _sampler(task, config, rank, seed)
         self.loader = _build_loader(task, config, self.sampler)
         self.scaler = torch.amp.GradScaler(device.type, enabled=config.amp == "fp16")
@@ -140,12 +142,42 @@ class Trainer:
         self.cycle = cycle
         self._micro_done = 0
 
+    def regroup(self, batch_size: int, accumulation_steps: int) -> None:
+        """From the next optimizer step on, micro-batches of `batch_size` and
+        `accumulation_steps` of them per step (a stage of a batch-size schedule); call it
+        between optimizer steps. A new micro-batch size gets a new loader, from a new epoch."""
+        if batch_size != self.config.batch_size:
+            self._stop_loader()
+            self.config = self.config.model_copy(update={"batch_size": batch_size})
+            self.loader = _build_loader(self._task, self.config, self.sampler)
+            self._batches = self._endless_batches()
+        self.config = self.config.model_copy(update={"accumulation_steps": accumulation_steps})
+        self.cycle = accumulation_steps
+        self._micro_done = 0
+
+    def scale_lr(self, scale: float) -> None:
+        """Every parameter group's learning rate: the one the optimizer was built with (times
+        the racer's `LrPlan`), times `scale`."""
+        for group, base in zip(self.optimizer.param_groups, self._base_lrs, strict=True):
+            group["lr"] = base * scale
+
+    def next_batch(self) -> Any:
+        """The next micro-batch of the training stream, on the device."""
+        return next(self._batches)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The forward pass's autocast, as the configuration trains."""
+        return self._autocast()
+
     def close(self) -> None:
         """Stop the loader's worker processes now rather than at garbage collection.
 
         They are killed: asked to stop, a worker first finishes the batch it is building (0.6 s
         of every trial at 512 decoded images, examples/data_bound.py).
         """
+        self._stop_loader()
+
+    def _stop_loader(self) -> None:
         persistent = getattr(self.loader, "_iterator", None)  # kept alive by persistent_workers
         for iterator in {
             id(it): it for it in (self._iterator, persistent) if it is not None
@@ -154,6 +186,7 @@ class Trainer:
         self._batches.close()
         if persistent is not None and hasattr(persistent, "_shutdown_workers"):
             persistent._shutdown_workers()
+        self._iterator = None
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":

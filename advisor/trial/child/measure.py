@@ -211,7 +211,15 @@ def _converged(
     state.startup_s = time.time() - request.launched_at
     try:
         if request.mode == "race":
-            curve = train_racer(trainer, task, held_out, request.trial_seconds, request.race_target)
+            curve = train_racer(
+                trainer,
+                task,
+                held_out,
+                request.trial_seconds,
+                request.race_target,
+                schedule=request.schedule,
+                track_noise=request.track_noise,
+            )
             update: dict[str, Any] = {"race": curve}
         else:
             norms = measure_gradient_norms(

@@ -26,7 +26,15 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
-from advisor.convergence import GradientNorms, RaceCurve, RacePoint
+from advisor.convergence import (
+    BatchSchedule,
+    GradientNorms,
+    NoiseProbe,
+    RaceCurve,
+    RacePoint,
+    ScheduleStage,
+)
+from advisor.noise_scale import estimate_noise_scale
 from advisor.task import TrainingTask
 from advisor.trial.child.batches import compute_loss, to_device
 from advisor.trial.child.loop import DivergedError, Trainer
@@ -36,6 +44,7 @@ __all__ = [
     "EVALUATIONS",
     "held_out_split",
     "measure_gradient_norms",
+    "probe_noise",
     "train_racer",
 ]
 
@@ -45,6 +54,11 @@ HELD_OUT_SEED = 2018  # fixed, so that every racer is evaluated on the same samp
 EVAL_BATCH = 256
 EVALUATIONS = 20  # loss points per race, evenly spaced in training time
 NOISE_MIN_STEPS = 10
+TRACK_POINTS = 5  # noise-scale measurements along a tracked race, besides the one at the start
+PROBE_MICRO = 8  # micro-batches in a probe's big batch
+PROBE_MIN_GROUPS = 16  # gradient pairs a probe averages at least,
+PROBE_MAX_GROUPS = 128  # and at most, stopping once
+PROBE_PRECISION = 0.5  # phi's 95 % interval is within this fraction of its value
 
 
 def held_out_split(task: TrainingTask) -> tuple[TrainingTask, Dataset[Any] | None]:
@@ -69,21 +83,28 @@ def train_racer(
     seconds: float,
     target: float | None = None,
     *,
+    schedule: BatchSchedule | None = None,
+    track_noise: bool = False,
     clock: Clock = time.perf_counter,
 ) -> RaceCurve:
     """Train for `seconds` of training time, or until the loss reaches `target`; the loss at
     `EVALUATIONS` evenly spaced points. The trainer applies the learning-rate plan
-    (`Trainer.lr`). Time is read from `clock`."""
+    (`Trainer.lr`) and, with a `schedule`, each stage from its step on. With `track_noise`,
+    the noise scale is measured at the start and at `TRACK_POINTS` evaluations, out of the
+    training time (`probe_noise`). Time is read from `clock`."""
     evaluate = _HeldOut(trainer, task, held_out) if held_out is not None else None
     points = [RacePoint(seconds=0.0, samples=0, steps=0, loss=evaluate())] if evaluate else []
-    per_step = trainer.config.global_batch_size
+    track = [_noise_probe(trainer, points[0] if points else None)] if track_noise else []
+    stage = _enter_stage(trainer, schedule, 0, None)
     interval = seconds / EVALUATIONS
-    trained_s, steps, losses = 0.0, 0, []
+    trained_s, steps, samples, losses = 0.0, 0, 0, []
     trainer.synchronize()
     started = clock()
     while True:
         losses.append(trainer.step())
         steps += 1
+        samples += trainer.config.global_batch_size
+        stage = _enter_stage(trainer, schedule, steps, stage)
         next_at = interval * (len(points) + (evaluate is None))  # the initial point counts
         if not _rank_zero_says(trained_s + clock() - started >= next_at, trainer):
             continue
@@ -92,9 +113,10 @@ def train_racer(
         train_loss = _finite_mean(losses)
         losses = []
         loss = evaluate() if evaluate else train_loss
-        points.append(
-            RacePoint(seconds=trained_s, samples=steps * per_step, steps=steps, loss=loss)
-        )
+        points.append(RacePoint(seconds=trained_s, samples=samples, steps=steps, loss=loss))
+        evaluations = len(points) - (evaluate is not None)  # the initial one left out
+        if track_noise and evaluations % (EVALUATIONS // TRACK_POINTS) == 0:
+            track.append(_noise_probe(trainer, points[-1]))
         reached = target is not None and loss <= target
         if _rank_zero_says(trained_s >= seconds or reached, trainer):
             break
@@ -104,7 +126,86 @@ def train_racer(
         held_out_samples=len(held_out) if held_out is not None else None,  # type: ignore[arg-type]
         lr=trainer.lr,
         points=tuple(points),
+        noise_probes=tuple(track),
     )
+
+
+def _enter_stage(
+    trainer: Trainer, schedule: BatchSchedule | None, step: int, current: ScheduleStage | None
+) -> ScheduleStage | None:
+    """The schedule's stage for optimizer step `step`, applied to the trainer if it is new."""
+    if schedule is None:
+        return None
+    stage = schedule.stage_at(step)
+    if stage != current:
+        trainer.regroup(stage.batch_size, stage.accumulation_steps)
+        trainer.scale_lr(stage.lr_scale)
+    return stage
+
+
+def _noise_probe(trainer: Trainer, point: RacePoint | None) -> NoiseProbe:
+    """Gradient norms where the run is now, with the run's position and loss (None before a
+    first evaluation of a training loss); the parent estimates phi from them."""
+    return NoiseProbe(
+        seconds=point.seconds if point else 0.0,
+        samples=point.samples if point else 0,
+        loss=point.loss if point else None,
+        norms=probe_noise(trainer),
+    )
+
+
+def probe_noise(
+    trainer: Trainer,
+    micro: int = PROBE_MICRO,
+    *,
+    min_groups: int = PROBE_MIN_GROUPS,
+    max_groups: int = PROBE_MAX_GROUPS,
+) -> GradientNorms:
+    """Squared gradient norms at one micro-batch and at `micro` of them, at the current
+    weights, group after group until phi's 95 % interval is within `PROBE_PRECISION` of its
+    value or `max_groups` are in: gradients computed and dropped, never applied, so the run
+    goes on as if not measured (but for the micro-batches its stream gave the probe). Under
+    fp16 the loss is scaled as the GradScaler scales it and the norms are unscaled. One
+    process only."""
+    if trainer.config.world_size > 1:
+        raise ValueError("the noise scale is tracked in one process")
+    params = [p for p in trainer.module.parameters() if p.requires_grad]
+    scale = trainer.scaler.get_scale() if trainer.scaler.is_enabled() else 1.0
+    batch = trainer.config.batch_size
+    small: list[float] = []
+    big: list[float] = []
+    trainer.optimizer.zero_grad(set_to_none=True)
+    for group in range(max_groups):
+        pair = _probe_pair(trainer, params, micro, scale)
+        if pair is not None:
+            small.append(pair[0])
+            big.append(pair[1])
+        if group + 1 >= min_groups and len(big) >= 2:
+            estimate = estimate_noise_scale(small, big, batch, batch * micro)
+            if estimate.value and (estimate.high or math.inf) - estimate.value < (
+                PROBE_PRECISION * estimate.value
+            ):
+                break
+    return GradientNorms(
+        small_batch=batch, big_batch=batch * micro, small_sq=tuple(small), big_sq=tuple(big)
+    )
+
+
+def _probe_pair(
+    trainer: Trainer, params: list[torch.nn.Parameter], micro: int, scale: float
+) -> tuple[float, float] | None:
+    """One micro-batch's squared gradient norm and that of `micro` micro-batches' mean; None
+    where either is not finite. The gradients are dropped."""
+    first = math.nan
+    for index in range(micro):
+        with trainer.autocast():
+            loss = compute_loss(trainer.module, trainer.next_batch(), trainer.loss_fn)
+        (loss.float() * (scale / micro)).backward()
+        if index == 0:
+            first = _squared_norm(params) * (micro / scale) ** 2
+    whole = _squared_norm(params) / scale**2
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return (first, whole) if math.isfinite(first) and math.isfinite(whole) else None
 
 
 def measure_gradient_norms(

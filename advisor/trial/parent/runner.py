@@ -26,7 +26,7 @@ from typing import Protocol, cast, get_args
 
 import psutil
 
-from advisor.convergence import LrPlan
+from advisor.convergence import BatchSchedule, LrPlan
 from advisor.knobs import TrialConfig
 from advisor.results import FailurePhase, TrialResult
 from advisor.trial.parent.launcher import (
@@ -112,6 +112,8 @@ def run_trial(
     mode: str = "trial",
     lr: LrPlan | None = None,
     race_target: float | None = None,
+    schedule: BatchSchedule | None = None,
+    track_noise: bool = False,
     whole_cycles: bool = False,
     precise_window: bool = False,
     beat_samples_per_s: float | None = None,
@@ -137,6 +139,8 @@ def run_trial(
             mode=mode,  # type: ignore[arg-type]
             lr=lr or LrPlan(),
             race_target=race_target,
+            schedule=schedule,
+            track_noise=track_noise,
             warmup_steps=launch.warmup_steps,
             whole_cycles=whole_cycles,
             precise_window=precise_window,
