@@ -4,13 +4,21 @@ reports render them (`advisor.report`)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.convergence import LossKind, LrPlan, NoiseScale, RaceCurve
+from advisor.convergence import (
+    BatchSchedule,
+    LossKind,
+    LrPlan,
+    NoiseScale,
+    NoiseTrack,
+    RaceCurve,
+)
 from advisor.knobs import BASE_GROUP, KNOBS, Knob, TrialConfig
 from advisor.results import HardwareProfile, PrunedProposal, TaskSummary, TrialRecord, TrialResult
 from advisor.settings import Objective, TuneSettings
@@ -27,6 +35,7 @@ __all__ = [
     "Recommendation",
     "Rejected",
     "RejectedValue",
+    "ScheduleSummary",
     "SearchEffort",
     "StudyContext",
     "ThroughputPick",
@@ -127,10 +136,13 @@ class StudyContext(_Frozen):
 class Racer(_Frozen):
     """One configuration in the race, with the learning rate it would ship with."""
 
-    role: Literal["baseline", "your batch", "candidate"]
+    role: Literal["baseline", "your batch", "candidate", "fixed", "schedule"]
     trial: int | None = Field(default=None, description="the search trial it re-runs")
     config: TrialConfig
     lr: LrPlan
+    schedule: BatchSchedule | None = Field(
+        default=None, description="a schedule racer's stages (`config` is its first)"
+    )
     race_seconds: float
     samples_per_s: float | None = Field(default=None, description="its throughput measurement")
     result: TrialResult
@@ -144,6 +156,9 @@ class Racer(_Frozen):
 
     @property
     def label(self) -> str:
+        if self.schedule is not None:
+            lr = "your lr" if self.schedule.rule == "yours" else f"{self.schedule.rule} rule lr"
+            return f"schedule: {self.schedule.label(self.config.world_size)}, {lr}"
         return f"{self.config.label()}, {self.lr.label}"
 
 
@@ -178,6 +193,43 @@ class RaceSummary(_Frozen):
         "is kept"
     )
     verdict: str = Field(description="why the winner won, or why nothing could, in a sentence")
+
+
+class ScheduleSummary(_Frozen):
+    """The batch-size schedule's tune (`--schedule auto`): phi along a long run of the user's
+    configuration, the schedule that follows it, and the race at the longer horizon that
+    decides whether it ships."""
+
+    seconds: float = Field(description="training time each racer of the schedule race had")
+    track: NoiseTrack | None = Field(description="phi along the baseline's run; None if untracked")
+    rule: str = Field(description="how the stages were chosen from phi, in a sentence")
+    racers: tuple[Racer, ...] = ()
+    target_loss: float | None = Field(
+        default=None, description="the baseline's lowest loss within the horizon"
+    )
+    shipped: int | None = Field(
+        default=None, description="index into racers of the schedule that ships; None: none"
+    )
+    verdict: str = Field(description="what was decided and why, in a sentence")
+    cost_s: float = Field(default=0.0, description="wall seconds the schedule's tune took")
+
+    @property
+    def schedule(self) -> BatchSchedule | None:
+        return self.racers[self.shipped].schedule if self.shipped is not None else None
+
+    @property
+    def shipped_racer(self) -> Racer | None:
+        return self.racers[self.shipped] if self.shipped is not None else None
+
+    @property
+    def speedup(self) -> float | None:
+        """The fixed recommendation's time to the target over the shipped schedule's; None if
+        none shipped or the fixed one never reached it."""
+        shipped = self.shipped_racer
+        fixed = next((r for r in self.racers if r.role == "fixed"), None)
+        if shipped is None or fixed is None or not fixed.time_to_target_s:
+            return None
+        return fixed.time_to_target_s / (shipped.time_to_target_s or math.inf)
 
 
 class ThroughputPick(_Frozen):
@@ -234,6 +286,9 @@ class Recommendation(_Frozen):
     )
     race: RaceSummary | None = None
     noise_scale: NoiseScale | None = None
+    schedule: ScheduleSummary | None = Field(
+        default=None, description="--schedule auto: the schedule's evidence, shipped or not"
+    )
     throughput_pick: ThroughputPick | None = Field(
         default=None, description="the fastest in samples/s, where the race chose another"
     )

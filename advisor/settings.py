@@ -131,6 +131,18 @@ class TuneSettings(BaseModel):
         description="training time of each racer; 0: no race, and only configurations at your "
         "global batch are searched (no race could show that another reaches your loss sooner)",
     )
+    schedule: Literal["off", "auto"] = Field(
+        default="off",
+        description="auto: after the race, track the noise scale along a longer run of your "
+        "configuration and race a batch-size schedule that follows it; it ships only if it "
+        "reaches your loss sooner than the fixed recommendation (costs about four runs of "
+        "--schedule-seconds)",
+    )
+    schedule_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="with --schedule auto: the training time each racer of the schedule race has",
+    )
     confirm_top: int = Field(default=3, ge=1, description="finalists re-measured with the baseline")
     confirm_repeats: int = Field(default=2, ge=1, description="re-runs per finalist")
     memory_headroom: float = Field(

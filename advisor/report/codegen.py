@@ -7,6 +7,7 @@ import os
 import shlex
 from pathlib import Path
 
+from advisor.convergence import LrPlan
 from advisor.knobs import TrialConfig
 from advisor.recommendation import Recommendation
 from advisor.report.templating import docstring_safe, template_environment
@@ -19,7 +20,10 @@ _AMP_DTYPES = {"off": "None", "bf16": "torch.bfloat16", "fp16": "torch.float16"}
 
 def render_training_script(recommendation: Recommendation, script_dir: Path) -> str:
     """The training script, to be written into `script_dir` (its factory path is relative)."""
-    config = recommendation.config
+    summary = recommendation.schedule
+    shipped = summary.shipped_racer if summary is not None else None
+    # A shipped schedule trains from its first stage's configuration, its lr in the stages.
+    config = shipped.config if shipped is not None else recommendation.config
     script_path = f"{script_dir.as_posix().rstrip('/')}/train.py"
     # Every user string becomes a valid, inert Python literal (JSON strings are Python strings).
     environment = template_environment(py=json.dumps, doc=docstring_safe)
@@ -42,8 +46,11 @@ def render_training_script(recommendation: Recommendation, script_dir: Path) -> 
         trial=recommendation.chosen_from_trial,
         config=config,
         global_batch_changed=recommendation.global_batch_changed,
-        lr=recommendation.lr,
-        lr_note=_lr_note(recommendation),
+        lr=LrPlan() if shipped is not None else recommendation.lr,
+        lr_note="1: the schedule's stages scale it" if shipped else _lr_note(recommendation),
+        schedule=shipped.schedule if shipped is not None else None,
+        schedule_speedup=(summary.speedup or 0.0) if summary is not None else 0.0,
+        schedule_seconds=summary.seconds if summary is not None else 0.0,
         time_to_loss_speedup=recommendation.time_to_loss_speedup,
         race_seconds=recommendation.race.seconds if recommendation.race else 0,
         baseline_global_batch=recommendation.baseline_config.global_batch_size,

@@ -5,12 +5,13 @@ from __future__ import annotations
 import io
 import re
 from collections import defaultdict
+from collections.abc import Sequence
 
 import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
-from advisor.recommendation import RaceSummary
+from advisor.recommendation import Racer, RaceSummary, ScheduleSummary
 from advisor.results import TrialRecord
 
 __all__ = ["batch_amp_svg", "history_svg", "importance_svg", "memory_svg", "race_svg"]
@@ -130,26 +131,50 @@ def _svg(figure: Figure) -> str:
 
 def race_svg(race: RaceSummary | None) -> str | None:
     """Every racer's loss against training time, with the target loss."""
-    if race is None or not any(r.curve for r in race.racers):
+    if race is None:
         return None
-    figure, axes = _figure("training time (s)", f"{race.loss_kind} loss")
-    for index, racer in enumerate(race.racers):
+    return curves_svg(race.racers, race.winner, race.target_loss, race.loss_kind)
+
+
+def schedule_svg(summary: ScheduleSummary | None) -> str | None:
+    """The schedule race's losses against training time, with the target loss."""
+    if summary is None or not summary.racers:
+        return None
+    kind = next((r.curve.loss_kind for r in summary.racers if r.curve), "train")
+    return curves_svg(summary.racers, summary.shipped, summary.target_loss, kind)
+
+
+def curves_svg(
+    racers: Sequence[Racer], winner: int | None, target: float | None, loss_kind: str
+) -> str | None:
+    """Each racer's loss against training time; the winner's line bold, the target dashed."""
+    if not any(r.curve for r in racers):
+        return None
+    figure, axes = _figure("training time (s)", f"{loss_kind} loss")
+    for index, racer in enumerate(racers):
         if racer.curve is None:
             continue
         points = racer.curve.points
-        label = f"bs {racer.config.global_batch_size}, {racer.lr.label}"
-        if racer.role == "baseline":
-            label = f"yours: {label}"
+        label = _curve_label(racer)
         axes.plot(
             [p.seconds for p in points],
             [p.loss for p in points],
             marker="o",
             markersize=2.5,
-            linewidth=2.5 if index == race.winner else 1.2,
-            label=label + (" (winner)" if index == race.winner else ""),
+            linewidth=2.5 if index == winner else 1.2,
+            label=label + (" (winner)" if index == winner else ""),
         )
-    if race.target_loss is not None:
-        axes.axhline(race.target_loss, color="#888", linestyle="--", linewidth=0.8)
+    if target is not None:
+        axes.axhline(target, color="#888", linestyle="--", linewidth=0.8)
     axes.set_yscale("log")
     axes.legend(loc="upper right", fontsize="x-small")
     return _svg(figure)
+
+
+def _curve_label(racer: Racer) -> str:
+    if racer.schedule is not None:
+        batches = "→".join(str(b) for b in racer.schedule.global_batches(racer.config.world_size))
+        lr = "your lr" if racer.schedule.rule == "yours" else f"{racer.schedule.rule} rule"
+        return f"schedule bs {batches}, {lr}"
+    label = f"bs {racer.config.global_batch_size}, {racer.lr.label}"
+    return f"yours: {label}" if racer.role == "baseline" else label

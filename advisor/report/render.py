@@ -17,6 +17,7 @@ from advisor.recommendation import (
 )
 from advisor.report.codegen import launch_command
 from advisor.report.race import race_view
+from advisor.report.schedule import schedule_view
 from advisor.report.templating import template_environment
 from advisor.results import PrunedProposal, TrialRecord, relative_spread
 from advisor.settings import TuneSettings, mask_url
@@ -109,6 +110,7 @@ def render_markdown(result: TuneResult) -> str:
         .render(
             rec=rec,
             view=race_view(rec),
+            schedule=schedule_view(rec.schedule) if rec.schedule else None,
             knobs=_knob_rows(rec),
             what=WHAT_FIELD,
             baseline_memory=baseline.result.peak_memory_bytes if baseline else None,
@@ -139,6 +141,7 @@ def render_html(result: TuneResult) -> str:
         importance_svg,
         memory_svg,
         race_svg,
+        schedule_svg,
     )
 
     rec, trials = result.recommendation, result.trials
@@ -157,6 +160,8 @@ def render_html(result: TuneResult) -> str:
         rec=rec,
         view=race_view(rec),
         race_plot=race_svg(rec.race),
+        schedule=schedule_view(rec.schedule) if rec.schedule else None,
+        schedule_plot=schedule_svg(rec.schedule),
         knobs=_knob_rows(rec),
         what=WHAT_FIELD,
         parallel=_parallel_rows(rec.parallel_best),

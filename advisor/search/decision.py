@@ -21,6 +21,7 @@ from advisor.recommendation import (
     Efficiency,
     RaceSummary,
     Recommendation,
+    ScheduleSummary,
     StudyContext,
     ThroughputPick,
     TuneResult,
@@ -39,7 +40,8 @@ from advisor.search.dominance import rejected_in_search
 from advisor.search.race.noise import measure_noise_scale
 from advisor.search.race.plan import plan_racers, predict_batches, race_finalists
 from advisor.search.race.run import run_race
-from advisor.search.race.verdict import decide_race
+from advisor.search.race.schedule import GOODPUT_RULE, tune_schedule
+from advisor.search.race.verdict import decide_race, pick_at_batch0
 from advisor.search.records import read_study, records_of
 from advisor.search.selection import Selection, failure_summary, select_winner
 from advisor.search.storage import load_study
@@ -81,7 +83,34 @@ def conclude(
     recommendation = confirmed_recommendation(
         settings, context, selection, records_of(study), race=race, noise=noise
     )
+    if settings.schedule == "auto":
+        schedule = _schedule(study, search, context, records, recommendation)
+        recommendation = recommendation.model_copy(update={"schedule": schedule})
     return recommendation, selection
+
+
+def _schedule(
+    study: optuna.Study,
+    search: SearchContext,
+    context: StudyContext,
+    records: list[TrialRecord],
+    rec: Recommendation,
+) -> ScheduleSummary:
+    """The batch-size schedule's tune, from the best configuration at the user's batch, against
+    the fixed recommendation; only after a race that set a target."""
+    race = rec.race
+    if race is None or race.target_loss is None:
+        why = "no race set a target loss" if race is None else race.verdict
+        return ScheduleSummary(
+            seconds=search.settings.schedule_seconds,
+            track=None,
+            rule=GOODPUT_RULE,
+            verdict=f"no schedule was tried: {why}",
+        )
+    base = race.racers[pick_at_batch0(race.racers)].config
+    return tune_schedule(
+        study, search, base, (rec.config, rec.lr), records, context.task.optimizer_class
+    )
 
 
 def _race_entrants(

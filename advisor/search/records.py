@@ -37,11 +37,13 @@ __all__ = [
     "planned_params",
     "pruned_of",
     "read_noise",
+    "read_options",
     "read_racers",
     "read_study",
     "record_attrs",
     "records_of",
     "write_noise",
+    "write_option",
     "write_outcome",
     "write_racer",
     "write_record",
@@ -83,6 +85,8 @@ class StudyKey:
     RECOMMENDATION: Final = "advisor_recommendation"  # None until a tune finishes
     NOISE: Final = "advisor_noise_trial"  # the noise-scale trial's TrialResult
     RACERS: Final = "advisor_racers"  # every finished race trial, as it finished
+    SCHEDULE_RACERS: Final = "advisor_schedule_racers"  # the schedule race's, likewise
+    SCHEDULE_OPTIONS: Final = "advisor_schedule_options"  # its stages' throughput trials
 
 
 # Optuna's system attribute of an enqueued trial: the parameters it will suggest.
@@ -214,16 +218,35 @@ def read_noise(study: optuna.Study) -> TrialResult | None:
         return None
 
 
-def write_racer(study: optuna.Study, racer: Racer) -> None:
-    """Add a finished race trial to the study's racers (read, append, write: one worker races)."""
-    stored = list(study.user_attrs.get(StudyKey.RACERS, []))
-    study.set_user_attr(StudyKey.RACERS, [*stored, racer.model_dump(mode="json")])
+def write_option(study: optuna.Study, result: TrialResult) -> None:
+    """Add a schedule stage's throughput trial to the study's (read, append, write)."""
+    stored = list(study.user_attrs.get(StudyKey.SCHEDULE_OPTIONS, []))
+    study.set_user_attr(StudyKey.SCHEDULE_OPTIONS, [*stored, result.model_dump(mode="json")])
 
 
-def read_racers(study: optuna.Study) -> list[Racer]:
-    """Every race trial the study holds that this version can read, in the order raced."""
+def read_options(study: optuna.Study) -> list[TrialResult]:
+    """The schedule stages' throughput trials the study holds that this version can read."""
+    results = []
+    for stored in study.user_attrs.get(StudyKey.SCHEDULE_OPTIONS, []):
+        try:
+            results.append(TrialResult.model_validate(stored))
+        except ValidationError:
+            continue
+    return results
+
+
+def write_racer(study: optuna.Study, racer: Racer, key: str = StudyKey.RACERS) -> None:
+    """Add a finished race trial to the study's racers, or with `key`
+    `StudyKey.SCHEDULE_RACERS` the schedule race's (read, append, write: one worker races)."""
+    stored = list(study.user_attrs.get(key, []))
+    study.set_user_attr(key, [*stored, racer.model_dump(mode="json")])
+
+
+def read_racers(study: optuna.Study, key: str = StudyKey.RACERS) -> list[Racer]:
+    """Every race trial the study holds under `key` that this version can read, in the order
+    raced."""
     racers = []
-    for stored in study.user_attrs.get(StudyKey.RACERS, []):
+    for stored in study.user_attrs.get(key, []):
         try:
             racers.append(Racer.model_validate(stored))
         except ValidationError:

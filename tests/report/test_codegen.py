@@ -2,6 +2,7 @@
 
 import functools
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -9,15 +10,20 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy
 import pytest
+import torch
 
-from advisor.convergence import LrPlan
+from advisor.convergence import BatchSchedule, LrPlan, ScheduleStage
 from advisor.knobs import TrialConfig
-from advisor.recommendation import Recommendation
+from advisor.recommendation import Racer, Recommendation, ScheduleSummary
 from advisor.report.codegen import render_launch_script, render_training_script
-from advisor.results import HardwareProfile
+from advisor.results import HardwareProfile, TrialResult
 from advisor.search.checks import preflight
+from advisor.task import build_task
+from advisor.trial.child.loop import Trainer
 from advisor.trial.child.probe import probe
+from advisor.trial.child.racing import enter_stage
 from advisor.trial.parent.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY
 
@@ -136,6 +142,67 @@ def test_generated_script_trains_with_the_learning_rate_the_race_chose(tmp_path)
     assert _logged_losses(completed.stdout)[:3] == pytest.approx(expected, rel=1e-5)
     unscaled = _trial_losses(spec, config, tmp_path)
     assert unscaled[2] != pytest.approx(expected[2], rel=1e-3)
+
+
+SCHEDULE = BatchSchedule(
+    stages=(
+        ScheduleStage(from_step=0, batch_size=16, accumulation_steps=1),
+        ScheduleStage(from_step=2, batch_size=32, accumulation_steps=2, lr_scale=2.0),
+        ScheduleStage(from_step=4, batch_size=32, accumulation_steps=4, lr_scale=3.0),
+    ),
+    rule="sqrt",
+)
+
+
+def _shipped(rec: Recommendation, schedule: BatchSchedule) -> Recommendation:
+    """The recommendation with `schedule` shipped, as a schedule race leaves it."""
+    config = rec.config.model_copy(
+        update={"batch_size": schedule.stages[0].batch_size, "accumulation_steps": 1}
+    )
+    result = TrialResult(config=config, status="ok")
+    racers = tuple(
+        Racer(role=role, config=config, lr=LrPlan(), schedule=plan, race_seconds=60, result=result)
+        for role, plan in (("fixed", None), ("schedule", schedule))
+    )
+    summary = ScheduleSummary(
+        seconds=60, track=None, rule="test", racers=racers, shipped=1, verdict="it ships"
+    )
+    return rec.model_copy(update={"schedule": summary})
+
+
+def _scheduled_trial_losses(spec: str, config: TrialConfig, steps: int) -> list[float]:
+    """Each step's loss as a race trial's loop trains the schedule (`enter_stage`), here in
+    this process, from the seed a trial child sets."""
+    random.seed(0)
+    torch.manual_seed(0)
+    numpy.random.seed(0)
+    task = build_task(spec, ROOT)[0]
+    trainer = Trainer(task, config, torch.device("cpu"), seed=0)
+    stage = enter_stage(trainer, SCHEDULE, 0, None)
+    losses = []
+    for step in range(1, steps + 1):
+        losses.append(trainer.step().item())
+        stage = enter_stage(trainer, SCHEDULE, step, stage)
+    trainer.close()
+    return losses
+
+
+def test_generated_script_applies_the_schedule_as_the_trial_did(tmp_path):
+    """The stage table at the top of train.py, crossing two boundaries: a new micro-batch (a
+    new loader) with a new lr, then more accumulation; the same losses as a race trial's loop."""
+    spec = f"{TINY}:factory"
+    config = TrialConfig(batch_size=16)
+    rec = _shipped(_recommendation(spec, config), SCHEDULE)
+    completed = _write_and_run(rec, tmp_path, "--max-steps", "6", "--log-every", "1")
+    assert completed.returncode == 0, completed.stderr
+    script = (tmp_path / "train.py").read_text()
+    assert "Stage(from_step=2, batch_size=32, accumulation_steps=2, lr_scale=2)" in script
+    assert "BATCH_SIZE =" not in script  # the table is the one place to edit
+    logged = [float(v) for v in re.findall(r"lr (\S+)$", completed.stdout, re.MULTILINE)]
+    assert logged == pytest.approx([1e-3, 1e-3, 2e-3, 2e-3, 3e-3, 3e-3])  # steps 1-6
+    assert "step 2: stage 2 of 3" in completed.stdout
+    expected = _scheduled_trial_losses(spec, config, 6)
+    assert _logged_losses(completed.stdout) == pytest.approx(expected, abs=5e-5)
 
 
 def test_script_outside_the_project_uses_an_absolute_root_and_runs_epochs(tmp_path):

@@ -89,6 +89,7 @@ class Trainer:
         self._cycle_loss = torch.zeros((), device=device)  # of the micro-batches in the gradients
         self._cycle_micro = 0  # those micro-batches
         self._iterator: Iterator[Any] | None = None  # over the loader's current epoch
+        self._epochs = 0  # begun: a new loader (`regroup`) goes on from the next
         self._batches = self._endless_batches()
 
     def step(self, on_backward: Callable[[int], None] | None = None) -> torch.Tensor:
@@ -206,11 +207,10 @@ class Trainer:
 
     def _endless_batches(self) -> Generator[Any, None, None]:
         non_blocking = self.config.pin_memory
-        epoch = 0
         while True:
-            if self.sampler is not None:
-                self.sampler.set_epoch(epoch)  # a new shuffle per epoch, the same on every rank
-            epoch += 1
+            if self.sampler is not None:  # a new shuffle per epoch, the same on every rank
+                self.sampler.set_epoch(self._epochs)
+            self._epochs += 1
             yielded = False
             iterator = self._iterator = iter(self.loader)
             while True:

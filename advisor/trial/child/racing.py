@@ -42,6 +42,7 @@ from advisor.trial.child.window import Clock
 
 __all__ = [
     "EVALUATIONS",
+    "enter_stage",
     "held_out_split",
     "measure_gradient_norms",
     "probe_noise",
@@ -56,9 +57,10 @@ EVALUATIONS = 20  # loss points per race, evenly spaced in training time
 NOISE_MIN_STEPS = 10
 TRACK_POINTS = 5  # noise-scale measurements along a tracked race, besides the one at the start
 PROBE_MICRO = 8  # micro-batches in a probe's big batch
-PROBE_MIN_GROUPS = 16  # gradient pairs a probe averages at least,
+PROBE_MIN_GROUPS = 8  # gradient pairs a probe averages at least,
 PROBE_MAX_GROUPS = 128  # and at most, stopping once
-PROBE_PRECISION = 0.5  # phi's 95 % interval is within this fraction of its value
+PROBE_PRECISION = 0.5  # phi's 95 % interval is within this fraction of its value,
+PROBE_SHARE = 0.05  # or the probe took this share of the race's training time
 
 
 def held_out_split(task: TrainingTask) -> tuple[TrainingTask, Dataset[Any] | None]:
@@ -94,8 +96,9 @@ def train_racer(
     training time (`probe_noise`). Time is read from `clock`."""
     evaluate = _HeldOut(trainer, task, held_out) if held_out is not None else None
     points = [RacePoint(seconds=0.0, samples=0, steps=0, loss=evaluate())] if evaluate else []
-    track = [_noise_probe(trainer, points[0] if points else None)] if track_noise else []
-    stage = _enter_stage(trainer, schedule, 0, None)
+    probe_s = PROBE_SHARE * seconds
+    track = [_noise_probe(trainer, points[0] if points else None, probe_s)] if track_noise else []
+    stage = enter_stage(trainer, schedule, 0, None)
     interval = seconds / EVALUATIONS
     trained_s, steps, samples, losses = 0.0, 0, 0, []
     trainer.synchronize()
@@ -104,7 +107,7 @@ def train_racer(
         losses.append(trainer.step())
         steps += 1
         samples += trainer.config.global_batch_size
-        stage = _enter_stage(trainer, schedule, steps, stage)
+        stage = enter_stage(trainer, schedule, steps, stage)
         next_at = interval * (len(points) + (evaluate is None))  # the initial point counts
         if not _rank_zero_says(trained_s + clock() - started >= next_at, trainer):
             continue
@@ -116,7 +119,7 @@ def train_racer(
         points.append(RacePoint(seconds=trained_s, samples=samples, steps=steps, loss=loss))
         evaluations = len(points) - (evaluate is not None)  # the initial one left out
         if track_noise and evaluations % (EVALUATIONS // TRACK_POINTS) == 0:
-            track.append(_noise_probe(trainer, points[-1]))
+            track.append(_noise_probe(trainer, points[-1], probe_s))
         reached = target is not None and loss <= target
         if _rank_zero_says(trained_s >= seconds or reached, trainer):
             break
@@ -130,7 +133,7 @@ def train_racer(
     )
 
 
-def _enter_stage(
+def enter_stage(
     trainer: Trainer, schedule: BatchSchedule | None, step: int, current: ScheduleStage | None
 ) -> ScheduleStage | None:
     """The schedule's stage for optimizer step `step`, applied to the trainer if it is new."""
@@ -143,14 +146,14 @@ def _enter_stage(
     return stage
 
 
-def _noise_probe(trainer: Trainer, point: RacePoint | None) -> NoiseProbe:
+def _noise_probe(trainer: Trainer, point: RacePoint | None, seconds: float) -> NoiseProbe:
     """Gradient norms where the run is now, with the run's position and loss (None before a
     first evaluation of a training loss); the parent estimates phi from them."""
     return NoiseProbe(
         seconds=point.seconds if point else 0.0,
         samples=point.samples if point else 0,
         loss=point.loss if point else None,
-        norms=probe_noise(trainer),
+        norms=probe_noise(trainer, seconds=seconds),
     )
 
 
@@ -158,15 +161,18 @@ def probe_noise(
     trainer: Trainer,
     micro: int = PROBE_MICRO,
     *,
+    seconds: float = math.inf,
     min_groups: int = PROBE_MIN_GROUPS,
     max_groups: int = PROBE_MAX_GROUPS,
+    clock: Clock = time.perf_counter,
 ) -> GradientNorms:
     """Squared gradient norms at one micro-batch and at `micro` of them, at the current
-    weights, group after group until phi's 95 % interval is within `PROBE_PRECISION` of its
-    value or `max_groups` are in: gradients computed and dropped, never applied, so the run
-    goes on as if not measured (but for the micro-batches its stream gave the probe). Under
-    fp16 the loss is scaled as the GradScaler scales it and the norms are unscaled. One
-    process only."""
+    weights, group after group: at least `min_groups`, then until phi's 95 % interval is within
+    `PROBE_PRECISION` of its value, `seconds` have passed or `max_groups` are in. The
+    gradients are computed and dropped, never applied, so the run goes on as if not measured
+    (but for the micro-batches its stream gave the probe). Under fp16 the loss is scaled as
+    the GradScaler scales it and the norms are unscaled. One process only; time is read from
+    `clock`."""
     if trainer.config.world_size > 1:
         raise ValueError("the noise scale is tracked in one process")
     params = [p for p in trainer.module.parameters() if p.requires_grad]
@@ -175,11 +181,14 @@ def probe_noise(
     small: list[float] = []
     big: list[float] = []
     trainer.optimizer.zero_grad(set_to_none=True)
+    started = clock()
     for group in range(max_groups):
         pair = _probe_pair(trainer, params, micro, scale)
         if pair is not None:
             small.append(pair[0])
             big.append(pair[1])
+        if group + 1 >= min_groups and clock() - started >= seconds:
+            break
         if group + 1 >= min_groups and len(big) >= 2:
             estimate = estimate_noise_scale(small, big, batch, batch * micro)
             if estimate.value and (estimate.high or math.inf) - estimate.value < (

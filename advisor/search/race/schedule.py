@@ -1,0 +1,414 @@
+"""The batch-size schedule (`--schedule auto`; docs/method.md, "The batch-size schedule").
+
+The race judges global batches over its first seconds from the initial weights, where the
+critical batch is smallest; the gradient noise scale phi grows as the loss falls (McCandlish et
+al. 2018), so later in a run a larger batch is worth more per sample. After the race:
+
+1. the baseline trains for `schedule_seconds` from the seeded weights, with phi measured at its
+   start and along the run (a tracked race); its lowest loss is the target;
+2. where phi grew beyond its noise, a schedule follows it (`follow_noise`): at each measured
+   point, the global batch with the most goodput, samples/s / (phi + B) (AdaptDL's rule, with
+   the noise scale's statistical efficiency), among the batches the search measured with the
+   base configuration's knobs, never smaller than the stage before; a stage starts where its
+   batch first wins, after as many samples as the baseline had trained there;
+3. the fixed recommendation and the schedule, once with the user's learning rate and once with
+   the optimizer family's rule at each stage, race to the target from the same weights. The
+   schedule ships only if it reaches the target sooner by more than `RACE_MARGIN` at every
+   loss the verdict checks (`RaceCurve.target_losses`); otherwise the report says it did not.
+
+Each racer is stored as it finishes, so an interrupted tune keeps it and a resumed one does not
+race it again.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import optuna
+
+from advisor.convergence import BatchSchedule, LrPlan, LrRule, NoiseTrack, ScheduleStage
+from advisor.knobs import TrialConfig
+from advisor.recommendation import Racer, ScheduleSummary
+from advisor.results import TrialRecord, TrialResult
+from advisor.search.context import SearchContext
+from advisor.search.race.noise import noise_track
+from advisor.search.race.plan import lr_rule
+from advisor.search.race.verdict import RACE_MARGIN, time_to_loss
+from advisor.search.records import (
+    StudyKey,
+    read_options,
+    read_racers,
+    write_option,
+    write_racer,
+)
+from advisor.trial.parent.runner import run_trial
+
+__all__ = [
+    "GOODPUT_RULE",
+    "GROWTH",
+    "StageOption",
+    "decide_schedule",
+    "follow_noise",
+    "make_schedules",
+    "stage_options",
+    "tune_schedule",
+]
+
+GOODPUT_RULE = (
+    "at each point where phi was measured along your run, the global batch with the most "
+    "goodput, samples/s x (phi + B0) / (phi + B), among those measured with the same knobs, "
+    "never smaller than the stage before; a stage starts after as many samples as your run "
+    "had trained there"
+)
+GROWTH = (2, 4, 8, 16)  # global batches a schedule may grow to, times the base's
+_LAYOUT = frozenset({"batch_size", "accumulation_steps"})
+
+
+@dataclass(frozen=True)
+class StageOption:
+    """A global batch a stage can train at: its fastest measured layout with the base knobs."""
+
+    config: TrialConfig
+    samples_per_s: float
+
+
+def stage_options(records: Sequence[TrialRecord], base: TrialConfig) -> dict[int, StageOption]:
+    """For each global batch from the base's up, the fastest eligible search trial whose knobs,
+    all but micro-batch and accumulation, are the base's: a stage changes only those."""
+    knobs = base.model_dump(exclude=set(_LAYOUT))
+    options: dict[int, StageOption] = {}
+    for record in records:
+        config, rate = record.result.config, record.result.samples_per_s
+        if record.role not in ("baseline", "search") or not record.eligible or not rate:
+            continue
+        batch = config.global_batch_size
+        if batch < base.global_batch_size or config.model_dump(exclude=set(_LAYOUT)) != knobs:
+            continue
+        if batch not in options or rate > options[batch].samples_per_s:
+            options[batch] = StageOption(config, rate)
+    return options
+
+
+def follow_noise(track: NoiseTrack, options: Mapping[int, StageOption]) -> list[tuple[int, int]]:
+    """(samples, global batch) where each stage starts: at each measured point of the track, the
+    option with the most goodput at that phi, never smaller than the stage before; one entry
+    per change of batch, the first at 0 samples."""
+    stages: list[tuple[int, int]] = []
+    if not options:
+        return stages
+    for point in track.measured:
+        phi = point.value or 0.0
+        best = max(options, key=lambda b: options[b].samples_per_s / (phi + b))
+        if stages and best <= stages[-1][1]:
+            continue
+        stages.append((0 if not stages else point.samples, best))
+    return stages
+
+
+def make_schedules(
+    starts: Sequence[tuple[int, int]],
+    options: Mapping[int, StageOption],
+    batch0: int,
+    optimizer_class: str | None,
+) -> tuple[BatchSchedule, BatchSchedule]:
+    """The stages at their optimizer steps (the samples before a stage's start, at the earlier
+    stages' batches), twice: with the user's learning rate throughout, and with the optimizer
+    family's rule at each stage's batch (`lr_rule`)."""
+    steps, previous = [0], starts[0]
+    for start in starts[1:]:
+        steps.append(steps[-1] + math.ceil((start[0] - previous[0]) / previous[1]))
+        previous = start
+    schedules = []
+    for rule in ("yours", "rule"):
+        stages = []
+        rules: list[LrRule] = []
+        for step, (_, batch) in zip(steps, starts, strict=True):
+            plan = lr_rule(optimizer_class, batch0, batch) if rule == "rule" else LrPlan()
+            rules.append(plan.rule)
+            config = options[batch].config
+            stages.append(
+                ScheduleStage(
+                    from_step=step,
+                    batch_size=config.batch_size,
+                    accumulation_steps=config.accumulation_steps,
+                    lr_scale=plan.scale,
+                )
+            )
+        named: LrRule = next((r for r in rules if r != "yours"), "yours")
+        schedules.append(BatchSchedule(stages=tuple(stages), rule=named))
+    return schedules[0], schedules[1]
+
+
+def tune_schedule(
+    study: optuna.Study,
+    context: SearchContext,
+    base: TrialConfig,
+    fixed: tuple[TrialConfig, LrPlan],
+    records: Sequence[TrialRecord],
+    optimizer_class: str | None,
+) -> ScheduleSummary:
+    """Track phi along the baseline's long run, follow it with a schedule from `base` (the best
+    configuration at the user's batch), and race that against the `fixed` recommendation."""
+    started = time.perf_counter()
+    seconds = context.settings.schedule_seconds
+    baseline = context.space.baseline
+    race = _ScheduleRace(study, context, seconds)
+    if baseline.world_size > 1:
+        return race.summary(
+            None, f"phi is tracked in one process; yours runs {baseline.world_size}"
+        )
+    context.progress.stage(
+        f"batch-size schedule: training your configuration for {seconds:g} s, measuring the "
+        "noise scale along the way"
+    )
+    reference = race.run("baseline", baseline, LrPlan(), track=True)
+    curve = reference.curve
+    track = noise_track(curve) if curve is not None else None
+    why = _why_no_schedule(reference, track)
+    options = race.measure_options(base, stage_options(records, base)) if why is None else {}
+    starts = follow_noise(track, options) if track is not None and why is None else []
+    if why is None and len(starts) < 2:
+        why = "at every phi measured, the best global batch stays " + (
+            f"{starts[0][1]}" if starts else "unmeasured"
+        )
+    if why is not None:
+        return race.summary(track, why, started)
+    assert curve is not None
+    target = curve.best_loss
+    schedules = make_schedules(starts, options, baseline.global_batch_size, optimizer_class)
+    context.progress.stage(
+        f"racing {schedules[0].label(base.world_size)} against the fixed recommendation, "
+        f"{seconds:g} s each at most, to your loss {target:.4g}"
+    )
+    if fixed == (baseline, LrPlan()):  # the baseline's run is the fixed recommendation's
+        kept = race.add(reference.model_copy(update={"role": "fixed"}))
+    else:
+        kept = race.run("fixed", *fixed, target=target)
+    rival = time_to_loss(kept.curve, target) if kept.curve else None
+    limit = max(min(seconds, rival * (1 - RACE_MARGIN)), 0.05 * seconds) if rival else seconds
+    first = options[starts[0][1]].config
+    for schedule in schedules:
+        race.run("schedule", first, LrPlan(), target=target, schedule=schedule, limit=limit)
+    return race.summary(track, None, started)
+
+
+def _why_no_schedule(reference: Racer, track: NoiseTrack | None) -> str | None:
+    if reference.curve is None:
+        why = reference.result.reason or reference.result.status
+        return f"your configuration's long run failed ({why})"
+    if not reference.curve.fell:
+        return "your loss did not fall in the long run: nothing can be timed to it"
+    if track is None or len(track.measured) < 2:
+        return "the noise scale could not be measured along your run"
+    if not track.grew:
+        return (
+            "the noise scale did not grow beyond its noise along your run: no schedule is proposed"
+        )
+    return None
+
+
+class _ScheduleRace:
+    """The schedule race's racers, run in fresh trial processes or read back from the study."""
+
+    def __init__(self, study: optuna.Study, context: SearchContext, seconds: float) -> None:
+        self._study = study
+        self._context = context
+        self._seconds = seconds
+        self._stored = read_racers(study, StudyKey.SCHEDULE_RACERS)
+        self.racers: list[Racer] = []
+
+    def run(
+        self,
+        role: str,
+        config: TrialConfig,
+        lr: LrPlan,
+        *,
+        track: bool = False,
+        target: float | None = None,
+        schedule: BatchSchedule | None = None,
+        limit: float | None = None,
+    ) -> Racer:
+        key = (role, config, lr, schedule, self._seconds)
+        earlier = next(
+            (
+                r
+                for r in self._stored
+                if (r.role, r.config, r.lr, r.schedule, r.race_seconds) == key
+            ),
+            None,
+        )
+        if earlier is None:
+            earlier = self._race(role, config, lr, track, target, schedule, limit)
+        return self.add(earlier)
+
+    def measure_options(
+        self, base: TrialConfig, options: dict[int, StageOption]
+    ) -> dict[int, StageOption]:
+        """`options` with the base's micro-batch times each of `GROWTH` where the search did not
+        measure that global batch: a throughput trial each (stored), up to the first that
+        fails (memory, or a dataset too small for it)."""
+        stored = read_options(self._study)
+        options = dict(options)
+        for factor in GROWTH:
+            batch = base.global_batch_size * factor
+            if batch in options:
+                continue
+            config = base.model_copy(update={"batch_size": base.batch_size * factor})
+            result = next((r for r in stored if r.config == config), None)
+            if result is None:
+                result = self._measure(config, batch)
+            if not result.feasible or not result.samples_per_s:
+                break
+            options[batch] = StageOption(config, result.samples_per_s)
+        return options
+
+    def _measure(self, config: TrialConfig, batch: int) -> TrialResult:
+        context = self._context
+        context.progress.trial_started(f"schedule stage, global batch {batch}", config)
+        result = run_trial(
+            context.launch,
+            config,
+            context.logs_dir / f"schedule-stage-{batch}.log",
+            on_phase=context.progress.trial_phase,
+        )
+        write_option(self._study, result)
+        rate = f"{result.samples_per_s:,.0f} samples/s" if result.samples_per_s else None
+        context.progress.stage(f"global batch {batch}: {rate or result.reason or result.status}")
+        return result
+
+    def add(self, racer: Racer) -> Racer:
+        self.racers.append(racer)
+        return racer
+
+    def _race(
+        self,
+        role: str,
+        config: TrialConfig,
+        lr: LrPlan,
+        track: bool,
+        target: float | None,
+        schedule: BatchSchedule | None,
+        limit: float | None,
+    ) -> Racer:
+        context = self._context
+        index = len(self.racers) + 1
+        what = f"{role}: {schedule.label(config.world_size)}" if schedule else role
+        context.progress.trial_started(f"schedule race {index}, {what}", config)
+        result = run_trial(
+            context.launch.lasting(limit or self._seconds),
+            config,
+            context.logs_dir / f"schedule-race-{index}.log",
+            mode="race",
+            lr=lr,
+            race_target=target,
+            schedule=schedule,
+            track_noise=track,
+            on_phase=context.progress.trial_phase,
+        )
+        racer = Racer(
+            role=role,  # type: ignore[arg-type]
+            config=config,
+            lr=lr,
+            schedule=schedule,
+            race_seconds=self._seconds,
+            result=result,
+        )
+        write_racer(self._study, racer, StudyKey.SCHEDULE_RACERS)  # an interrupt keeps it
+        context.progress.racer_finished(racer)
+        return racer
+
+    def summary(
+        self, track: NoiseTrack | None, why: str | None, started: float | None = None
+    ) -> ScheduleSummary:
+        cost = time.perf_counter() - started if started is not None else 0.0
+        if why is not None:
+            return ScheduleSummary(
+                seconds=self._seconds,
+                track=track,
+                rule=GOODPUT_RULE,
+                racers=tuple(self.racers),
+                verdict=why,
+                cost_s=cost,
+            )
+        shipped, target, racers, verdict = decide_schedule(self.racers)
+        return ScheduleSummary(
+            seconds=self._seconds,
+            track=track,
+            rule=GOODPUT_RULE,
+            racers=racers,
+            target_loss=target,
+            shipped=shipped,
+            verdict=verdict,
+            cost_s=cost,
+        )
+
+
+def decide_schedule(
+    racers: Sequence[Racer],
+) -> tuple[int | None, float | None, tuple[Racer, ...], str]:
+    """Time every racer to each loss the baseline's curve sets (`RaceCurve.target_losses`); the
+    schedule that reached the lowest soonest ships if, at every one of them, it beat the fixed
+    recommendation by more than `RACE_MARGIN`. Returns the shipped index (or None), the target
+    the racers are timed to, the timed racers, and the verdict."""
+    reference = next(r for r in racers if r.role == "baseline")
+    assert reference.curve is not None
+    targets = reference.curve.target_losses
+    timed_at = [_timed(racers, target) for target in targets]
+    timed = timed_at[0]
+    schedules = [i for i, r in enumerate(timed) if r.role == "schedule" and r.time_to_target_s]
+    fixed = next((i for i, r in enumerate(timed) if r.role == "fixed"), None)
+    fixed_label = f"the fixed recommendation ({timed[fixed].label})" if fixed is not None else ""
+    fixed_time = _seconds(timed[fixed]) if fixed is not None else "never"
+    if not schedules:
+        return (
+            None,
+            targets[0],
+            timed,
+            (
+                f"no schedule reached your {reference.race_seconds:g}-s loss {targets[0]:.4g} "
+                f"sooner than {fixed_label}, which took {fixed_time}"
+            ),
+        )
+    best = min(schedules, key=lambda i: timed[i].time_to_target_s or math.inf)
+    won = all(_beats(at[best], at[fixed] if fixed is not None else None) for at in timed_at)
+    text = (
+        f"{timed[best].label} reached your {reference.race_seconds:g}-s loss {targets[0]:.4g} "
+        f"after {timed[best].time_to_target_s:.1f} s, against {fixed_time} for {fixed_label}"
+    )
+    if won:
+        return best, targets[0], timed, text + ": it ships"
+    return (
+        None,
+        targets[0],
+        timed,
+        (
+            text + f": not sooner by more than {RACE_MARGIN:.0%} at every loss checked, so it does "
+            "not ship"
+        ),
+    )
+
+
+def _timed(racers: Sequence[Racer], target: float) -> tuple[Racer, ...]:
+    return tuple(
+        r.model_copy(
+            update={"time_to_target_s": time_to_loss(r.curve, target) if r.curve else None}
+        )
+        for r in racers
+    )
+
+
+def _beats(first: Racer, second: Racer | None) -> bool:
+    if first.time_to_target_s is None:
+        return False
+    if second is None or second.time_to_target_s is None:
+        return True
+    return first.time_to_target_s < second.time_to_target_s * (1 - RACE_MARGIN)
+
+
+def _seconds(racer: Racer) -> str:
+    if racer.time_to_target_s is not None:
+        return f"{racer.time_to_target_s:.1f} s"
+    return "never within the horizon"
