@@ -120,7 +120,8 @@ def tune(spec: str | None, config: Path | None, as_json: bool, quiet: bool, **fl
         out.print(f"race: {escape(rec.race.verdict)}", highlight=False, soft_wrap=True)
     if rec.schedule is not None:
         verdict = escape(rec.schedule.verdict)
-        out.print(f"schedule: {verdict}", highlight=False, soft_wrap=True)
+        trains = "; train.py trains it" if rec.schedule.schedule is not None else ""
+        out.print(f"schedule: {verdict}{trains}", highlight=False, soft_wrap=True)
     for warning in rec.warnings:
         out.print(f"[yellow]note:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     files = (

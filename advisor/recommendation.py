@@ -158,7 +158,7 @@ class Racer(_Frozen):
     def label(self) -> str:
         if self.schedule is not None:
             lr = "your lr" if self.schedule.rule == "yours" else f"{self.schedule.rule} rule lr"
-            return f"schedule: {self.schedule.label(self.config.world_size)}, {lr}"
+            return f"{self.schedule.label(self.config.world_size)}, {lr}"
         return f"{self.config.label()}, {self.lr.label}"
 
 
@@ -227,6 +227,7 @@ class ScheduleSummary(_Frozen):
         none shipped or the fixed one never reached it."""
         shipped = self.shipped_racer
         fixed = next((r for r in self.racers if r.role == "fixed"), None)
+        fixed = fixed or next((r for r in self.racers if r.role == "baseline"), None)
         if shipped is None or fixed is None or not fixed.time_to_target_s:
             return None
         return fixed.time_to_target_s / (shipped.time_to_target_s or math.inf)

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from advisor.convergence import LrPlan
 from advisor.knob_row import FRAMEWORKS, Framework, Target
 from advisor.knobs import KNOBS
-from advisor.recommendation import Recommendation
+from advisor.recommendation import Racer, Recommendation, ScheduleSummary
 from advisor.report.templating import docstring_safe, template_environment
 
 __all__ = ["EXPORT_FILES", "render_export", "write_exports"]
@@ -176,7 +177,48 @@ def _hf(rec: Recommendation) -> str:
         "not_in_training_args": advice.by_hand,
         "training_args": args,
     }
+    if rec.schedule is not None and rec.schedule.schedule is not None:
+        document["batch_size_schedule"] = _hf_schedule(rec.schedule)
     return json.dumps(document, indent=2) + "\n"
+
+
+def _hf_schedule(summary: ScheduleSummary) -> dict[str, Any]:
+    """What Trainer cannot express of a shipped schedule, and how to follow it anyway."""
+    racer = summary.shipped_racer
+    assert racer is not None and racer.schedule is not None
+    batches = racer.schedule.global_batches(racer.config.world_size)
+    return {
+        "note": (
+            "TrainingArguments fixes the batch for a whole run, so training_args above are the "
+            "nearest fixed configuration (the fixed recommendation). The batch-size schedule "
+            f"advisor raced reached your loss {summary.speedup or 0:.2f}x sooner than it. To "
+            "follow the schedule, train one run per stage: stop at the next stage's step with "
+            "the callback below, then resume_from_checkpoint with that stage's "
+            "per_device_train_batch_size, gradient_accumulation_steps and learning rate."
+        ),
+        "stages": [
+            {
+                "from_step": stage.from_step,
+                "global_batch": batch,
+                "per_device_train_batch_size": stage.batch_size,
+                "gradient_accumulation_steps": stage.accumulation_steps,
+                "learning_rate_scale": stage.lr_scale,
+            }
+            for stage, batch in zip(racer.schedule.stages, batches, strict=True)
+        ],
+        "callback": [
+            "from transformers import TrainerCallback",
+            "",
+            "class StopAtStep(TrainerCallback):",
+            "    def __init__(self, step):",
+            "        self.step = step",
+            "",
+            "    def on_step_end(self, args, state, control, **kwargs):",
+            "        if state.global_step >= self.step:",
+            "            control.should_save = True",
+            "            control.should_training_stop = True",
+        ],
+    }
 
 
 def _hf_launch(rec: Recommendation) -> str:
@@ -192,6 +234,10 @@ def _measured(rec: Recommendation, name: str) -> bool:
 
 # --- Lightning ----------------------------------------------------------------------------------
 def _lightning(rec: Recommendation) -> dict[str, Any]:
+    shipped = rec.schedule.shipped_racer if rec.schedule is not None else None
+    stages = _accumulation_stages(shipped) if shipped is not None else None
+    if shipped is not None:  # trains the schedule from its first stage's configuration
+        rec = rec.model_copy(update={"config": shipped.config, "lr": LrPlan()})
     config = rec.config
     settings, by_hand = _knob_settings(rec, "lightning")
     trainer = {"accelerator": "gpu" if config.device == "cuda" else "cpu", **settings}
@@ -200,7 +246,25 @@ def _lightning(rec: Recommendation) -> dict[str, Any]:
         "trainer": trainer,
         "loader": _knob_settings(rec, "loader")[0],
         "launch": _launch(rec) if config.parallel_mode == "ddp" else f"python {_SCRIPT}",
+        "stages": stages,
+        "schedule_speedup": rec.schedule.speedup if rec.schedule is not None else None,
     }
+
+
+def _accumulation_stages(racer: Racer) -> list[tuple[int, int, float]]:
+    """The schedule as (from step, accumulation, lr scale) at its first stage's micro-batch: a
+    Lightning loader keeps its batch size, so each stage's global batch comes from
+    accumulation."""
+    assert racer.schedule is not None
+    first = racer.schedule.stages[0].batch_size
+    return [
+        (
+            stage.from_step,
+            max(1, round(stage.batch_size * stage.accumulation_steps / first)),
+            stage.lr_scale,
+        )
+        for stage in racer.schedule.stages
+    ]
 
 
 # --- accelerate ---------------------------------------------------------------------------------

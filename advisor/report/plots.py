@@ -14,7 +14,15 @@ from matplotlib.ticker import MaxNLocator, ScalarFormatter
 from advisor.recommendation import Racer, RaceSummary, ScheduleSummary
 from advisor.results import TrialRecord
 
-__all__ = ["batch_amp_svg", "history_svg", "importance_svg", "memory_svg", "race_svg"]
+__all__ = [
+    "batch_amp_svg",
+    "curves_svg",
+    "history_svg",
+    "importance_svg",
+    "memory_svg",
+    "race_svg",
+    "schedule_svg",
+]
 
 SIZE = (6.4, 3.2)
 NO_METADATA = {"Date": None, "Creator": None, "Type": None, "Format": None}

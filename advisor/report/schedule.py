@@ -9,7 +9,14 @@ from dataclasses import dataclass
 from advisor.convergence import NoisePoint, NoiseTrack
 from advisor.recommendation import Racer, ScheduleSummary
 
-__all__ = ["NoiseRow", "ScheduleRow", "ScheduleView", "StageRow", "schedule_view"]
+__all__ = [
+    "NoiseRow",
+    "ScheduleRow",
+    "ScheduleView",
+    "StageRow",
+    "schedule_headline",
+    "schedule_view",
+]
 
 ROLES = {
     "baseline": "your configuration",
@@ -52,6 +59,9 @@ class StageRow:
 
 @dataclass(frozen=True)
 class ScheduleView:
+    """The schedule's section of a report, ready to render."""
+
+    headline: str | None  # where a schedule ships
     verdict: str
     growth: str
     noise_rows: tuple[NoiseRow, ...]
@@ -78,6 +88,7 @@ def schedule_view(summary: ScheduleSummary) -> ScheduleView:
             for stage in shipped.schedule.stages
         )
     return ScheduleView(
+        headline=schedule_headline(summary),
         verdict=summary.verdict,
         growth=growth_text(summary.track),
         noise_rows=tuple(
@@ -89,6 +100,18 @@ def schedule_view(summary: ScheduleSummary) -> ScheduleView:
         ),
         stages=stages,
         cost=f"{summary.cost_s:.0f} s" if summary.cost_s else "nothing",
+    )
+
+
+def schedule_headline(summary: ScheduleSummary) -> str | None:
+    """What a shipped schedule gains, in a sentence; None where none ships."""
+    shipped = summary.shipped_racer
+    if shipped is None or shipped.schedule is None:
+        return None
+    gain = f" {summary.speedup:.2f}x sooner than" if summary.speedup else " sooner than"
+    return (
+        f"a batch-size schedule ({shipped.label}) reaches your {summary.seconds:g}-s loss{gain} "
+        "the fixed configuration below; train.py trains it"
     )
 
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from advisor.convergence import LrPlan
+from advisor.convergence import BatchSchedule, LrPlan, RaceCurve, RacePoint, ScheduleStage
 from advisor.knobs import TrialConfig
-from advisor.recommendation import FixedKnob, Recommendation
+from advisor.recommendation import FixedKnob, Racer, Recommendation, ScheduleSummary
 from advisor.report.exports import EXPORT_FILES, render_export, write_exports
-from advisor.results import GpuInfo, HardwareProfile, TaskSummary
+from advisor.results import GpuInfo, HardwareProfile, TaskSummary, TrialResult
 from tests.conftest import run_advisor
 
 _GPU = GpuInfo(name="A100", memory_bytes=80 * 2**30, capability="8.0", bf16=True)
@@ -206,3 +206,98 @@ def test_advisor_export_writes_the_asked_files_and_refuses_a_folder_without_a_re
     missing = run_advisor("export", str(tmp_path / "nowhere"), timeout=120)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert missing.stderr.strip().startswith("error: ") and "does not exist" in missing.stderr
+
+
+# --- a shipped batch-size schedule --------------------------------------------------------------
+SCHEDULE = BatchSchedule(
+    stages=(
+        ScheduleStage(from_step=0, batch_size=32, accumulation_steps=1),
+        ScheduleStage(from_step=2, batch_size=64, accumulation_steps=1, lr_scale=1.5),
+        ScheduleStage(from_step=4, batch_size=32, accumulation_steps=4, lr_scale=2.0),
+    ),
+    rule="sqrt",
+)
+
+
+def _with_schedule(rec: Recommendation) -> Recommendation:
+    """`rec` (the fixed recommendation) with `SCHEDULE` shipped, 2x sooner than it."""
+    points = (RacePoint(seconds=0, samples=0, steps=0, loss=2.0),)
+    timed = {"fixed": 20.0, "schedule": 10.0}
+    racers = tuple(
+        Racer(
+            role=role,
+            config=ONE_PROCESS,
+            lr=LrPlan(),
+            schedule=SCHEDULE if role == "schedule" else None,
+            race_seconds=60,
+            time_to_target_s=timed[role],
+            result=TrialResult(
+                config=ONE_PROCESS,
+                status="ok",
+                race=RaceCurve(loss_kind="held-out", points=points),
+            ),
+        )
+        for role in ("fixed", "schedule")
+    )
+    summary = ScheduleSummary(
+        seconds=60, track=None, rule="r", racers=racers, shipped=1, verdict="it ships"
+    )
+    return rec.model_copy(update={"schedule": summary})
+
+
+def test_a_shipped_schedule_is_a_lightning_callback_and_an_hf_note(tmp_path):
+    rec = _with_schedule(_recommendation(CPU_DDP))
+    hf = _hf(rec)
+    assert hf["training_args"]["per_device_train_batch_size"] == 512  # the nearest fixed one
+    assert "2.00x sooner" in hf["batch_size_schedule"]["note"]
+    assert [s["global_batch"] for s in hf["batch_size_schedule"]["stages"]] == [32, 64, 128]
+    lightning = render_export(rec, "lightning")
+    assert "(2, 2, 1.5)," in lightning and "(4, 4, 2)," in lightning
+    path = write_exports(rec, tmp_path, ("lightning",))[0]
+    completed = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--select", "E,F,W,I,B,UP", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    assert completed.returncode == 0, completed.stdout
+
+
+def test_the_lightning_schedule_callback_grows_the_batch_in_real_training(tmp_path):
+    """Real Lightning steps: each stage's accumulation and learning rate from its step on."""
+    pl = pytest.importorskip("lightning.pytorch")
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    snippet = _load_snippet(
+        write_exports(_with_schedule(_recommendation(ONE_PROCESS)), tmp_path, ("lightning",))[0]
+    )
+
+    class Regression(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(4, 1)
+            self.seen: list[tuple[int, int, float]] = []
+
+        def training_step(self, batch, batch_idx):
+            trainer = self.trainer
+            lr = trainer.optimizers[0].param_groups[0]["lr"]
+            self.seen.append((trainer.global_step, trainer.accumulate_grad_batches, lr))
+            inputs, targets = batch
+            return torch.nn.functional.mse_loss(self.net(inputs).squeeze(-1), targets)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = TensorDataset(torch.randn(2048, 4), torch.randn(2048))
+    loader = DataLoader(data, shuffle=True, **snippet.DATALOADER_KWARGS)
+    assert loader.batch_size == 32  # the first stage's micro-batch, kept throughout
+    module = Regression()
+    trainer = snippet.make_trainer(
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, max_steps=6
+    )
+    trainer.fit(module, loader)
+    by_step = {step: (accumulation, lr) for step, accumulation, lr in module.seen}
+    assert by_step[0] == (1, pytest.approx(0.1)) and by_step[1] == (1, pytest.approx(0.1))
+    assert by_step[2] == (2, pytest.approx(0.15)) and by_step[3] == (2, pytest.approx(0.15))
+    assert by_step[4] == (4, pytest.approx(0.2)) and by_step[5] == (4, pytest.approx(0.2))
+    assert trainer.global_step == 6

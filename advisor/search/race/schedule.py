@@ -51,6 +51,7 @@ __all__ = [
     "GROWTH",
     "StageOption",
     "decide_schedule",
+    "fixed_racer",
     "follow_noise",
     "make_schedules",
     "stage_options",
@@ -183,10 +184,9 @@ def tune_schedule(
         f"racing {schedules[0].label(base.world_size)} against the fixed recommendation, "
         f"{seconds:g} s each at most, to your loss {target:.4g}"
     )
-    if fixed == (baseline, LrPlan()):  # the baseline's run is the fixed recommendation's
-        kept = race.add(reference.model_copy(update={"role": "fixed"}))
-    else:
-        kept = race.run("fixed", *fixed, target=target)
+    # Where the fixed recommendation is your configuration, your run is its run too.
+    same = fixed == (baseline, LrPlan())
+    kept = reference if same else race.run("fixed", *fixed, target=target)
     rival = time_to_loss(kept.curve, target) if kept.curve else None
     limit = max(min(seconds, rival * (1 - RACE_MARGIN)), 0.05 * seconds) if rival else seconds
     first = options[starts[0][1]].config
@@ -358,37 +358,37 @@ def decide_schedule(
     targets = reference.curve.target_losses
     timed_at = [_timed(racers, target) for target in targets]
     timed = timed_at[0]
+    fixed = fixed_racer(timed)
+    against = f"{_seconds(timed[fixed])} for {_fixed_label(timed[fixed])}"
+    loss = f"your {reference.race_seconds:g}-s loss {targets[0]:.4g}"
     schedules = [i for i, r in enumerate(timed) if r.role == "schedule" and r.time_to_target_s]
-    fixed = next((i for i, r in enumerate(timed) if r.role == "fixed"), None)
-    fixed_label = f"the fixed recommendation ({timed[fixed].label})" if fixed is not None else ""
-    fixed_time = _seconds(timed[fixed]) if fixed is not None else "never"
     if not schedules:
-        return (
-            None,
-            targets[0],
-            timed,
-            (
-                f"no schedule reached your {reference.race_seconds:g}-s loss {targets[0]:.4g} "
-                f"sooner than {fixed_label}, which took {fixed_time}"
-            ),
-        )
+        return None, targets[0], timed, f"no schedule reached {loss}, against {against}"
     best = min(schedules, key=lambda i: timed[i].time_to_target_s or math.inf)
-    won = all(_beats(at[best], at[fixed] if fixed is not None else None) for at in timed_at)
     text = (
-        f"{timed[best].label} reached your {reference.race_seconds:g}-s loss {targets[0]:.4g} "
-        f"after {timed[best].time_to_target_s:.1f} s, against {fixed_time} for {fixed_label}"
+        f"the schedule {timed[best].label} reached {loss} after "
+        f"{timed[best].time_to_target_s:.1f} s, against {against}"
     )
-    if won:
+    if all(_beats(at[best], at[fixed]) for at in timed_at):
         return best, targets[0], timed, text + ": it ships"
-    return (
-        None,
-        targets[0],
-        timed,
-        (
-            text + f": not sooner by more than {RACE_MARGIN:.0%} at every loss checked, so it does "
-            "not ship"
-        ),
+    margin = (
+        f": not sooner by more than {RACE_MARGIN:.0%} at every loss checked, so it does not ship"
     )
+    return None, targets[0], timed, text + margin
+
+
+def fixed_racer(racers: Sequence[Racer]) -> int:
+    """The fixed recommendation's racer: its own, or your configuration's where it is yours."""
+    fixed = next((i for i, r in enumerate(racers) if r.role == "fixed"), None)
+    if fixed is not None:
+        return fixed
+    return next(i for i, r in enumerate(racers) if r.role == "baseline")
+
+
+def _fixed_label(racer: Racer) -> str:
+    if racer.role == "baseline":
+        return "your configuration, the fixed recommendation"
+    return f"the fixed recommendation ({racer.label})"
 
 
 def _timed(racers: Sequence[Racer], target: float) -> tuple[Racer, ...]:
@@ -400,10 +400,10 @@ def _timed(racers: Sequence[Racer], target: float) -> tuple[Racer, ...]:
     )
 
 
-def _beats(first: Racer, second: Racer | None) -> bool:
+def _beats(first: Racer, second: Racer) -> bool:
     if first.time_to_target_s is None:
         return False
-    if second is None or second.time_to_target_s is None:
+    if second.time_to_target_s is None:
         return True
     return first.time_to_target_s < second.time_to_target_s * (1 - RACE_MARGIN)
 

@@ -60,7 +60,8 @@ PROBE_MICRO = 8  # micro-batches in a probe's big batch
 PROBE_MIN_GROUPS = 8  # gradient pairs a probe averages at least,
 PROBE_MAX_GROUPS = 128  # and at most, stopping once
 PROBE_PRECISION = 0.5  # phi's 95 % interval is within this fraction of its value,
-PROBE_SHARE = 0.05  # or the probe took this share of the race's training time
+PROBE_SHARE = 0.05  # or the probe took this share of the race's training time,
+PROBE_MIN_S = 1.0  # or this long if that is more
 
 
 def held_out_split(task: TrainingTask) -> tuple[TrainingTask, Dataset[Any] | None]:
@@ -96,7 +97,7 @@ def train_racer(
     training time (`probe_noise`). Time is read from `clock`."""
     evaluate = _HeldOut(trainer, task, held_out) if held_out is not None else None
     points = [RacePoint(seconds=0.0, samples=0, steps=0, loss=evaluate())] if evaluate else []
-    probe_s = PROBE_SHARE * seconds
+    probe_s = max(PROBE_SHARE * seconds, PROBE_MIN_S)
     track = [_noise_probe(trainer, points[0] if points else None, probe_s)] if track_noise else []
     stage = enter_stage(trainer, schedule, 0, None)
     interval = seconds / EVALUATIONS

@@ -1,0 +1,190 @@
+"""The batch-size schedule (`--schedule auto`): stages that follow phi by the goodput rule, the
+verdict that ships one only when it beats the fixed recommendation by more than the noise, and a
+real schedule race that an interrupt leaves with its finished racers."""
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from advisor.api import validate
+from advisor.convergence import (
+    BatchSchedule,
+    LrPlan,
+    NoisePoint,
+    NoiseTrack,
+    RaceCurve,
+    RacePoint,
+    ScheduleStage,
+)
+from advisor.knobs import TrialConfig
+from advisor.progress import NullProgress
+from advisor.recommendation import Racer
+from advisor.results import TrialRecord, TrialResult
+from advisor.search.context import SearchContext
+from advisor.search.race.schedule import (
+    StageOption,
+    decide_schedule,
+    follow_noise,
+    make_schedules,
+    stage_options,
+    tune_schedule,
+)
+from advisor.search.records import StudyKey, read_racers
+from advisor.search.space import build_space
+from advisor.settings import TuneSettings
+from advisor.trial.parent.runner import TrialLaunch
+from tests.conftest import CPU_PROFILE, ROOT
+
+BASE = TrialConfig(batch_size=32)
+
+
+def _options(rates: dict[int, float]) -> dict[int, StageOption]:
+    return {b: StageOption(BASE.model_copy(update={"batch_size": b}), r) for b, r in rates.items()}
+
+
+def _track(*phis: float, step: int = 10_000) -> NoiseTrack:
+    return NoiseTrack(
+        points=tuple(
+            NoisePoint(
+                seconds=i, samples=i * step, loss=1.0, value=phi, low=phi / 2, high=phi * 1.5
+            )
+            for i, phi in enumerate(phis)
+        )
+    )
+
+
+def test_the_stages_follow_phi_by_goodput_and_never_shrink():
+    """Goodput, samples/s / (phi + B): at phi 20 batch 32 has the most (1000/52 > 1500/84);
+    at phi 400, 128 (2500/528); a later dip in phi does not take the batch back down."""
+    options = _options({32: 1000.0, 64: 1500.0, 128: 2500.0, 256: 3000.0})
+    starts = follow_noise(_track(20, 20, 400, 100, 400), options)
+    assert starts == [(0, 32), (20_000, 128)]
+    assert follow_noise(_track(5000), options) == [(0, 256)]
+
+
+def test_the_stages_start_at_the_steps_their_samples_give_and_carry_both_lr_rules():
+    options = _options({32: 1000.0, 128: 2500.0, 512: 4000.0})
+    yours, rule = make_schedules([(0, 32), (3200, 128), (16_000, 512)], options, 32, "AdamW")
+    # 3,200 samples at 32 a step: step 100; then 12,800 more at 128: step 200.
+    assert [s.from_step for s in yours.stages] == [0, 100, 200]
+    assert [s.batch_size for s in yours.stages] == [32, 128, 512]
+    assert {s.lr_scale for s in yours.stages} == {1.0} and yours.rule == "yours"
+    assert [s.lr_scale for s in rule.stages] == [1.0, 2.0, 4.0] and rule.rule == "sqrt"
+
+
+def test_stage_options_keep_the_base_knobs_and_the_fastest_layout():
+    def record(number: int, rate: float, **config) -> TrialRecord:
+        result = TrialResult(config=TrialConfig(**config), status="ok", samples_per_s=rate)
+        return TrialRecord(number=number, role="search", result=result)
+
+    options = stage_options(
+        [
+            record(0, 1000.0, batch_size=32),
+            record(1, 1800.0, batch_size=32, accumulation_steps=4),
+            record(2, 2500.0, batch_size=128),
+            record(3, 9000.0, batch_size=128, amp="bf16"),  # other knobs: not a stage
+            record(4, 500.0, batch_size=16),  # smaller than the base: not a stage
+        ],
+        BASE,
+    )
+    assert {b: o.samples_per_s for b, o in options.items()} == {32: 1000.0, 128: 2500.0}
+
+
+def _racer(role: str, times: list[tuple[float, float]], schedule=None) -> Racer:
+    points = tuple(RacePoint(seconds=s, samples=0, steps=0, loss=loss) for s, loss in times)
+    result = TrialResult(
+        config=BASE, status="ok", race=RaceCurve(loss_kind="held-out", points=points)
+    )
+    return Racer(
+        role=role, config=BASE, lr=LrPlan(), schedule=schedule, race_seconds=60, result=result
+    )
+
+
+SCHEDULE = BatchSchedule(
+    stages=(
+        ScheduleStage(from_step=0, batch_size=32, accumulation_steps=1),
+        ScheduleStage(from_step=100, batch_size=128, accumulation_steps=1),
+    ),
+    rule="yours",
+)
+
+
+@pytest.mark.parametrize(("schedule_at", "ships"), [(30.0, True), (45.0, False)])
+def test_a_schedule_ships_only_if_it_beats_the_fixed_one_by_the_margin(schedule_at, ships):
+    """The baseline reaches 1.0 at 60 s, the fixed recommendation at 50 s: a schedule there at
+    30 s ships; at 45 s it is within the 15 % margin and does not."""
+    racers = [
+        _racer("baseline", [(0, 2.0), (60, 1.0)]),
+        _racer("fixed", [(0, 2.0), (50, 1.0)]),
+        _racer("schedule", [(0, 2.0), (schedule_at, 1.0)], SCHEDULE),
+    ]
+    shipped, target, timed, verdict = decide_schedule(racers)
+    assert target == 1.0 and timed[1].time_to_target_s == pytest.approx(50.0)
+    assert (shipped == 2) is ships, verdict
+    assert ("it ships" in verdict) is ships
+
+
+CONVERGENCE = "tests/workloads/convergence.py"
+
+
+class _StopAfterFirstRacer(NullProgress):
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    def trial_started(self, label: str, config: TrialConfig) -> None:
+        self.started.append(label)
+
+    def racer_finished(self, racer: Racer) -> None:
+        if len(self.started) == 1:
+            raise KeyboardInterrupt
+
+
+def _context(tmp_path: Path, progress: NullProgress) -> SearchContext:
+    settings = TuneSettings(
+        spec=f"{CONVERGENCE}:noise_grows", schedule="auto", schedule_seconds=2.0, max_world_size=1
+    )
+    space = build_space(settings, CPU_PROFILE, validate(settings.spec).task)
+    launch = TrialLaunch(
+        spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=1.0, timeout_s=120
+    )
+    return SearchContext(settings, space, CPU_PROFILE, launch, tmp_path, progress)
+
+
+def _search_records() -> list[TrialRecord]:
+    """Throughput the search would have measured on noise_grows (a millisecond a step)."""
+    rates = {32: 20_000.0, 64: 35_000.0, 128: 55_000.0, 256: 75_000.0, 512: 90_000.0}
+    return [
+        TrialRecord(
+            number=i,
+            role="search",
+            result=TrialResult(config=TrialConfig(batch_size=b), status="ok", samples_per_s=rate),
+        )
+        for i, (b, rate) in enumerate(rates.items())
+    ]
+
+
+def test_an_interrupted_schedule_race_keeps_its_finished_racers(tmp_path):
+    """A real schedule race on a regression whose phi grows: stopped after the tracked
+    baseline, the study keeps it; resumed, only the schedule's two racers run."""
+    storage = f"sqlite:///{tmp_path}/study.db"
+    study = optuna.create_study(storage=storage, study_name="schedule")
+    args = (BASE, (BASE, LrPlan()), _search_records(), "SGD")
+    with pytest.raises(KeyboardInterrupt):
+        tune_schedule(study, _context(tmp_path, _StopAfterFirstRacer()), *args)
+    study = optuna.load_study(storage=storage, study_name="schedule")
+    [kept] = read_racers(study, StudyKey.SCHEDULE_RACERS)
+    assert kept.role == "baseline" and kept.curve is not None and kept.curve.noise_probes
+
+    resumed = _StopAfterFirstRacer()
+    resumed.started.append("(already stopped once)")
+    summary = tune_schedule(study, _context(tmp_path, resumed), *args)
+    assert summary.track is not None and summary.track.grew, summary.verdict
+    # The fixed recommendation is your configuration: your run is its run.
+    assert [r.role for r in summary.racers] == ["baseline", "schedule", "schedule"]
+    assert len(resumed.started) == 1 + 2  # the two schedule racers
+    assert summary.racers[0].curve == kept.curve
+    assert len(read_racers(study, StudyKey.SCHEDULE_RACERS)) == 3
+    schedules = [r.schedule for r in summary.racers[1:]]
+    assert schedules[0].rule == "yours" and schedules[1].rule == "linear"
+    assert all(len(s.stages) >= 2 for s in schedules)
