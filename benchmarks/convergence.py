@@ -1,7 +1,7 @@
 """Time to the baseline's loss over a horizon longer than the race, for each pick a tune makes.
 
     python benchmarks/convergence.py [--specs examples/mlp.py:factory ...] [--seconds 60]
-                                     [--repeats 3] [--trials 20]
+                                     [--repeats 3] [--trials 20] [--schedule]
 
 For each example, one default `advisor.tune` (objective time-to-loss) names four configurations:
 
@@ -10,6 +10,10 @@ For each example, one default `advisor.tune` (objective time-to-loss) names four
 - the throughput pick (the highest re-measured samples/s, with your learning rate, as a
   throughput tuner would ship it);
 - the default recommendation, with the learning rate it ships.
+
+With `--schedule` the tune runs `--schedule auto` with `--schedule-seconds` the horizon, and the
+rows are the baseline, the fixed recommendation and the batch-size schedule (the shipped one, or
+the sooner of the two the tune raced, marked "not shipped"), trained as train.py trains it.
 
 Each then trains `--repeats` times in fresh processes, from the same initial weights, for
 `--seconds` of training time (at least six race lengths), with advisor's race loss (held-out
@@ -26,9 +30,10 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import advisor
-from advisor.convergence import LrPlan, RaceCurve
+from advisor.convergence import BatchSchedule, LrPlan, RaceCurve
 from advisor.knobs import TrialConfig
 from advisor.recommendation import TuneResult
 from advisor.search.race.verdict import time_to_loss
@@ -42,7 +47,7 @@ EXAMPLES = (
     "examples/hf_gpt2.py:factory",
     "examples/large_data.py:factory",
 )
-Pick = tuple[TrialConfig, LrPlan]
+Pick = tuple[TrialConfig, LrPlan, BatchSchedule | None]
 
 
 def main() -> None:
@@ -51,18 +56,20 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="training time per run")
     parser.add_argument("--repeats", type=int, default=3, help="fresh runs per configuration")
     parser.add_argument("--trials", type=int, default=20, help="the tune's --trials")
+    parser.add_argument("--schedule", action="store_true", help="tune and train the schedule")
     args = parser.parse_args()
     rows = []
+    name = "convergence-schedule" if args.schedule else "convergence"
     for spec in args.specs:
-        rows.append(_example(spec, args.seconds, args.repeats, args.trials))
-        _write(rows, args.seconds)  # each example's figures as soon as it has them
+        rows.append(_example(spec, args.seconds, args.repeats, args.trials, args.schedule))
+        _write(rows, args.seconds, name)  # each example's figures as soon as it has them
 
 
-def _write(rows: list[dict[str, object]], seconds: float) -> None:
+def _write(rows: list[dict[str, object]], seconds: float, name: str) -> None:
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "convergence.json").write_text(json.dumps(rows, indent=2))
+    (RESULTS / f"{name}.json").write_text(json.dumps(rows, indent=2))
     table = _markdown(rows, seconds)
-    (RESULTS / "convergence.md").write_text(table)
+    (RESULTS / f"{name}.md").write_text(table)
     print(table, flush=True)
 
 
@@ -72,19 +79,40 @@ def _picks(result: TuneResult) -> dict[str, Pick]:
     at_yours = next((t.result.config for t in result.trials if t.number == best), None)
     throughput = rec.throughput_pick.config if rec.throughput_pick else rec.config
     return {
-        "baseline": (rec.baseline_config, LrPlan()),
-        "best at your batch": (at_yours or rec.baseline_config, LrPlan()),
-        "throughput pick": (throughput, LrPlan()),
-        "recommendation": (rec.config, rec.lr),
+        "baseline": (rec.baseline_config, LrPlan(), None),
+        "best at your batch": (at_yours or rec.baseline_config, LrPlan(), None),
+        "throughput pick": (throughput, LrPlan(), None),
+        "recommendation": (rec.config, rec.lr, None),
     }
 
 
-def _example(spec: str, seconds: float, repeats: int, trials: int) -> dict[str, object]:
+def _schedule_picks(result: TuneResult) -> dict[str, Pick]:
+    rec = result.recommendation
+    picks: dict[str, Pick] = {
+        "baseline": (rec.baseline_config, LrPlan(), None),
+        "fixed recommendation": (rec.config, rec.lr, None),
+    }
+    summary = rec.schedule
+    raced = [r for r in summary.racers if r.role == "schedule"] if summary else []
+    racer = summary.shipped_racer if summary else None
+    name = "schedule"
+    if racer is None and raced:
+        racer = min(raced, key=lambda r: r.time_to_target_s or float("inf"))
+        name = "schedule (not shipped)"
+    if racer is not None:
+        picks[name] = (racer.config, LrPlan(), racer.schedule)
+    return picks
+
+
+def _example(
+    spec: str, seconds: float, repeats: int, trials: int, schedule: bool
+) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as out:
         started = time.perf_counter()
-        result = advisor.tune(spec, out=Path(out), trials=trials)
+        extra: dict[str, Any] = {"schedule": "auto", "schedule_seconds": seconds}
+        result = advisor.tune(spec, out=Path(out), trials=trials, **(extra if schedule else {}))
         tune_s = time.perf_counter() - started
-        picks = _picks(result)
+        picks = _schedule_picks(result) if schedule else _picks(result)
         curves: dict[Pick, list[RaceCurve | None]] = {}
         for pick in dict.fromkeys(picks.values()):
             curves[pick] = [_train(spec, *pick, seconds, Path(out)) for _ in range(repeats)]
@@ -98,6 +126,7 @@ def _example(spec: str, seconds: float, repeats: int, trials: int) -> dict[str, 
         "trials_ran": effort.ran if effort else None,
         "target_loss": target,
         "verdict": rec.race.verdict if rec.race else None,
+        "schedule": rec.schedule.model_dump(mode="json") if rec.schedule else None,
         "noise_scale": rec.noise_scale.model_dump(mode="json") if rec.noise_scale else None,
         "runs": [_row(name, pick, curves[pick], target) for name, pick in picks.items()],
     }
@@ -106,10 +135,10 @@ def _example(spec: str, seconds: float, repeats: int, trials: int) -> dict[str, 
 def _row(
     name: str, pick: Pick, curves: list[RaceCurve | None], target: float | None
 ) -> dict[str, object]:
-    config, lr = pick
+    config, lr, schedule = pick
     return {
         "name": name,
-        "config": config.label(),
+        "config": schedule.label(config.world_size) if schedule else config.label(),
         "global_batch": config.global_batch_size,
         "lr": lr.label,
         "seconds_to_target": [
@@ -121,7 +150,12 @@ def _row(
 
 
 def _train(
-    spec: str, config: TrialConfig, lr: LrPlan, seconds: float, out: Path
+    spec: str,
+    config: TrialConfig,
+    lr: LrPlan,
+    schedule: BatchSchedule | None,
+    seconds: float,
+    out: Path,
 ) -> RaceCurve | None:
     launch = TrialLaunch(
         spec=spec,
@@ -130,7 +164,7 @@ def _train(
         trial_seconds=seconds,
         timeout_s=3 * seconds + 300,
     )
-    result = run_trial(launch, config, out / "run.log", mode="race", lr=lr)
+    result = run_trial(launch, config, out / "run.log", mode="race", lr=lr, schedule=schedule)
     if result.race is None:
         print(f"{spec} {config.label()}: {result.status} {result.reason}", flush=True)
     return result.race
@@ -161,8 +195,13 @@ def _markdown(rows: list[dict[str, object]], seconds: float) -> str:
             f"{row['trials_ran']} search trials ran, "
             + (f"{share:.0%} at your batch or one that raced; " if share is not None else "")
             + f"target loss {row['target_loss']}; race: {row['verdict']}"
+            + (f"; schedule: {_verdict(row['schedule'])}" if row.get("schedule") else "")
         )
     return "\n".join(lines) + "\n"
+
+
+def _verdict(summary: Any) -> str:
+    return str(summary["verdict"])
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from advisor.search.dominance import rejected_in_search
 from advisor.search.race.noise import measure_noise_scale
 from advisor.search.race.plan import plan_racers, predict_batches, race_finalists
 from advisor.search.race.run import run_race
-from advisor.search.race.schedule import GOODPUT_RULE, tune_schedule
+from advisor.search.race.schedule import GOODPUT_RULE, schedule_bound, tune_schedule
 from advisor.search.race.verdict import decide_race, pick_at_batch0
 from advisor.search.records import read_study, records_of
 from advisor.search.selection import Selection, failure_summary, select_winner
@@ -98,11 +98,19 @@ def _schedule(
 ) -> ScheduleSummary:
     """The batch-size schedule's tune, from the best configuration at the user's batch, against
     the fixed recommendation; only after a race that set a target."""
-    race = rec.race
+    race, settings = rec.race, search.settings
+    bound = schedule_bound(settings.schedule_seconds)
+    why = None
     if race is None or race.target_loss is None:
         why = "no race set a target loss" if race is None else race.verdict
+    elif settings.timeout is not None and bound > settings.timeout:
+        why = (
+            f"it takes up to about {bound:.0f} s, more than --timeout {settings.timeout:g} s "
+            "allows (raise --timeout, or lower --schedule-seconds)"
+        )
+    if race is None or why is not None:
         return ScheduleSummary(
-            seconds=search.settings.schedule_seconds,
+            seconds=settings.schedule_seconds,
             track=None,
             rule=GOODPUT_RULE,
             verdict=f"no schedule was tried: {why}",

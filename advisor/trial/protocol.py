@@ -15,6 +15,7 @@ __all__ = [
     "EARLY_STEPS",
     "PRECISE_AFTER_FRACTION",
     "PROGRESS_INTERVAL_S",
+    "TRACK_POINTS",
     "TrialRequest",
     "died_without_result",
 ]
@@ -25,6 +26,8 @@ __all__ = [
 PRECISE_AFTER_FRACTION = 0.125
 # Optimizer steps whose losses the numerics check compares (advisor.search.checks).
 EARLY_STEPS = 3
+# Noise-scale probes along a tracked race, besides the one at its start (trial.child.racing).
+TRACK_POINTS = 5
 # A search trial tells the parent how far it got at most this often (at micro-step ends).
 PROGRESS_INTERVAL_S = 0.1
 

@@ -45,6 +45,7 @@ from advisor.search.records import (
     write_racer,
 )
 from advisor.trial.parent.runner import run_trial
+from advisor.trial.protocol import TRACK_POINTS
 
 __all__ = [
     "GOODPUT_RULE",
@@ -54,6 +55,7 @@ __all__ = [
     "fixed_racer",
     "follow_noise",
     "make_schedules",
+    "schedule_bound",
     "stage_options",
     "tune_schedule",
 ]
@@ -66,6 +68,14 @@ GOODPUT_RULE = (
 )
 GROWTH = (2, 4, 8, 16)  # global batches a schedule may grow to, times the base's
 _LAYOUT = frozenset({"batch_size", "accumulation_steps"})
+
+
+def schedule_bound(seconds: float) -> float:
+    """About the most a schedule's tune takes with a horizon of `seconds`: your run with its
+    probes, a throughput trial per missing batch, the fixed recommendation and two schedules
+    (each stopped at your loss or once it can no longer win), and their start-ups."""
+    probes = (1 + TRACK_POINTS) * max(0.05 * seconds, 1.0)
+    return 4 * seconds + probes + len(GROWTH) * 10.0 + 4 * 10.0
 
 
 @dataclass(frozen=True)

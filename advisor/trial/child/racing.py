@@ -39,9 +39,11 @@ from advisor.task import TrainingTask
 from advisor.trial.child.batches import compute_loss, to_device
 from advisor.trial.child.loop import DivergedError, Trainer
 from advisor.trial.child.window import Clock
+from advisor.trial.protocol import TRACK_POINTS
 
 __all__ = [
     "EVALUATIONS",
+    "TRACK_POINTS",
     "enter_stage",
     "held_out_split",
     "measure_gradient_norms",
@@ -55,7 +57,6 @@ HELD_OUT_SEED = 2018  # fixed, so that every racer is evaluated on the same samp
 EVAL_BATCH = 256
 EVALUATIONS = 20  # loss points per race, evenly spaced in training time
 NOISE_MIN_STEPS = 10
-TRACK_POINTS = 5  # noise-scale measurements along a tracked race, besides the one at the start
 PROBE_MICRO = 8  # micro-batches in a probe's big batch
 PROBE_MIN_GROUPS = 8  # gradient pairs a probe averages at least,
 PROBE_MAX_GROUPS = 128  # and at most, stopping once
