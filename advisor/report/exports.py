@@ -166,6 +166,10 @@ def _hf(rec: Recommendation) -> str:
     config = rec.config
     args, by_hand = _knob_settings(rec, "hf")
     args["use_cpu"] = config.device == "cpu"
+    if config.parallel_mode == "ddp":
+        # Trainer turns it on for a model with parameters it cannot see used; advisor's DDP
+        # trials ran without it, and it costs an extra pass over the autograd graph each step.
+        args["ddp_find_unused_parameters"] = False
     if rec.lr.warmup_steps:
         args["warmup_steps"] = rec.lr.warmup_steps
     advice = _advice(rec, by_hand)
@@ -245,7 +249,7 @@ def _lightning(rec: Recommendation) -> dict[str, Any]:
         "advice": _advice(rec, by_hand),
         "trainer": trainer,
         "loader": _knob_settings(rec, "loader")[0],
-        "launch": _launch(rec) if config.parallel_mode == "ddp" else f"python {_SCRIPT}",
+        "launch": _launch(rec),
         "stages": stages,
         "schedule_speedup": rec.schedule.speedup if rec.schedule is not None else None,
     }

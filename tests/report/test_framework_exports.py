@@ -73,6 +73,17 @@ def test_hf_arguments_are_the_measured_knobs_and_ddp_gets_its_launch_line():
         "OMP_NUM_THREADS=3 torchrun --standalone --nproc_per_node=2 your_script.py"
     )  # (8 cores - 2 ranks x 1 worker) / 2 ranks, as advisor measured it
     assert "3.00x your baseline" in document["about"][1] and "mlp-factory" in document["about"][0]
+    # As measured: Trainer would turn it on for a model from transformers, at a cost each step.
+    assert args["ddp_find_unused_parameters"] is False
+    assert "ddp_find_unused_parameters" not in _hf(_recommendation(ONE_PROCESS))["training_args"]
+
+
+def test_every_cpu_launch_line_keeps_the_thread_count_advisor_measured_with():
+    """One process on 8 cores with no loader workers: 8 threads, in every export."""
+    rec = _recommendation(ONE_PROCESS)
+    assert _hf(rec)["launch"] == "OMP_NUM_THREADS=8 python your_script.py"
+    assert "Launch: OMP_NUM_THREADS=8 python your_script.py" in render_export(rec, "lightning")
+    assert "OMP_NUM_THREADS=8 accelerate launch" in render_export(rec, "accelerate")
 
 
 def test_knobs_a_framework_cannot_set_are_named_with_how_to_apply_them():

@@ -58,9 +58,16 @@ def test_the_stages_follow_phi_by_goodput_and_never_shrink():
     """Goodput, samples/s / (phi + B): at phi 20 batch 32 has the most (1000/52 > 1500/84);
     at phi 400, 128 (2500/528); a later dip in phi does not take the batch back down."""
     options = _options({32: 1000.0, 64: 1500.0, 128: 2500.0, 256: 3000.0})
-    starts = follow_noise(_track(20, 20, 400, 100, 400), options)
+    starts = follow_noise(_track(20, 20, 400, 100, 400), options, 32)
     assert starts == [(0, 32), (20_000, 128)]
-    assert follow_noise(_track(5000), options) == [(0, 256)]
+
+
+def test_the_first_stage_is_the_race_pick_whatever_phi_at_the_start_says():
+    """phi at the initial weights gives 256 the most goodput, but the race showed your batch
+    holds the first seconds: the schedule grows from it at the first later point."""
+    options = _options({32: 1000.0, 64: 1500.0, 128: 2500.0, 256: 3000.0})
+    assert follow_noise(_track(5000), options, 32) == [(0, 32)]
+    assert follow_noise(_track(5000, 5000), options, 32) == [(0, 32), (10_000, 256)]
 
 
 def test_the_stages_start_at_the_steps_their_samples_give_and_carry_both_lr_rules():

@@ -6,11 +6,13 @@ al. 2018), so later in a run a larger batch is worth more per sample. After the 
 
 1. the baseline trains for `schedule_seconds` from the seeded weights, with phi measured at its
    start and along the run (a tracked race); its lowest loss is the target;
-2. where phi grew beyond its noise, a schedule follows it (`follow_noise`): at each measured
-   point, the global batch with the most goodput, samples/s / (phi + B) (AdaptDL's rule, with
-   the noise scale's statistical efficiency), among the batches the search measured with the
-   base configuration's knobs, never smaller than the stage before; a stage starts where its
-   batch first wins, after as many samples as the baseline had trained there;
+2. where phi grew beyond its noise, a schedule follows it (`follow_noise`): it starts with the
+   base configuration (the race's pick at the user's batch, which the race showed holds the
+   first seconds); at each later measured point, the global batch with the most goodput,
+   samples/s / (phi + B) (AdaptDL's rule, with the noise scale's statistical efficiency),
+   among the batches measured with the base configuration's knobs, where it is larger than
+   the stage before; a stage starts where its batch first wins, after as many samples as the
+   baseline had trained there;
 3. the fixed recommendation and the schedule, once with the user's learning rate and once with
    the optimizer family's rule at each stage, race to the target from the same weights. The
    schedule ships only if it reaches the target sooner by more than `RACE_MARGIN` at every
@@ -61,10 +63,11 @@ __all__ = [
 ]
 
 GOODPUT_RULE = (
-    "at each point where phi was measured along your run, the global batch with the most "
-    "goodput, samples/s x (phi + B0) / (phi + B), among those measured with the same knobs, "
-    "never smaller than the stage before; a stage starts after as many samples as your run "
-    "had trained there"
+    "from the best configuration at your global batch (the race's pick for the first "
+    "seconds), then at each later point where phi was measured along your run, the global "
+    "batch with the most goodput, samples/s x (phi + B0) / (phi + B), among those measured "
+    "with the same knobs, where it is larger than the stage before; a stage starts after as "
+    "many samples as your run had trained there"
 )
 GROWTH = (2, 4, 8, 16)  # global batches a schedule may grow to, times the base's
 _LAYOUT = frozenset({"batch_size", "accumulation_steps"})
@@ -103,19 +106,21 @@ def stage_options(records: Sequence[TrialRecord], base: TrialConfig) -> dict[int
     return options
 
 
-def follow_noise(track: NoiseTrack, options: Mapping[int, StageOption]) -> list[tuple[int, int]]:
-    """(samples, global batch) where each stage starts: at each measured point of the track, the
-    option with the most goodput at that phi, never smaller than the stage before; one entry
-    per change of batch, the first at 0 samples."""
-    stages: list[tuple[int, int]] = []
-    if not options:
-        return stages
+def follow_noise(
+    track: NoiseTrack, options: Mapping[int, StageOption], first: int
+) -> list[tuple[int, int]]:
+    """(samples, global batch) where each stage starts: the first at 0 samples with batch
+    `first` (the race measured the first seconds: its pick there holds them), then at each
+    later measured point of the track the option with the most goodput at that phi, where it
+    is larger than the stage before; one entry per change of batch."""
+    stages = [(0, first)]
     for point in track.measured:
+        if point.samples == 0 or not options:
+            continue
         phi = point.value or 0.0
         best = max(options, key=lambda b: options[b].samples_per_s / (phi + b))
-        if stages and best <= stages[-1][1]:
-            continue
-        stages.append((0 if not stages else point.samples, best))
+        if best > stages[-1][1]:
+            stages.append((point.samples, best))
     return stages
 
 
@@ -168,41 +173,51 @@ def tune_schedule(
     baseline = context.space.baseline
     race = _ScheduleRace(study, context, seconds)
     if baseline.world_size > 1:
-        return race.summary(
-            None, f"phi is tracked in one process; yours runs {baseline.world_size}"
-        )
+        processes = f"phi is tracked in one process; yours runs {baseline.world_size}"
+        return race.summary(None, processes)
     context.progress.stage(
         f"batch-size schedule: training your configuration for {seconds:g} s, measuring the "
         "noise scale along the way"
     )
     reference = race.run("baseline", baseline, LrPlan(), track=True)
-    curve = reference.curve
-    track = noise_track(curve) if curve is not None else None
+    track = noise_track(reference.curve) if reference.curve is not None else None
     why = _why_no_schedule(reference, track)
-    options = race.measure_options(base, stage_options(records, base)) if why is None else {}
-    starts = follow_noise(track, options) if track is not None and why is None else []
-    if why is None and len(starts) < 2:
-        why = "at every phi measured, the best global batch stays " + (
-            f"{starts[0][1]}" if starts else "unmeasured"
-        )
-    if why is not None:
+    if why is not None or track is None:
         return race.summary(track, why, started)
-    assert curve is not None
-    target = curve.best_loss
+    options = race.measure_options(base, stage_options(records, base))
+    known = options.get(base.global_batch_size)  # the first stage is the base, as raced
+    options[base.global_batch_size] = StageOption(base, known.samples_per_s if known else 0.0)
+    starts = follow_noise(track, options, base.global_batch_size)
+    if len(starts) < 2:
+        kept = f"at every phi measured along your run, global batch {starts[0][1]} kept the "
+        return race.summary(track, kept + "most goodput", started)
     schedules = make_schedules(starts, options, baseline.global_batch_size, optimizer_class)
-    context.progress.stage(
+    _race_schedules(race, reference, base, fixed, schedules)
+    return race.summary(track, None, started)
+
+
+def _race_schedules(
+    race: _ScheduleRace,
+    reference: Racer,
+    base: TrialConfig,
+    fixed: tuple[TrialConfig, LrPlan],
+    schedules: Sequence[BatchSchedule],
+) -> None:
+    """The fixed recommendation, then each schedule, to the reference's lowest loss; a
+    schedule stops once it can no longer beat the fixed one by the margin."""
+    assert reference.curve is not None
+    target, seconds = reference.curve.best_loss, reference.race_seconds
+    race.context.progress.stage(
         f"racing {schedules[0].label(base.world_size)} against the fixed recommendation, "
         f"{seconds:g} s each at most, to your loss {target:.4g}"
     )
     # Where the fixed recommendation is your configuration, your run is its run too.
-    same = fixed == (baseline, LrPlan())
+    same = fixed == (reference.config, LrPlan())
     kept = reference if same else race.run("fixed", *fixed, target=target)
     rival = time_to_loss(kept.curve, target) if kept.curve else None
     limit = max(min(seconds, rival * (1 - RACE_MARGIN)), 0.05 * seconds) if rival else seconds
-    first = options[starts[0][1]].config
     for schedule in schedules:
-        race.run("schedule", first, LrPlan(), target=target, schedule=schedule, limit=limit)
-    return race.summary(track, None, started)
+        race.run("schedule", base, LrPlan(), target=target, schedule=schedule, limit=limit)
 
 
 def _why_no_schedule(reference: Racer, track: NoiseTrack | None) -> str | None:
@@ -225,7 +240,7 @@ class _ScheduleRace:
 
     def __init__(self, study: optuna.Study, context: SearchContext, seconds: float) -> None:
         self._study = study
-        self._context = context
+        self.context = context
         self._seconds = seconds
         self._stored = read_racers(study, StudyKey.SCHEDULE_RACERS)
         self.racers: list[Racer] = []
@@ -276,7 +291,7 @@ class _ScheduleRace:
         return options
 
     def _measure(self, config: TrialConfig, batch: int) -> TrialResult:
-        context = self._context
+        context = self.context
         context.progress.trial_started(f"schedule stage, global batch {batch}", config)
         result = run_trial(
             context.launch,
@@ -303,7 +318,7 @@ class _ScheduleRace:
         schedule: BatchSchedule | None,
         limit: float | None,
     ) -> Racer:
-        context = self._context
+        context = self.context
         index = len(self.racers) + 1
         what = f"{role}: {schedule.label(config.world_size)}" if schedule else role
         context.progress.trial_started(f"schedule race {index}, {what}", config)
