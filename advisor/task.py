@@ -228,6 +228,11 @@ def _check_task(task: TrainingTask) -> None:
             f"the model is a {type(task.model).__name__}, not a torch.nn.Module: "
             "return the module itself as the first element"
         )
+    if not any(parameter.requires_grad for parameter in task.model.parameters()):
+        raise FactoryError(
+            f"the model ({type(task.model).__name__}) has no parameters that require grad: "
+            "there is nothing to train"
+        )
     _check_dataset(task.dataset)
     if isinstance(task.optimizer, torch.optim.Optimizer):
         raise FactoryError(

@@ -11,9 +11,10 @@ For each example, one default `advisor.tune` (objective time-to-loss) names four
   throughput tuner would ship it);
 - the default recommendation, with the learning rate it ships.
 
-With `--schedule` the tune runs `--schedule auto` with `--schedule-seconds` the horizon, and the
-rows are the baseline, the fixed recommendation and the batch-size schedule (the shipped one, or
-the sooner of the two the tune raced, marked "not shipped"), trained as train.py trains it.
+With `--schedule` the tune runs `--schedule auto` with `--schedule-seconds` the horizon (or the
+one given, to check a schedule beyond the horizon it was raced at), and the rows are the
+baseline, the fixed recommendation and the batch-size schedule (the shipped one, or the sooner
+of the two the tune raced, marked "not shipped"), trained as train.py trains it.
 
 Each then trains `--repeats` times in fresh processes, from the same initial weights, for
 `--seconds` of training time (at least six race lengths), with advisor's race loss (held-out
@@ -57,12 +58,25 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="fresh runs per configuration")
     parser.add_argument("--trials", type=int, default=20, help="the tune's --trials")
     parser.add_argument("--schedule", action="store_true", help="tune and train the schedule")
+    parser.add_argument(
+        "--schedule-seconds", type=float, help="the tune's --schedule-seconds (default --seconds)"
+    )
     args = parser.parse_args()
     rows = []
     name = "convergence-schedule" if args.schedule else "convergence"
+    horizon = args.schedule_seconds or args.seconds
+    if args.schedule and horizon != args.seconds:
+        name += f"-{horizon:g}s-tuned"
     for spec in args.specs:
-        rows.append(_example(spec, args.seconds, args.repeats, args.trials, args.schedule))
+        tune = _tune_settings(args.trials, horizon if args.schedule else None)
+        rows.append(_example(spec, args.seconds, args.repeats, tune))
         _write(rows, args.seconds, name)  # each example's figures as soon as it has them
+
+
+def _tune_settings(trials: int, schedule_seconds: float | None) -> dict[str, Any]:
+    if schedule_seconds is None:
+        return {"trials": trials}
+    return {"trials": trials, "schedule": "auto", "schedule_seconds": schedule_seconds}
 
 
 def _write(rows: list[dict[str, object]], seconds: float, name: str) -> None:
@@ -105,14 +119,13 @@ def _schedule_picks(result: TuneResult) -> dict[str, Pick]:
 
 
 def _example(
-    spec: str, seconds: float, repeats: int, trials: int, schedule: bool
+    spec: str, seconds: float, repeats: int, settings: dict[str, Any]
 ) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as out:
         started = time.perf_counter()
-        extra: dict[str, Any] = {"schedule": "auto", "schedule_seconds": seconds}
-        result = advisor.tune(spec, out=Path(out), trials=trials, **(extra if schedule else {}))
+        result = advisor.tune(spec, out=Path(out), **settings)
         tune_s = time.perf_counter() - started
-        picks = _schedule_picks(result) if schedule else _picks(result)
+        picks = _schedule_picks(result) if "schedule" in settings else _picks(result)
         curves: dict[Pick, list[RaceCurve | None]] = {}
         for pick in dict.fromkeys(picks.values()):
             curves[pick] = [_train(spec, *pick, seconds, Path(out)) for _ in range(repeats)]

@@ -183,6 +183,34 @@ def bad_shapes():
     return nn.Linear(10, 2), _data(), nn.CrossEntropyLoss()
 
 
+def returns_none():
+    """Forgot the return statement."""
+    _model()
+
+
+def no_parameters():
+    return nn.ReLU(), _data(), nn.CrossEntropyLoss()
+
+
+def loss_not_scalar():
+    """reduction="none": one loss per sample."""
+    return _model(), _data(), nn.CrossEntropyLoss(reduction="none")
+
+
+class _Ragged(Dataset):
+    """Samples whose feature counts differ: the default collate cannot stack them."""
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.zeros(FEATURES + index % 2), torch.tensor(index % 2)
+
+
+def ragged_samples():
+    return _model(), _Ragged(), nn.CrossEntropyLoss()
+
+
 # --- trials that fail in known ways ---------------------------------------------------------
 class Faulty(nn.Module):
     """Behaves like the tiny model until `fault` triggers inside forward."""
