@@ -25,7 +25,7 @@ from advisor.search.decision import conclude, stored_result, tune_result
 from advisor.search.pruning import make_pruner
 from advisor.search.records import fail_abandoned, pruned_of, records_of, write_outcome, write_start
 from advisor.search.space import build_space, resolve_device
-from advisor.search.storage import open_study
+from advisor.search.storage import disk_full_is_one_line, open_study
 from advisor.search.study import bind_study, make_sampler, run_search
 from advisor.settings import TuneSettings, mask_url, settings_error
 from advisor.task import callable_to_spec, check_spec
@@ -107,12 +107,13 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
         make_sampler(settings, search.space),
         make_pruner(settings.early_stop, settings.trial_seconds),
     )
-    fail_abandoned(study)  # trials a dead worker left RUNNING on this host
-    bind_study(study, search)
-    write_start(study, settings, context)  # first: `advisor report` renders even an interrupt
-    records = run_search(study, search)
-    recommendation, selection = conclude(study, search, context, records)
-    write_outcome(study, selection.confirmations, recommendation)
+    with disk_full_is_one_line(settings.storage_url):
+        fail_abandoned(study)  # trials a dead worker left RUNNING on this host
+        bind_study(study, search)
+        write_start(study, settings, context)  # first: `advisor report` renders even an interrupt
+        records = run_search(study, search)
+        recommendation, selection = conclude(study, search, context, records)
+        write_outcome(study, selection.confirmations, recommendation)
     result = tune_result(
         settings,
         recommendation,

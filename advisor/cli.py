@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import signal
 import sys
 import traceback
@@ -264,6 +265,9 @@ def _write_provisional_reports(settings: TuneSettings) -> None:
     )
 
 
+DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # no space, quota, file size limit
+
+
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -289,6 +293,13 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             traceback.print_exc()
         where = f" ({exc.filename})" if exc.filename else ""
+        if exc.errno in DISK_FULL:
+            click.echo(
+                f"error: the disk is full{where}: the finished trials are kept; free some space "
+                "and run the same command to resume",
+                err=True,
+            )
+            sys.exit(1)
         click.echo(f"error: {exc.strerror or exc}{where}: check the path and permissions", err=True)
         sys.exit(2)
     except (KeyboardInterrupt, click.Abort):

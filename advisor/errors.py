@@ -10,6 +10,7 @@ Every message says what is wrong *and* how to fix it; the CLI prints it as one l
     │   ├── FirstStepError            the task builds, but its first training step fails
     │   ├── SettingsError             an invalid flag or setting
     │   └── StorageError              a storage URL advisor cannot use
+    ├── DiskFullError (exit 1)        the disk filled while writing; what finished is kept
     └── NoFeasibleConfigError (exit 3) every measured configuration failed
 
 A trial child reports a `BadInputError` it raised by its `kind` (`TrialResult.input_error`);
@@ -25,6 +26,7 @@ __all__ = [
     "AdvisorError",
     "BadInputError",
     "ContractError",
+    "DiskFullError",
     "FactoryError",
     "FirstStepError",
     "NoFeasibleConfigError",
@@ -86,6 +88,13 @@ class StorageError(BadInputError):
     """A storage URL cannot be used."""
 
     kind = "storage"
+
+
+class DiskFullError(AdvisorError, OSError):
+    """The disk (or a file size limit) ran out while advisor wrote; every trial that finished
+    before is kept, and the same command resumes once there is space."""
+
+    exit_code = 1
 
 
 class NoFeasibleConfigError(AdvisorError, RuntimeError):

@@ -153,7 +153,9 @@ def _row(
         "name": name,
         "config": schedule.label(config.world_size) if schedule else config.label(),
         "global_batch": config.global_batch_size,
-        "lr": lr.label,
+        "lr": f"{schedule.rule} rule per stage"
+        if schedule and schedule.rule != "yours"
+        else lr.label,
         "seconds_to_target": [
             time_to_loss(c, target) if c is not None and target is not None else None
             for c in curves

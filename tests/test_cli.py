@@ -158,3 +158,20 @@ def test_a_settings_file_drives_the_tune_and_flags_override_it(tmp_path):
     rec = json.loads((tmp_path / "recommendation.json").read_text())
     assert rec["spec"] == f"{TINY}:factory"
     assert "1 configuration measured: 1 ok." in (tmp_path / "report.md").read_text()  # --trials won
+
+
+def test_a_study_file_that_is_not_a_study_is_named_and_left_alone(tmp_path):
+    study = tmp_path / "study.db"
+    study.write_bytes(b"not a database, but someone's notes\n" * 100)
+    before = study.read_bytes()
+    completed = advisor("tune", f"{TINY}:factory", "--out", str(tmp_path), "--trials", "2")
+    line = _one_line_error(completed)
+    assert str(study) in line and "is not a study advisor can read" in line
+    assert study.read_bytes() == before  # nothing overwritten
+
+
+def test_an_output_folder_that_cannot_be_written_is_exit_2(tmp_path):
+    blocker = tmp_path / "a file"
+    blocker.write_text("in the way")
+    completed = advisor("tune", f"{TINY}:factory", "--out", str(blocker / "run"))
+    assert str(blocker) in _one_line_error(completed)

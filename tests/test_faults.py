@@ -1,15 +1,21 @@
 """A tune over a workload with a fault in every corner of its space still ends with a
 feasible recommendation, every failure kept and explained."""
 
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
+import optuna
 import pytest
+from optuna.trial import TrialState
 
 from advisor.recommendation import Recommendation
-from tests.conftest import ROOT, run_advisor, survivors
+from tests.conftest import ROOT, TINY, run_advisor, survivors
 
 pytestmark = pytest.mark.slow
+# A tmpfs this small fills after a few of a tune's trials: its study, WAL and trial logs.
+SMALL_DISK = "600k"
 
 
 def test_a_tune_over_every_fault_recommends_what_trained_and_explains_the_rest(tmp_path, marked):
@@ -105,3 +111,41 @@ def test_a_tune_whose_baseline_and_next_trials_raise_alike_stops_and_says_why(tm
         completed.stderr
     )
     assert "Traceback" not in completed.stderr
+
+
+def _mount_small_disk(path: Path, size: str) -> bool:
+    """A size-limited tmpfs at `path`; False where this process may not mount one (not root)."""
+    path.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]
+    return subprocess.run(mount, capture_output=True, check=False).returncode == 0
+
+
+def _finished(folder: Path) -> set[tuple[str, ...]]:
+    """The configurations of the finished trials a study folder holds."""
+    study = optuna.load_study(storage=f"sqlite:///{folder / 'study.db'}", study_name=None)
+    return {
+        tuple(sorted(f"{k}={v}" for k, v in trial.params.items()))
+        for trial in study.get_trials(states=(TrialState.COMPLETE,))
+    }
+
+
+def test_a_disk_that_fills_mid_tune_is_one_line_exit_1_and_the_same_command_resumes(tmp_path):
+    disk = tmp_path / "disk"
+    if not _mount_small_disk(disk, SMALL_DISK):
+        pytest.skip("mounting a size-limited tmpfs needs root")
+    roomy = tmp_path / "roomy"
+    try:
+        completed = run_advisor("tune", f"{TINY}:factory", "--out", str(disk), "--trials", "6")
+        shutil.copytree(disk, roomy)  # what the full disk kept
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+    assert completed.returncode == 1, completed.stderr
+    lines = [line for line in completed.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in completed.stderr, completed.stderr
+    assert "the disk is full" in lines[0] and "run the same command to resume" in lines[0]
+    kept = _finished(roomy)
+    assert kept, "no trial finished before the disk filled: make SMALL_DISK larger"
+
+    resumed = run_advisor("tune", f"{TINY}:factory", "--out", str(roomy), "--trials", "6")
+    assert resumed.returncode == 0, resumed.stderr
+    assert kept <= _finished(roomy)  # every trial the full disk kept, and more

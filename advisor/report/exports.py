@@ -196,9 +196,11 @@ def _hf_schedule(summary: ScheduleSummary) -> dict[str, Any]:
             "TrainingArguments fixes the batch for a whole run, so training_args above are the "
             "nearest fixed configuration (the fixed recommendation). The batch-size schedule "
             f"advisor raced reached your loss {summary.speedup or 0:.2f}x sooner than it. To "
-            "follow the schedule, train one run per stage: stop at the next stage's step with "
-            "the callback below, then resume_from_checkpoint with that stage's "
-            "per_device_train_batch_size, gradient_accumulation_steps and learning rate."
+            "follow it, train one run per stage with that stage's per_device_train_batch_size "
+            "and gradient_accumulation_steps, each resumed (resume_from_checkpoint, "
+            "ignore_data_skip=True) from the checkpoint the run before saved at the stage's "
+            "from_step (StopAtStep below); where a stage's learning_rate_scale is not 1, add "
+            "StageLearningRate(scale) to its run."
         ),
         "stages": [
             {
@@ -213,7 +215,10 @@ def _hf_schedule(summary: ScheduleSummary) -> dict[str, Any]:
         "callback": [
             "from transformers import TrainerCallback",
             "",
+            "",
             "class StopAtStep(TrainerCallback):",
+            '    """Save and stop where the next stage begins."""',
+            "",
             "    def __init__(self, step):",
             "        self.step = step",
             "",
@@ -221,6 +226,18 @@ def _hf_schedule(summary: ScheduleSummary) -> dict[str, Any]:
             "        if state.global_step >= self.step:",
             "            control.should_save = True",
             "            control.should_training_stop = True",
+            "",
+            "",
+            "class StageLearningRate(TrainerCallback):",
+            '    """Your learning rate times the stage\'s scale (after the resumed scheduler)."""',
+            "",
+            "    def __init__(self, scale):",
+            "        self.scale = scale",
+            "",
+            "    def on_train_begin(self, args, state, control, lr_scheduler=None, **kwargs):",
+            "        lr_scheduler.base_lrs = [args.learning_rate * self.scale] * len(",
+            "            lr_scheduler.base_lrs",
+            "        )",
         ],
     }
 

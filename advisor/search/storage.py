@@ -4,9 +4,10 @@ keep passwords out of everything we print."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -23,11 +24,12 @@ from sqlalchemy.exc import (
     SQLAlchemyError,
 )
 
-from advisor.errors import StorageError
+from advisor.errors import DiskFullError, StorageError
 from advisor.settings import mask_url
 
 __all__ = [
     "STALE_AFTER_S",
+    "disk_full_is_one_line",
     "load_study",
     "make_storage",
     "open_study",
@@ -131,6 +133,11 @@ def open_study(
         ) from exc
     except Exception as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "file is not a database" in message:  # SQLite's SQLITE_NOTADB: left as it is
+            raise StorageError(
+                f"{mask_url(url)} is not a study advisor can read (file is not a database): "
+                "move it away, or give another --out or --storage"
+            ) from exc
         raise StorageError(
             f"cannot open storage {mask_url(url)}: {message.replace(url, mask_url(url))}; "
             "check the URL, the server and your credentials"
@@ -165,6 +172,35 @@ def _create_or_load(
     raise AssertionError("unreachable")
 
 
+@contextlib.contextmanager
+def disk_full_is_one_line(url: str) -> Iterator[None]:
+    """A storage write that fails for want of space anywhere in the block (a trial, an
+    enqueued proposal, a stored racer) becomes a `DiskFullError`: what the study saved before
+    is kept, and the same command resumes."""
+    try:
+        yield
+    except (optuna.exceptions.StorageInternalError, SQLAlchemyError) as exc:
+        if not _disk_full(exc):
+            raise
+        raise _disk_full_error(url) from exc
+
+
+def _disk_full_error(url: str) -> DiskFullError:
+    return DiskFullError(
+        f"the disk is full: {mask_url(url)} cannot save more; the trials finished before are "
+        "kept: free some space and run the same command to resume"
+    )
+
+
+def _disk_full(exc: BaseException | None) -> bool:
+    """Whether `exc` or an error it came from is SQLite's SQLITE_FULL or ENOSPC."""
+    while exc is not None:
+        if "disk is full" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def optimize_one(study: optuna.Study, objective: Callable[[optuna.Trial], float], url: str) -> None:
     """One trial of `objective`; a storage that cannot save it ends the run with a StorageError.
 
@@ -177,6 +213,8 @@ def optimize_one(study: optuna.Study, objective: Callable[[optuna.Trial], float]
         cause = exc if not isinstance(exc, AssertionError) else exc.__context__
         if not isinstance(cause, (optuna.exceptions.StorageInternalError, SQLAlchemyError)):
             raise
+        if _disk_full(cause):
+            raise _disk_full_error(url) from exc
         while cause.__cause__ is not None:  # Optuna's wrapper says less than SQLite's error
             cause = cause.__cause__
         reason = str(cause).splitlines()[0] if str(cause) else type(cause).__name__

@@ -262,6 +262,10 @@ def test_a_shipped_schedule_is_a_lightning_callback_and_an_hf_note(tmp_path):
     assert hf["training_args"]["per_device_train_batch_size"] == 512  # the nearest fixed one
     assert "2.00x sooner" in hf["batch_size_schedule"]["note"]
     assert [s["global_batch"] for s in hf["batch_size_schedule"]["stages"]] == [32, 64, 128]
+    if importlib.util.find_spec("transformers") is not None:  # the snippet's callbacks load
+        namespace: dict[str, object] = {}
+        exec("\n".join(hf["batch_size_schedule"]["callback"]), namespace)
+        assert {"StopAtStep", "StageLearningRate"} <= namespace.keys()
     lightning = render_export(rec, "lightning")
     assert "(2, 2, 1.5)," in lightning and "(4, 4, 2)," in lightning
     path = write_exports(rec, tmp_path, ("lightning",))[0]
