@@ -323,11 +323,12 @@ def _warnings(
             f"({batch / baseline_batch:g}x), and nothing checked how soon it reaches your loss: "
             f"{unchecked}, or with --global-batch-size {baseline_batch} to keep it"
         )
-    if race is not None and batch != baseline_batch:
+    if race is not None and race.target_loss is not None and settings.schedule == "off":
         warnings.append(
             f"the race covered the first {race.seconds:g} s of training from your initial "
             "weights; the best global batch often grows later in training (the gradient noise "
-            "scale grows as the loss falls), so a longer run may favour a larger one still"
+            "scale grows as the loss falls): --schedule auto measures that over a longer run "
+            "and races a batch that grows with it"
         )
     if baseline_rate is None:
         warnings.append("the baseline configuration failed: no speed-up can be stated")
