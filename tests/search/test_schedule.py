@@ -195,3 +195,15 @@ def test_an_interrupted_schedule_race_keeps_its_finished_racers(tmp_path):
     schedules = [r.schedule for r in summary.racers[1:]]
     assert schedules[0].rule == "yours" and schedules[1].rule == "linear"
     assert all(len(s.stages) >= 2 for s in schedules)
+
+
+def test_a_schedule_stopped_before_your_loss_does_not_ship_and_says_what_it_had_to_beat():
+    racers = [
+        _racer("baseline", [(0, 2.0), (30, 1.0)]),
+        _racer("fixed", [(0, 2.0), (8.8, 1.0)]),
+        _racer("schedule", [(0, 2.0), (7.5, 1.2)], SCHEDULE),  # stopped at 0.85 x 8.8 s
+    ]
+    shipped, _, _, verdict = decide_schedule(racers)
+    assert shipped is None
+    assert "more than 15% sooner than the fixed recommendation" in verdict
+    assert "which took 8.8 s: none ships" in verdict

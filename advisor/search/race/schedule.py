@@ -388,7 +388,15 @@ def decide_schedule(
     loss = f"your {reference.race_seconds:g}-s loss {targets[0]:.4g}"
     schedules = [i for i, r in enumerate(timed) if r.role == "schedule" and r.time_to_target_s]
     if not schedules:
-        return None, targets[0], timed, f"no schedule reached {loss}, against {against}"
+        return (
+            None,
+            targets[0],
+            timed,
+            (
+                f"no schedule reached {loss} more than {RACE_MARGIN:.0%} sooner than "
+                f"{_fixed_label(timed[fixed])}, which took {_seconds(timed[fixed])}: none ships"
+            ),
+        )
     best = min(schedules, key=lambda i: timed[i].time_to_target_s or math.inf)
     text = (
         f"the schedule {timed[best].label} reached {loss} after "
