@@ -24,6 +24,7 @@ from advisor.search.space import build_space
 from advisor.settings import TuneSettings
 from advisor.trial.parent.runner import TrialLaunch
 from tests.conftest import CPU_PROFILE, ROOT
+from tests.search.interrupts import StopAfterFirstRacer
 
 CONVERGENCE = "tests/workloads/convergence.py"
 SMALL = TrialConfig(batch_size=8)
@@ -82,20 +83,8 @@ def test_the_race_picks_the_big_batch_and_its_lr_where_it_wins(tmp_path):
     assert winner.time_to_target_s < 0.85 * baseline.time_to_target_s
 
 
-class _StopAfterFirstRacer(NullProgress):
-    def __init__(self) -> None:
-        self.started: list[str] = []
-
-    def trial_started(self, label: str, config: TrialConfig) -> None:
-        self.started.append(label)
-
-    def racer_finished(self, racer: Racer) -> None:
-        if len(self.started) == 1:
-            raise KeyboardInterrupt
-
-
 def test_an_interrupted_race_keeps_its_finished_racers_and_resumes_after_them(tmp_path):
-    progress = _StopAfterFirstRacer()
+    progress = StopAfterFirstRacer()
     context = _context(tmp_path, "big_batch_wins", progress)
     with pytest.raises(KeyboardInterrupt):
         run_race(_study(tmp_path), context, _plans())
@@ -103,7 +92,7 @@ def test_an_interrupted_race_keeps_its_finished_racers_and_resumes_after_them(tm
     [kept] = read_racers(study)
     assert kept.config == SMALL and kept.curve is not None
 
-    resumed = _StopAfterFirstRacer()
+    resumed = StopAfterFirstRacer()
     resumed.started.append("(already stopped once)")
     racers = run_race(study, _context(tmp_path, "big_batch_wins", resumed), _plans())
     assert len(resumed.started) == 1 + 2  # only the two racers that had not finished
@@ -114,7 +103,7 @@ def test_an_interrupted_race_keeps_its_finished_racers_and_resumes_after_them(tm
 def test_a_loss_that_does_not_fall_decides_no_race_and_skips_the_other_racers(tmp_path):
     """At lr 0 the held-out loss stays where it started: time to it says nothing about a
     global batch, so only the baseline trains and the user's global batch is kept."""
-    progress = _StopAfterFirstRacer()
+    progress = StopAfterFirstRacer()
     progress.started.append("(never stop)")
     context = _context(tmp_path, "known_noise_scale", progress)
     racers = run_race(_study(tmp_path), context, _plans())

@@ -35,6 +35,7 @@ from advisor.search.space import build_space
 from advisor.settings import TuneSettings
 from advisor.trial.parent.runner import TrialLaunch
 from tests.conftest import CPU_PROFILE, ROOT
+from tests.search.interrupts import StopAfterFirstRacer
 
 BASE = TrialConfig(batch_size=32)
 
@@ -135,18 +136,6 @@ def test_a_schedule_ships_only_if_it_beats_the_fixed_one_by_the_margin(schedule_
 CONVERGENCE = "tests/workloads/convergence.py"
 
 
-class _StopAfterFirstRacer(NullProgress):
-    def __init__(self) -> None:
-        self.started: list[str] = []
-
-    def trial_started(self, label: str, config: TrialConfig) -> None:
-        self.started.append(label)
-
-    def racer_finished(self, racer: Racer) -> None:
-        if len(self.started) == 1:
-            raise KeyboardInterrupt
-
-
 def _context(tmp_path: Path, progress: NullProgress) -> SearchContext:
     settings = TuneSettings(
         spec=f"{CONVERGENCE}:noise_grows", schedule="auto", schedule_seconds=2.0, max_world_size=1
@@ -178,12 +167,12 @@ def test_an_interrupted_schedule_race_keeps_its_finished_racers(tmp_path):
     study = optuna.create_study(storage=storage, study_name="schedule")
     args = (BASE, (BASE, LrPlan()), _search_records(), "SGD")
     with pytest.raises(KeyboardInterrupt):
-        tune_schedule(study, _context(tmp_path, _StopAfterFirstRacer()), *args)
+        tune_schedule(study, _context(tmp_path, StopAfterFirstRacer()), *args)
     study = optuna.load_study(storage=storage, study_name="schedule")
     [kept] = read_racers(study, StudyKey.SCHEDULE_RACERS)
     assert kept.role == "baseline" and kept.curve is not None and kept.curve.noise_probes
 
-    resumed = _StopAfterFirstRacer()
+    resumed = StopAfterFirstRacer()
     resumed.started.append("(already stopped once)")
     summary = tune_schedule(study, _context(tmp_path, resumed), *args)
     assert summary.track is not None and summary.track.grew, summary.verdict

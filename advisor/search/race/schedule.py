@@ -38,7 +38,7 @@ from advisor.results import TrialRecord, TrialResult
 from advisor.search.context import SearchContext
 from advisor.search.race.noise import noise_track
 from advisor.search.race.plan import lr_rule
-from advisor.search.race.verdict import RACE_MARGIN, time_to_loss
+from advisor.search.race.verdict import RACE_MARGIN, beats, time_to_loss, timed_to
 from advisor.search.records import (
     StudyKey,
     read_options,
@@ -348,17 +348,13 @@ class _ScheduleRace:
     def summary(
         self, track: NoiseTrack | None, why: str | None, started: float | None = None
     ) -> ScheduleSummary:
+        """What the schedule's tune found: `why` none was raced, or the race's verdict."""
         cost = time.perf_counter() - started if started is not None else 0.0
-        if why is not None:
-            return ScheduleSummary(
-                seconds=self._seconds,
-                track=track,
-                rule=GOODPUT_RULE,
-                racers=tuple(self.racers),
-                verdict=why,
-                cost_s=cost,
-            )
-        shipped, target, racers, verdict = decide_schedule(self.racers)
+        shipped, target, racers, verdict = (
+            (None, None, tuple(self.racers), why)
+            if why is not None
+            else decide_schedule(self.racers)
+        )
         return ScheduleSummary(
             seconds=self._seconds,
             track=track,
@@ -381,7 +377,7 @@ def decide_schedule(
     reference = next(r for r in racers if r.role == "baseline")
     assert reference.curve is not None
     targets = reference.curve.target_losses
-    timed_at = [_timed(racers, target) for target in targets]
+    timed_at = [timed_to(racers, target) for target in targets]
     timed = timed_at[0]
     fixed = fixed_racer(timed)
     against = f"{_seconds(timed[fixed])} for {_fixed_label(timed[fixed])}"
@@ -402,7 +398,7 @@ def decide_schedule(
         f"the schedule {timed[best].label} reached {loss} after "
         f"{timed[best].time_to_target_s:.1f} s, against {against}"
     )
-    if all(_beats(at[best], at[fixed]) for at in timed_at):
+    if all(beats(at[best], at[fixed]) for at in timed_at):
         return best, targets[0], timed, text + ": it ships"
     margin = (
         f": not sooner by more than {RACE_MARGIN:.0%} at every loss checked, so it does not ship"
@@ -422,23 +418,6 @@ def _fixed_label(racer: Racer) -> str:
     if racer.role == "baseline":
         return "your configuration, the fixed recommendation"
     return f"the fixed recommendation ({racer.label})"
-
-
-def _timed(racers: Sequence[Racer], target: float) -> tuple[Racer, ...]:
-    return tuple(
-        r.model_copy(
-            update={"time_to_target_s": time_to_loss(r.curve, target) if r.curve else None}
-        )
-        for r in racers
-    )
-
-
-def _beats(first: Racer, second: Racer) -> bool:
-    if first.time_to_target_s is None:
-        return False
-    if second.time_to_target_s is None:
-        return True
-    return first.time_to_target_s < second.time_to_target_s * (1 - RACE_MARGIN)
 
 
 def _seconds(racer: Racer) -> str:

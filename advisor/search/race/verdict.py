@@ -26,9 +26,11 @@ from advisor.recommendation import Racer, RaceSummary, did_not_fall, reference_r
 
 __all__ = [
     "RACE_MARGIN",
+    "beats",
     "decide_race",
     "pick_at_batch0",
     "time_to_loss",
+    "timed_to",
 ]
 
 # A racer must reach the loss this much sooner than the best at the user's batch to win:
@@ -112,15 +114,10 @@ class _Verdict(NamedTuple):
 def _verdict_at(racers: Sequence[Racer], target: float) -> _Verdict:
     """Time each racer to `target` and choose: the candidate that reached it soonest, if it beat
     the pick at the user's batch by the margin; else that pick."""
-    timed = tuple(
-        r.model_copy(
-            update={"time_to_target_s": time_to_loss(r.curve, target) if r.curve else None}
-        )
-        for r in racers
-    )
+    timed = timed_to(racers, target)
     at_batch0 = pick_at_batch0(timed)
     best = _best_candidate(timed)
-    if best is not None and _beats(timed[best], timed[at_batch0]):
+    if best is not None and beats(timed[best], timed[at_batch0]):
         text = _won_verdict(timed, best, at_batch0, target)
         return _Verdict(target, timed, best, at_batch0, text)
     text = _kept_verdict(timed, at_batch0, best, target)
@@ -160,7 +157,7 @@ def pick_at_batch0(racers: Sequence[Racer]) -> int:
     faster = next((i for i, r in enumerate(racers) if r.role == "your batch"), None)
     if faster is None or racers[baseline].role != "baseline":
         return faster if faster is not None else baseline
-    if _beats(racers[baseline], racers[faster]):
+    if beats(racers[baseline], racers[faster]):
         return baseline
     return faster
 
@@ -184,7 +181,17 @@ def _final(racer: Racer) -> float:
     return racer.curve.final_loss if racer.curve else math.inf
 
 
-def _beats(first: Racer, second: Racer) -> bool:
+def timed_to(racers: Sequence[Racer], target: float) -> tuple[Racer, ...]:
+    """The racers with their training time until each first reached `target` (None: never)."""
+    return tuple(
+        r.model_copy(
+            update={"time_to_target_s": time_to_loss(r.curve, target) if r.curve else None}
+        )
+        for r in racers
+    )
+
+
+def beats(first: Racer, second: Racer) -> bool:
     """Whether `first` reached the target more than the noise sooner than `second`."""
     if first.time_to_target_s is None:
         return False
