@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal, cast
 
 from pydantic import ValidationError
 
-from advisor.errors import BadInputError
+from advisor.errors import BadInputError, SettingsError
 from advisor.knob_row import FRAMEWORKS, Framework
 from advisor.progress import NullProgress, Progress
 from advisor.recommendation import Recommendation, StudyContext, TuneResult
@@ -96,6 +99,12 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
     check_spec(settings.spec)
     logs_dir = settings.out_dir / "logs"
     logs_dir.mkdir(parents=True, exist_ok=True)
+    with _one_tune_per_folder(settings.out_dir, settings.worker_name):
+        return _tune_in(settings, progress, logs_dir)
+
+
+def _tune_in(settings: TuneSettings, progress: Progress, logs_dir: Path) -> TuneResult:
+    """`tune_with`, once this process holds its output folder."""
     search, context = _prepare(settings, progress, logs_dir)
     progress.stage(
         f"searching {search.space.size} configurations with {settings.sampler}; storage "
@@ -124,6 +133,30 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
     )
     write_outputs(result)
     return result
+
+
+@contextlib.contextmanager
+def _one_tune_per_folder(out_dir: Path, worker: str) -> Iterator[None]:
+    """Hold `out_dir` for this worker while the tune runs: a second tune of the same worker
+    name (by default the host's) on the same folder is refused, so that no two write its
+    study, logs and reports at once; workers with distinct `--worker` names may share it."""
+    path = out_dir / f".advisor-{worker}.lock"
+    with path.open("a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            raise SettingsError(
+                f"another advisor tune ({holder}) is running on {out_dir} as worker {worker}: "
+                "wait for it, give another --out, or join its study as another worker "
+                "(--worker NAME)"
+            ) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()}")
+        lock.flush()
+        yield
 
 
 def _prepare(

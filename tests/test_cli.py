@@ -2,10 +2,12 @@
 
 import json
 import subprocess
+import sys
+import time
 
 import pytest
 
-from tests.conftest import TINY, run_advisor
+from tests.conftest import ROOT, TINY, run_advisor
 
 
 def advisor(*args: str) -> subprocess.CompletedProcess[str]:
@@ -175,3 +177,22 @@ def test_an_output_folder_that_cannot_be_written_is_exit_2(tmp_path):
     blocker.write_text("in the way")
     completed = advisor("tune", f"{TINY}:factory", "--out", str(blocker / "run"))
     assert str(blocker) in _one_line_error(completed)
+
+
+def test_a_second_tune_on_the_same_folder_is_refused_and_the_first_goes_on(tmp_path):
+    """Two tunes writing one study, its logs and reports at once would interleave them: the
+    second is one line and exit 2; the first finishes as if alone."""
+    command = [sys.executable, "-m", "advisor", "tune", f"{TINY}:factory", "--trials", "3"]
+    first = subprocess.Popen(
+        [*command, "--out", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "study.db").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)  # the study exists once the first holds the folder
+    second = advisor("tune", f"{TINY}:factory", "--trials", "3", "--out", str(tmp_path))
+    line = _one_line_error(second)
+    assert f"another advisor tune (pid {first.pid}) is running on {tmp_path}" in line
+    _, stderr = first.communicate(timeout=600)
+    assert first.returncode == 0, stderr
+    assert json.loads((tmp_path / "recommendation.json").read_text())["spec"] == f"{TINY}:factory"
