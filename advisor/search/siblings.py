@@ -115,13 +115,7 @@ def add_siblings(
     Added between trials, after the one that measured them has been stored: a failure to add
     one, or an interrupt, cannot cost that trial; a resumed search adds those it missed."""
     settings, space = context.settings, context.space
-    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    busy = [planned_params(trial) for trial in running]
-    known = set(measured) | {
-        space.config_from_params(p)
-        for p in busy
-        if set(space.domains) <= set(p) and space.problem(p) is None
-    }
+    known = set(measured) | _taken(study, space)
     groups = [
         (record, siblings)
         for record in records
@@ -139,6 +133,8 @@ def add_siblings(
         for config, result in siblings:
             if config in {r.result.config for r in added}:
                 continue  # two trials' parts measured it: the first's estimate is kept
+            if config in _taken(study, space):
+                continue  # another worker started or recorded it since `known` was read
             context.progress.trial_started(f"{label} (derived from {of})", config)
             sibling = TrialRecord(
                 number=len(study.get_trials(deepcopy=False)),
@@ -152,6 +148,19 @@ def add_siblings(
             added.append(sibling)
             context.progress.trial_finished(sibling, _fastest([*measured.values(), *added]))
     return bool(added)
+
+
+def _taken(study: optuna.Study, space: SearchSpace) -> set[TrialConfig]:
+    """The configurations some worker is measuring or has recorded, read from the study now:
+    read again right before each sibling is added, the window in which another worker may
+    start the same configuration is the few milliseconds of one write."""
+    trials = study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE))
+    planned = [planned_params(trial) for trial in trials]
+    return {
+        space.config_from_params(p)
+        for p in planned
+        if set(space.domains) <= set(p) and space.problem(p) is None
+    }
 
 
 def _derived_trial(space: SearchSpace, record: TrialRecord) -> FrozenTrial:

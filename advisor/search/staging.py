@@ -267,7 +267,9 @@ def _next_probe(
     if start is None:
         return None
     ladder = [ranking.batch0, *sorted(b for b in _global_batches(space) if b > ranking.batch0)]
-    gains = _goodput_gains(records, ranking, ladder)
+    # A sibling derived from a trial's parts is a larger batch by accumulation alone, not the
+    # probe's scaled micro-batch: it leaves its rung unprobed.
+    gains = _goodput_gains([r for r in records if ran_itself(r)], ranking, ladder)
     for index in _ladder_candidates(gains, len(ladder)):
         probe = _scaled(space, start, ladder[index], records, known)
         if probe is not None:

@@ -98,6 +98,25 @@ def test_probes_start_from_the_best_at_your_batch_and_the_rest_goes_where_the_ra
     assert any(r.stage == "raced batch" for r in records)
 
 
+def test_siblings_derived_by_accumulation_leave_the_larger_batches_to_be_probed():
+    """A loaded machine times the baseline in parts, so its accumulation siblings (your
+    micro-batch, 2-8 steps) land on the larger batches first: they do not stand for the
+    probe, which scales the micro-batch, and the probes still run."""
+    ranking = Ranking(BATCH0, _noise(64.0))
+    base = _record(0, SPACE.baseline, _cpu(SPACE.baseline), ranking)
+    records = [base]
+    for number, steps in enumerate((2, 4, 8), start=1):
+        config = SPACE.baseline.model_copy(update={"accumulation_steps": steps})
+        sibling = _record(number, config, _cpu(config), ranking)
+        records.append(sibling.model_copy(update={"derived_from": 0}))
+    while len(records) < 20 and (move := next_move(SPACE, ranking, records, [], 20)):
+        config = SPACE.config_from_params(move.params)
+        records.append(_record(len(records), config, _cpu(config), ranking, move.stage))
+    probes = [r.result.config for r in records if r.stage == "probe"]
+    assert probes and probes[0].global_batch_size == 4 * BATCH0
+    assert probes[0].batch_size > SPACE.baseline.batch_size  # the micro-batch, scaled
+
+
 def test_batches_whose_goodput_cannot_win_get_one_probe_at_most():
     """phi 8: a batch 4x yours needs 3.3x the samples, more than its 2x samples/s buys."""
     ranking = Ranking(BATCH0, _noise(8.0))

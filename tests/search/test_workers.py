@@ -58,7 +58,11 @@ def _check_sum(study: optuna.Study) -> None:
     # (on a busy machine, accumulation 8 may not fit these 0.3-s windows) together as one more.
     counted = {name: trials_counted([t.user_attrs for t in ts]) for name, ts in by_worker.items()}
     assert counted == {"a": 3, "b": 3}  # 3 + 3: the sum requested
-    assert len({tuple(sorted(t.params.items())) for t in measured}) == len(measured)
+    ran = [t for t in measured if t.user_attrs.get("derived_from") is None]
+    assert len({tuple(sorted(t.params.items())) for t in ran}) == len(ran)  # none ran twice
+    # A sibling derived from a trial's parts (free) is added unless another worker measures
+    # it: re-read right before the write, only a start within those milliseconds slips by.
+    assert len({tuple(sorted(t.params.items())) for t in measured}) >= len(measured) - 1
     assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
 
 
