@@ -111,6 +111,10 @@ def tune(spec: str | None, config: Path | None, as_json: bool, quiet: bool, **fl
         return
     rec = result.recommendation
     out.print(recommendation_table(rec))
+    if rec.confirmation is not None:
+        colour = "green" if rec.confirmation.confirmed else "yellow"
+        statement = escape(rec.confirmation.statement)
+        out.print(f"[{colour}]{statement}[/]", highlight=False, soft_wrap=True)
     kept = baseline_kept(rec)
     if kept is not None:
         more = " (see report.md)" if rec.throughput_pick else ""

@@ -124,6 +124,8 @@ class ConsoleProgress:
 def recommendation_table(rec: Recommendation) -> Table:
     """The recommendation against the baseline, knob by knob, with both throughputs."""
     speedup = f"{rec.speedup:.2f}x" if rec.speedup else "–"
+    if rec.confirmation is not None and not rec.confirmation.confirmed:
+        speedup = f"unconfirmed, at most {speedup}"
     title = f"Recommended configuration ({speedup} your baseline's samples/s)"
     if rec.time_to_loss_speedup:
         title = (

@@ -26,6 +26,7 @@ from advisor.settings import Objective, TuneSettings
 __all__ = [
     "BatchEffort",
     "Bottleneck",
+    "Confirmation",
     "Efficiency",
     "FixedKnob",
     "KnobEffect",
@@ -233,6 +234,53 @@ class ScheduleSummary(_Frozen):
         return fixed.time_to_target_s / (shipped.time_to_target_s or math.inf)
 
 
+class Confirmation(_Frozen):
+    """Whether the re-runs support the speed-up claimed (`advisor.search.claims`): the paired
+    speed-ups of the recommendation over the baseline, one per round, and how busy the
+    machine was meanwhile."""
+
+    confirmed: bool
+    ratios: tuple[float, ...] = Field(description="recommendation ÷ baseline samples/s, by round")
+    low: float = Field(description="the low end of the interval around their median")
+    high: float
+    claimed_speedup: float = Field(
+        description="the median where confirmed; else the lowest paired ratio, the most the "
+        "runs support"
+    )
+    outside_cores: float | None = Field(
+        default=None, description="the most CPU other programs used during a re-run, in cores"
+    )
+    cores: int | None = None
+    steal_share: float | None = Field(default=None, description="the most a hypervisor took")
+    gpu_processes: int | None = Field(default=None, description="other programs on the GPU")
+    why: str | None = Field(default=None, description="why unconfirmed, in a sentence")
+
+    @property
+    def statement(self) -> str:
+        """What the re-runs support, in a sentence."""
+        rounds = f"{len(self.ratios)} round{'s' if len(self.ratios) != 1 else ''}"
+        if self.confirmed:
+            load = ""
+            if self.outside_cores is not None and self.outside_cores >= 0.25 and self.cores:
+                load = (
+                    f", measured while other programs used {self.outside_cores:.1f} of "
+                    f"{self.cores} cores"
+                )
+            return (
+                f"confirmed: {rounds} of paired re-runs agree ({self.low:.2f}x to "
+                f"{self.high:.2f}x your baseline's samples/s){load}"
+            )
+        claim = (
+            f"it claims no more than {self.claimed_speedup:.2f}x, its lowest round"
+            if self.claimed_speedup >= 1
+            else "it claims no speed-up"
+        )
+        return (
+            f"unconfirmed: {self.why}; {claim}. Re-measure on a quieter machine "
+            "(benchmarks/remeasure.py, or the same tune command again)"
+        )
+
+
 class ThroughputPick(_Frozen):
     """The configuration with the highest samples/s, when the race chose another."""
 
@@ -271,7 +319,10 @@ class Recommendation(_Frozen):
     peak_memory_bytes: int | None
     baseline_config: TrialConfig
     baseline_samples_per_s: float | None = Field(description="None when the baseline failed")
-    speedup: float | None
+    speedup: float | None = Field(
+        description="median re-run samples/s over the baseline's where `confirmation` "
+        "confirms it, else the lowest ratio of one round's paired re-runs"
+    )
     chosen_from_trial: int
     confirm_runs: tuple[float, ...] = Field(description="samples/s of each re-run after search")
     baseline_runs: tuple[float, ...] = Field(description="the baseline's re-runs, alongside")
@@ -284,6 +335,10 @@ class Recommendation(_Frozen):
     time_to_loss_speedup: float | None = Field(
         default=None,
         description="the baseline's race time to its own lowest loss over the winner's",
+    )
+    confirmation: Confirmation | None = Field(
+        default=None,
+        description="whether the re-runs support `speedup`; None where no speed-up is claimed",
     )
     race: RaceSummary | None = None
     noise_scale: NoiseScale | None = None

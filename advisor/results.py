@@ -19,6 +19,7 @@ __all__ = [
     "FailurePhase",
     "GpuInfo",
     "HardwareProfile",
+    "MachineLoad",
     "PrunedProposal",
     "RankResult",
     "TaskSummary",
@@ -104,6 +105,23 @@ class RankResult(_Frozen):
     startup_s: float | None = None
 
 
+class MachineLoad(_Frozen):
+    """How busy the machine was during a trial, besides the trial and advisor
+    (`advisor.trial.parent.load`)."""
+
+    cores: int = Field(description="the machine's logical CPUs")
+    seconds: float = Field(description="the wall time it covers: the whole trial")
+    outside_cores: float = Field(
+        description="CPU time other programs used over the wall time: 1.0 is one core busy"
+    )
+    steal_share: float = Field(
+        default=0.0, description="share of the CPU time a hypervisor gave to other machines"
+    )
+    gpu_processes: int | None = Field(
+        default=None, description="other programs computing on the trial's GPUs (NVML)"
+    )
+
+
 class TrialResult(_Frozen):
     """One isolated trial, as the child (or, when it died, the parent) recorded it."""
 
@@ -161,6 +179,9 @@ class TrialResult(_Frozen):
         default=None, description="a noise trial's squared gradient norms"
     )
     wall_s: float | None = Field(default=None, description="whole trial as the parent saw it")
+    load: MachineLoad | None = Field(
+        default=None, description="what else the machine ran meanwhile, as the parent saw it"
+    )
     task: TaskSummary | None = None
     log_path: str | None = None
 
@@ -186,6 +207,11 @@ class TrialRecord(_Frozen):
         "configuration's samples/s (the same configuration at another accumulation steps)",
     )
     worker: str | None = Field(default=None, description="the worker that measured it")
+    round: int | None = Field(
+        default=None,
+        description="a re-run's round, from 1: the recommendation's and the baseline's re-runs "
+        "of one round give one paired speed-up (None: a tie-break re-run)",
+    )
     stage: Literal["your batch", "probe", "raced batch"] | None = Field(
         default=None,
         description="the stage of a time-to-loss search that proposed it (None: the baseline, "

@@ -145,6 +145,12 @@ class TuneSettings(BaseModel):
     )
     confirm_top: int = Field(default=3, ge=1, description="finalists re-measured with the baseline")
     confirm_repeats: int = Field(default=2, ge=1, description="re-runs per finalist")
+    confirm_max_repeats: int = Field(
+        default=6,
+        ge=1,
+        description="re-runs of the recommendation and the baseline at most, while their "
+        "speed-up ratios disagree (a busy machine); then the claim is marked unconfirmed",
+    )
     memory_headroom: float = Field(
         default=0.1, ge=0, lt=1, description="fraction of the memory to keep free"
     )
@@ -233,6 +239,15 @@ class TuneSettings(BaseModel):
             raise ValueError(
                 "global_batch_size and batch_sizes exclude each other: with a fixed global "
                 "batch advisor derives the micro-batches; choose one"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _repeats_ordered(self) -> TuneSettings:
+        if self.confirm_max_repeats < self.confirm_repeats:
+            raise ValueError(
+                f"confirm_max_repeats ({self.confirm_max_repeats}) is below confirm_repeats "
+                f"({self.confirm_repeats}): raise it to {self.confirm_repeats} or more"
             )
         return self
 

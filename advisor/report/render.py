@@ -19,7 +19,7 @@ from advisor.report.codegen import launch_command
 from advisor.report.race import race_view
 from advisor.report.schedule import schedule_view
 from advisor.report.templating import template_environment
-from advisor.results import PrunedProposal, TrialRecord, relative_spread
+from advisor.results import MachineLoad, PrunedProposal, TrialRecord, relative_spread
 from advisor.settings import TuneSettings, mask_url
 
 __all__ = [
@@ -96,6 +96,7 @@ _MARKDOWN_FILTERS = {
     "gib": _fmt("{:.1f} GiB", 1 / 2**30),
     "si": _si,
     "runs": lambda runs: ", ".join(f"{r:,.0f}" for r in runs) or "none",
+    "ratios": lambda ratios: ", ".join(f"{r:.2f}x" for r in ratios) or "none",
     "spread": lambda runs: f"±{relative_spread(runs):.1%}" if len(runs) > 1 else "–",
 }
 
@@ -274,6 +275,9 @@ def render_trials_csv(result: TuneResult) -> str:
             "samples_ratio",
             "goodput",
             "infeasible_reason",
+            "round",
+            "outside_cores",
+            "steal_share",
         ]
     )
     for record in (*result.trials, *result.confirmations):
@@ -288,6 +292,15 @@ def render_trials_csv(result: TuneResult) -> str:
                 record.samples_ratio,
                 record.goodput,
                 record.infeasible_reason or "",
+                record.round or "",
+                *_load_cells(record.result.load),
             ]
         )
     return buffer.getvalue()
+
+
+def _load_cells(load: MachineLoad | None) -> tuple[str, str]:
+    """trials.csv's load columns: the cores other programs used, the share stolen."""
+    if load is None:
+        return "", ""
+    return f"{load.outside_cores:.2f}", f"{load.steal_share:.3f}"

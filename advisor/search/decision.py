@@ -18,6 +18,7 @@ from advisor.convergence import BatchPrediction, LrPlan, NoiseScale
 from advisor.errors import NoFeasibleConfigError, StorageError
 from advisor.knobs import KNOBS, TrialConfig
 from advisor.recommendation import (
+    Confirmation,
     Efficiency,
     RaceSummary,
     Recommendation,
@@ -35,6 +36,7 @@ from advisor.search.analysis import (
     rejected_values,
     search_effort,
 )
+from advisor.search.claims import confirm_claim
 from advisor.search.context import SearchContext
 from advisor.search.dominance import rejected_in_search
 from advisor.search.race.noise import measure_noise_scale
@@ -80,9 +82,15 @@ def conclude(
             "each, from the same initial weights, to your loss"
         )
         race = decide_race(run_race(study, search, plans), settings.race_seconds)
+    winner = selection.winner
+    if settings.objective == "time-to-loss":
+        winner, _ = race_choice(selection, race, context.baseline_config)
+    race_loads = [racer.result.load for racer in race.racers] if race is not None else []
+    selection, confirmation = confirm_claim(selection, winner, search, race_loads)
     recommendation = confirmed_recommendation(
         settings, context, selection, records_of(study), race=race, noise=noise
     )
+    recommendation = _with_confirmation(recommendation, confirmation)
     if settings.schedule == "auto":
         schedule = _schedule(study, search, context, records, recommendation)
         recommendation = recommendation.model_copy(update={"schedule": schedule})
@@ -214,6 +222,21 @@ def confirmed_recommendation(
             ),
         }
     )
+
+
+def _with_confirmation(rec: Recommendation, confirmation: Confirmation | None) -> Recommendation:
+    """The recommendation with what its re-runs support: where they do not confirm its
+    speed-up, it claims their lowest round, and its time-to-loss speed-up (one race run each, as
+    noisy as one round) shrinks by the same share."""
+    if confirmation is None:
+        return rec
+    update: dict[str, object] = {"confirmation": confirmation}
+    if not confirmation.confirmed and rec.speedup:
+        share = min(1.0, confirmation.claimed_speedup / rec.speedup)
+        update["speedup"] = confirmation.claimed_speedup
+        if rec.time_to_loss_speedup is not None:
+            update["time_to_loss_speedup"] = rec.time_to_loss_speedup * share
+    return rec.model_copy(update=update)
 
 
 def _time_to_loss_speedup(race: RaceSummary | None) -> float | None:

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 from advisor.errors import NoFeasibleConfigError
 from advisor.knobs import KNOBS, TrialConfig
-from advisor.results import TrialRecord, TrialResult, relative_spread
+from advisor.results import MachineLoad, TrialRecord, TrialResult, relative_spread
 from advisor.search.checks import memory_problem
 from advisor.search.context import SearchContext
 from advisor.trial.parent.runner import run_trial
 
-__all__ = ["Selection", "failure_summary", "select_winner"]
+__all__ = ["Selection", "failure_summary", "rerun_pairs", "run_round", "select_winner"]
 
 # Re-runs closer than this are treated as equal even when their own spread is smaller: two
 # re-runs are too few to estimate the noise, and benchmarks/measurement_noise.py measured a
@@ -49,6 +50,26 @@ class Selection:
     @property
     def baseline_samples_per_s(self) -> float | None:
         return statistics.median(self.baseline_runs) if self.baseline_runs else None
+
+    def with_confirmations(self, runs: Sequence[TrialRecord]) -> Selection:
+        """The same selection with more re-runs (`advisor.search.claims`' rounds) counted."""
+        confirmations = (*self.confirmations, *runs)
+        baseline = next((r.number for r in self.finalists if r.role == "baseline"), None)
+
+        def rates(number: int | None) -> tuple[float, ...]:
+            return _rates([c for c in confirmations if c.number == number])
+
+        rerun = {run.number for run in runs}
+        return replace(
+            self,
+            winner_runs=rates(self.winner.number),
+            baseline_runs=rates(baseline) if baseline is not None else self.baseline_runs,
+            confirmations=confirmations,
+            confirmed_rates={
+                number: statistics.median(rates(number)) if number in rerun else rate
+                for number, rate in self.confirmed_rates.items()
+            },
+        )
 
 
 def select_winner(
@@ -163,7 +184,12 @@ def _decide(
     first, second = ranked[0], ranked[1]
     rounds = context.settings.confirm_repeats
     for number, runs in _confirm(
-        [first, second], context, rounds, len(reruns[first.number]), "tie-break re-run"
+        [first, second],
+        context,
+        rounds,
+        len(reruns[first.number]),
+        "tie-break re-run",
+        paired=False,
     ).items():
         reruns[number].extend(runs)
     feasible = [r for r in ranked if all(c.eligible for c in reruns[r.number])]
@@ -229,9 +255,11 @@ def _confirm(
     rounds: int,
     round_offset: int = 0,
     label: str = "re-run",
+    *,
+    paired: bool = True,
 ) -> dict[int, list[TrialRecord]]:
-    """Re-run every finalist `rounds` times, interleaved so that drift hits all alike; log files
-    are numbered from `round_offset`."""
+    """Re-run every finalist `rounds` times, interleaved so that drift hits all alike; rounds
+    (and log files) are numbered from `round_offset`, unless not `paired` (a tie-break's)."""
     reruns: dict[int, list[TrialRecord]] = {record.number: [] for record in finalists}
     total = rounds * len(finalists)
     for round_index in range(rounds):
@@ -239,8 +267,9 @@ def _confirm(
             done = round_index * len(finalists) + index + 1
             config: TrialConfig = record.result.config
             context.progress.trial_started(f"{label} {done}/{total}", config)
+            kind = "rerun" if paired else "tiebreak"
             log_path = (
-                context.logs_dir / f"rerun-{record.number}-{round_offset + round_index + 1}.log"
+                context.logs_dir / f"{kind}-{record.number}-{round_offset + round_index + 1}.log"
             )
             result = run_trial(
                 context.launch,
@@ -254,10 +283,36 @@ def _confirm(
                 role="confirm",
                 result=result,
                 infeasible_reason=_problem(result, context),
+                round=round_offset + round_index + 1 if paired else None,
             )
             context.progress.trial_finished(rerun, None)
             reruns[record.number].append(rerun)
     return reruns
+
+
+def run_round(
+    order: list[TrialRecord], context: SearchContext, round_offset: int, label: str
+) -> list[TrialRecord]:
+    """One more paired round of re-runs of `order`'s configurations, in that order."""
+    runs = _confirm(order, context, 1, round_offset, label)
+    return [run for record in order for run in runs[record.number]]
+
+
+def rerun_pairs(
+    confirmations: Sequence[TrialRecord], winner: int, baseline: int
+) -> list[tuple[float, float, tuple[MachineLoad | None, MachineLoad | None]]]:
+    """Per round that re-ran both usably: the winner's samples/s, the baseline's, and the
+    machine's load during each, in round order."""
+    by_round: dict[int, dict[int, TrialRecord]] = {}
+    for run in confirmations:
+        if run.round is not None and run.eligible and run.result.samples_per_s:
+            by_round.setdefault(run.round, {})[run.number] = run
+    pairs = []
+    for _, runs in sorted(by_round.items()):
+        if winner in runs and baseline in runs:
+            w, b = runs[winner].result, runs[baseline].result
+            pairs.append((w.samples_per_s or 0.0, b.samples_per_s or 0.0, (w.load, b.load)))
+    return pairs
 
 
 def _problem(result: TrialResult, context: SearchContext) -> str | None:

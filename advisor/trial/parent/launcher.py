@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from advisor.trial.parent.preload import import_ahead, package_of
 
 __all__ = [
+    "ForkedTrial",
     "LaunchOrder",
     "Launcher",
     "LauncherGoneError",
@@ -198,6 +199,11 @@ class ForkedTrial:
         self._launcher = launcher
         self.pid = pid
         self.returncode: int | None = None
+
+    @property
+    def launcher_pid(self) -> int:
+        """The launcher: it reaps this child, and its children's CPU time then counts it."""
+        return self._launcher.pid
 
     def poll(self) -> int | None:
         while self.returncode is None:

@@ -28,14 +28,16 @@ import psutil
 
 from advisor.convergence import BatchSchedule, LrPlan
 from advisor.knobs import TrialConfig
-from advisor.results import FailurePhase, TrialResult
+from advisor.results import FailurePhase, MachineLoad, TrialResult
 from advisor.trial.parent.launcher import (
+    ForkedTrial,
     LauncherGoneError,
     UnsafePreloadError,
     child_env,
     json_safe,
     shared_launcher,
 )
+from advisor.trial.parent.load import LoadMeter
 from advisor.trial.parent.preload import installed_imports
 from advisor.trial.protocol import PROGRESS_INTERVAL_S, TrialRequest, died_without_result
 
@@ -44,6 +46,7 @@ __all__ = ["ProgressCallback", "ProgressReader", "TrialLaunch", "run_trial"]
 GRACE_S = 3.0
 POLL_S = 0.2
 STOP_GRACE_S = 1.0
+GPU_SAMPLE_S = 2.0  # how often other programs on the trial's GPUs are counted (NVML)
 # No progress line for two reporting intervals: the child is inside a micro-step that has lasted
 # one at least, and its rate so far is bounded by counting that micro-step as finished now.
 STALL_S = 2 * PROGRESS_INTERVAL_S
@@ -159,10 +162,10 @@ def run_trial(
         request_path.write_text(request.model_dump_json())
         started = time.perf_counter()
         watch = ProgressReader(request, on_phase, on_progress)
-        outcome, returncode = _supervise(request, request_path, launch, log_path, watch)
+        outcome, returncode, load = _supervise(request, request_path, launch, log_path, watch)
         wall_s = time.perf_counter() - started
         result = watch.stopped(outcome or _read_result(request, returncode, log_path))
-    return result.model_copy(update={"wall_s": wall_s, "log_path": str(log_path)})
+    return result.model_copy(update={"wall_s": wall_s, "log_path": str(log_path), "load": load})
 
 
 def _supervise(
@@ -171,28 +174,41 @@ def _supervise(
     launch: TrialLaunch,
     log_path: Path,
     watch: ProgressReader,
-) -> tuple[TrialResult | None, int]:
-    """Wait for the child; return a result only when the parent decided the outcome."""
+) -> tuple[TrialResult | None, int, MachineLoad | None]:
+    """Wait for the child, reading the machine's load meanwhile; return a result only when
+    the parent decided the outcome."""
     try:
         process = _start_child(request_path, launch, log_path)
     except LauncherGoneError as exc:
-        return _launcher_failed(request, exc), 1
+        return _launcher_failed(request, exc), 1, None
+    meter = _meter(process, request.config)
     try:
-        timed_out, phase = _wait(process, request, launch.timeout_s, watch)
+        timed_out, phase = _wait(process, request, launch.timeout_s, watch, meter)
     except LauncherGoneError as exc:  # its trial child followed it (advisor.trial.child.worker)
         _signal_group(process.pid, signal.SIGKILL)
-        return _launcher_failed(request, exc), 1
+        return _launcher_failed(request, exc), 1, None
     finally:
         # Also on Ctrl-C: the child is in another session, so the terminal's SIGINT
         # never reached it. Orphaned loader workers die with the group too.
         with contextlib.suppress(LauncherGoneError):
             _kill_group(process)
+    load, code = meter.stop(), process.returncode or 0  # reaped: its CPU time is counted
     if timed_out and watch.stop is not None and not Path(request.result_path).exists():
         # it did not stop in time, and was killed: what it measured so far is all there is
-        return TrialResult(config=request.config, status="stopped"), process.returncode or 0
+        return TrialResult(config=request.config, status="stopped"), code, load
     if timed_out:
-        return _timed_out(request, launch.timeout_s, phase), process.returncode or 0
-    return None, process.returncode or 0
+        return _timed_out(request, launch.timeout_s, phase), code, load
+    return None, code, load
+
+
+def _meter(process: _Child, config: TrialConfig) -> LoadMeter:
+    """A started meter of the machine's load around `process`, whose reaper is advisor's
+    launcher for a forked trial, else this process."""
+    reaper = process.launcher_pid if isinstance(process, ForkedTrial) else None
+    gpus = tuple(range(max(1, config.world_size))) if config.device == "cuda" else ()
+    meter = LoadMeter(reaper, gpus=gpus)
+    meter.start()
+    return meter
 
 
 def _start_child(request_path: Path, launch: TrialLaunch, log_path: Path) -> _Child:
@@ -234,9 +250,14 @@ def _timed_out(request: TrialRequest, timeout_s: float, phase: str) -> TrialResu
 
 
 def _wait(
-    process: _Child, request: TrialRequest, timeout_s: float, watch: ProgressReader
+    process: _Child,
+    request: TrialRequest,
+    timeout_s: float,
+    watch: ProgressReader,
+    meter: LoadMeter,
 ) -> tuple[bool, str]:
     deadline = time.monotonic() + timeout_s
+    sampled = 0.0
     result_path = Path(request.result_path)
     result_seen: float | None = None
     while True:
@@ -248,6 +269,9 @@ def _wait(
             result_seen is not None and time.monotonic() - result_seen > GRACE_S
         )
         watch.read(progress=result_seen is None)  # a finished trial is judged no more
+        if time.monotonic() - sampled > GPU_SAMPLE_S:
+            meter.sample(process.pid)
+            sampled = time.monotonic()
         if finished:
             return False, watch.phase
         if watch.stop is not None and result_seen is None:

@@ -1,0 +1,150 @@
+"""What speed-up the re-runs support: a claim that holds when the user re-measures it on the
+same machine, or an honest "unconfirmed".
+
+The claim is the recommendation's median samples/s over the baseline's. Each round of re-runs
+measures the two one after the other, so one round's ratio of the two sees nearly the same
+machine: a program that starts or stops between rounds moves both runs of a round alike. The
+claim stands where the interval around the median of these paired ratios (`claim_interval`)
+lies within `CLAIM_TOLERANCE` of it.
+
+While it does not, the recommendation and the baseline are re-run again, interleaved (their
+order alternating by round), up to `--confirm-max-repeats` rounds. A machine that other
+programs kept busy (`busy`: the trials' `MachineLoad`) needs `BUSY_ROUNDS` agreeing rounds:
+two may agree by chance. A claim the rounds never support is **unconfirmed**: the speed-up
+stated is the lowest paired ratio, never more, and the reports say why.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+
+from advisor.recommendation import Confirmation
+from advisor.results import MachineLoad, TrialRecord
+from advisor.search.context import SearchContext
+from advisor.search.selection import Selection, rerun_pairs, run_round
+
+__all__ = [
+    "BUSY_CORES",
+    "BUSY_ROUNDS",
+    "BUSY_STEAL",
+    "CLAIM_TOLERANCE",
+    "busy",
+    "claim_interval",
+    "confirm_claim",
+    "judge",
+]
+
+# The interval around a claimed speed-up must lie within this share of it: the agreement
+# the project promises between a claim and the user's own re-measurement.
+CLAIM_TOLERANCE = 0.15
+# Other programs using a quarter of a core, a hypervisor taking 5 % of the CPU time, or
+# another program on the GPU: the measurements may differ from run to run for that alone.
+BUSY_CORES = 0.25
+BUSY_STEAL = 0.05
+BUSY_ROUNDS = 3
+
+
+def busy(loads: Iterable[MachineLoad | None]) -> MachineLoad | None:
+    """The busiest of `loads` if any is busy enough to make runs disagree, else None."""
+    heavy = [
+        load
+        for load in loads
+        if load is not None
+        and (
+            load.outside_cores >= BUSY_CORES
+            or load.steal_share >= BUSY_STEAL
+            or (load.gpu_processes or 0) > 0
+        )
+    ]
+    return max(heavy, key=lambda load: (load.outside_cores, load.steal_share), default=None)
+
+
+def claim_interval(ratios: Sequence[float]) -> tuple[float, float]:
+    """Around the median of `ratios`, an interval that holds the true median with about
+    75 % probability or more (order statistics): the extremes up to four ratios, the second
+    from each end from five on."""
+    ordered = sorted(ratios)
+    drop = 1 if len(ordered) >= 5 else 0
+    return ordered[drop], ordered[-1 - drop]
+
+
+def judge(
+    claim: float, ratios: Sequence[float], loads: Sequence[MachineLoad | None]
+) -> Confirmation:
+    """Whether paired speed-up `ratios` (one per round) support `claim` (the recommendation's
+    median samples/s over the baseline's), given the machine's load during their runs."""
+    low, high = claim_interval(ratios)
+    load = busy(loads)
+    agree = low >= claim / (1 + CLAIM_TOLERANCE) and high <= claim * (1 + CLAIM_TOLERANCE)
+    enough = len(ratios) >= (BUSY_ROUNDS if load is not None else 2)
+    why = None
+    if not agree:
+        why = (
+            f"its re-runs' speed-ups ranged from {min(ratios):.2f}x to {max(ratios):.2f}x over "
+            f"{len(ratios)} rounds, more than ±{CLAIM_TOLERANCE:.0%}"
+        )
+    elif not enough:
+        why = f"only {len(ratios)} round{'s' if len(ratios) > 1 else ''} of re-runs"
+    if why is not None and load is not None:
+        why += f", {_load_text(load)}"
+    return Confirmation(
+        confirmed=why is None,
+        ratios=tuple(ratios),
+        low=low,
+        high=high,
+        claimed_speedup=claim if why is None else min(min(ratios), claim),
+        outside_cores=load.outside_cores if load is not None else _most_outside(loads),
+        cores=next((load.cores for load in loads if load is not None), None),
+        steal_share=max((x.steal_share for x in loads if x is not None), default=None),
+        gpu_processes=load.gpu_processes if load is not None else None,
+        why=why,
+    )
+
+
+def confirm_claim(
+    selection: Selection,
+    winner: TrialRecord,
+    context: SearchContext,
+    other_loads: Iterable[MachineLoad | None] = (),
+) -> tuple[Selection, Confirmation | None]:
+    """Re-run `winner` and the baseline, interleaved, until their paired speed-ups support a
+    claim or `--confirm-max-repeats` rounds are spent; None where there is no speed-up to
+    claim (the winner is the baseline, or the baseline failed). `other_loads` (the race's)
+    count towards whether the machine was busy."""
+    baseline = next((r for r in selection.finalists if r.role == "baseline"), None)
+    if baseline is None or winner.number == baseline.number:
+        return selection, None
+    limit = context.settings.confirm_max_repeats
+    while True:
+        pairs = rerun_pairs(selection.confirmations, winner.number, baseline.number)
+        if not pairs:
+            return selection, None
+        claim = statistics.median(w for w, _, _ in pairs) / statistics.median(
+            b for _, b, _ in pairs
+        )
+        loads = [x for *_, pair in pairs for x in pair] + list(other_loads)
+        verdict = judge(claim, [w / b for w, b, _ in pairs], loads)
+        if verdict.confirmed or len(pairs) >= limit:
+            return selection, verdict
+        order = [winner, baseline] if len(pairs) % 2 == 0 else [baseline, winner]
+        done = max(run.round or 0 for run in selection.confirmations)
+        label = f"confirming re-run, round {len(pairs) + 1} of at most {limit},"
+        context.progress.stage(f"re-measuring: {verdict.why}")
+        runs = run_round(order, context, done, label)
+        if not all(run.eligible for run in runs):
+            return selection, verdict  # a re-run failed: the rounds so far are all there is
+        selection = selection.with_confirmations(runs)
+
+
+def _most_outside(loads: Sequence[MachineLoad | None]) -> float | None:
+    return max((load.outside_cores for load in loads if load is not None), default=None)
+
+
+def _load_text(load: MachineLoad) -> str:
+    parts = [f"other programs used {load.outside_cores:.1f} of {load.cores} cores"]
+    if load.steal_share >= BUSY_STEAL:
+        parts.append(f"the hypervisor took {load.steal_share:.0%} of the CPU time")
+    if load.gpu_processes:
+        parts.append(f"{load.gpu_processes} other program(s) computed on the GPU")
+    return " and ".join(parts) + " meanwhile"
