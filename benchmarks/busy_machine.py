@@ -5,8 +5,8 @@ then re-measure each recommendation independently under the same conditions.
 
 For each condition (quiet, then `--busy-cores` cores kept busy by other processes): `advisor
 tune` in a fresh process, then the recommendation and the baseline re-measured as fresh
-isolated trials, `--repeats` each, one after the other (as `benchmarks/remeasure.py` does),
-under the same load. Prints one Markdown row per condition: the claimed speed-up, whether
+isolated trials, `--repeats` each, interleaved (as `benchmarks/remeasure.py` does), under
+the same load. Prints one Markdown row per condition: the claimed speed-up, whether
 advisor confirmed it, the re-measured speed-up, and whether the two agree within 15 %.
 """
 
@@ -66,8 +66,7 @@ def row(name: str, rec: Recommendation, wall: float, repeats: int, seconds: floa
         status += ")"
     if claim is None or rec.config == rec.baseline_config:
         return f"| {name} | {rec.config.label()} | – | {status} | – | – | {wall:.0f} s |"
-    recommended = remeasure(launch, rec.config, repeats)
-    baseline = remeasure(launch, rec.baseline_config, repeats)
+    recommended, baseline = remeasure(launch, (rec.config, rec.baseline_config), repeats)
     measured = statistics.median(recommended) / statistics.median(baseline)
     agree = abs(claim / measured - 1) <= AGREEMENT
     verdict = f"{claim / measured - 1:+.0%}" + ("" if agree else " (outside 15 %)")
@@ -82,7 +81,7 @@ def main() -> None:
     parser.add_argument("spec")
     parser.add_argument("--busy-cores", type=int, default=1)
     parser.add_argument("--trials", type=int, default=12)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--trial-seconds", type=float, default=3.0, help="of the re-measurement")
     parser.add_argument("--conditions", default="quiet,busy")
     parser.add_argument("tune_args", nargs="*", help="more advisor tune options, after --")

@@ -3,8 +3,8 @@
     python benchmarks/remeasure.py reports/data_bound-factory/recommendation.json [--repeats 3]
 
 Runs the recommended configuration and the baseline again as fresh isolated trials (new
-processes, after the tuning run is over) and prints each one's median samples/s next to the
-figure in recommendation.json.
+processes, after the tuning run is over, the two interleaved) and prints each one's median
+samples/s next to the figure in recommendation.json.
 """
 
 from __future__ import annotations
@@ -19,12 +19,19 @@ from advisor.recommendation import Recommendation
 from advisor.trial.parent.runner import TrialLaunch, run_trial
 
 
-def remeasure(launch: TrialLaunch, config: TrialConfig, repeats: int) -> list[float]:
-    rates = []
+def remeasure(
+    launch: TrialLaunch, configs: tuple[TrialConfig, TrialConfig], repeats: int
+) -> tuple[list[float], list[float]]:
+    """samples/s of each of two configurations, `repeats` runs each, interleaved (the order
+    alternating) so that a machine that drifts slows both alike."""
+    rates: tuple[list[float], list[float]] = ([], [])
     with tempfile.TemporaryDirectory() as logs:
         for index in range(repeats):
-            result = run_trial(launch, config, Path(logs) / f"{index}.log")
-            rates.append(result.samples_per_s or 0.0)
+            order = (0, 1) if index % 2 == 0 else (1, 0)
+            for which in order:
+                log = Path(logs) / f"{which}-{index}.log"
+                result = run_trial(launch, configs[which], log)
+                rates[which].append(result.samples_per_s or 0.0)
     return rates
 
 
@@ -43,11 +50,11 @@ def main() -> None:
         timeout_s=600,
     )
     medians = {}
-    for name, config, claim in (
-        ("recommended", rec.config, rec.samples_per_s),
-        ("baseline", rec.baseline_config, rec.baseline_samples_per_s),
+    measured = remeasure(launch, (rec.config, rec.baseline_config), args.repeats)
+    for name, config, claim, rates in (
+        ("recommended", rec.config, rec.samples_per_s, measured[0]),
+        ("baseline", rec.baseline_config, rec.baseline_samples_per_s, measured[1]),
     ):
-        rates = remeasure(launch, config, args.repeats)
         medians[name] = statistics.median(rates)
         versus = f", {medians[name] / claim - 1:+.1%} vs the claimed {claim:,.0f}" if claim else ""
         runs = ", ".join(f"{rate:,.0f}" for rate in rates)

@@ -13,7 +13,7 @@ import pytest
 import advisor
 from advisor.knobs import TrialConfig
 from advisor.results import MachineLoad, TrialRecord, TrialResult
-from advisor.search.claims import BUSY_ROUNDS, busy, claim_interval, judge
+from advisor.search.claims import BUSY_ROUNDS, MIN_ROUNDS, busy, claim_interval, judge
 from advisor.search.selection import rerun_pairs
 from advisor.trial.parent.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY
@@ -23,9 +23,9 @@ LOADED = MachineLoad(cores=2, seconds=2.0, outside_cores=1.0)
 
 
 def test_rounds_that_agree_confirm_the_claim_of_the_medians():
-    verdict = judge(2.0, [1.95, 2.1], [QUIET] * 4)
+    verdict = judge(2.0, [1.95, 2.1, 2.0], [QUIET] * 6)
     assert verdict.confirmed and verdict.claimed_speedup == 2.0 and verdict.why is None
-    assert "confirmed: 2 rounds" in verdict.statement
+    assert "confirmed: 3 rounds" in verdict.statement
 
 
 def test_rounds_that_disagree_claim_no_more_than_the_lowest():
@@ -38,10 +38,13 @@ def test_rounds_that_disagree_claim_no_more_than_the_lowest():
 
 
 def test_a_busy_machine_needs_more_agreeing_rounds_than_a_quiet_one():
-    assert judge(1.5, [1.5, 1.52], [QUIET, QUIET]).confirmed
-    two = judge(1.5, [1.5, 1.52], [QUIET, LOADED])
-    assert not two.confirmed and "only 2 rounds" in (two.why or "")
-    assert judge(1.5, [1.5, 1.52, 1.47][:BUSY_ROUNDS], [LOADED] * 6).confirmed
+    agreeing = [1.5, 1.52, 1.47, 1.49]
+    two = judge(1.5, agreeing[:2], [QUIET] * 4)
+    assert not two.confirmed and "only 2 rounds" in (two.why or "")  # even on a quiet one
+    assert judge(1.5, agreeing[:MIN_ROUNDS], [QUIET] * 6).confirmed
+    busy_too_few = judge(1.5, agreeing[:MIN_ROUNDS], [QUIET, LOADED])
+    assert not busy_too_few.confirmed and "other programs used" in (busy_too_few.why or "")
+    assert judge(1.5, agreeing[:BUSY_ROUNDS], [LOADED] * 8).confirmed
 
 
 def test_from_five_rounds_one_outlier_at_each_end_is_not_the_interval():
@@ -128,7 +131,7 @@ def test_a_tune_on_a_busy_machine_claims_only_what_its_re_runs_support(tmp_path)
     confirmation = rec.confirmation
     assert confirmation is not None and confirmation.outside_cores is not None
     assert confirmation.outside_cores >= 0.25  # the program was seen
-    assert 2 <= len(confirmation.ratios) <= 4
+    assert 2 <= len(confirmation.ratios) <= 4  # --confirm-max-repeats
     if confirmation.confirmed:
         assert len(confirmation.ratios) >= BUSY_ROUNDS
         assert rec.speedup is not None and confirmation.low <= rec.speedup * 1.15
