@@ -10,8 +10,9 @@ lies within `CLAIM_TOLERANCE` of it.
 While it does not, the recommendation and the baseline are re-run again, interleaved (their
 order alternating by round), up to `--confirm-max-repeats` rounds. A claim needs
 `MIN_ROUNDS` agreeing rounds, and a machine that other programs kept busy (`busy`: the trials'
-`MachineLoad`) `BUSY_ROUNDS`: two may agree by chance. A claim the rounds never support is **unconfirmed**: the speed-up
-stated is the lowest paired ratio, never more, and the reports say why.
+`MachineLoad`) `BUSY_ROUNDS`: two may agree by chance. A claim the rounds never support is
+**unconfirmed**: the speed-up stated is the lowest paired ratio, never more, and the reports
+say why.
 """
 
 from __future__ import annotations
