@@ -45,6 +45,10 @@ def _one_line_error(completed: subprocess.CompletedProcess[str]) -> str:
         (["tune", f"{TINY}:factory", "--trials", "x"], "'x' is not a valid integer"),
         (["tune", f"{TINY}:factory", "--storage", "redis://h/0"], "unknown storage URL scheme"),
         (["tune", f"{TINY}:factory", "--sampler", "annealing"], "'annealing' is not one of"),
+        (
+            ["tune", f"{TINY}:factory", "--confirm-repeats", "3", "--confirm-max-repeats", "2"],
+            "confirm_max_repeats (2) is below confirm_repeats (3)",
+        ),
         (["codegen", "README.md"], "README.md is not a recommendation.json advisor can read"),
         (["codegen", "missing.json"], "'missing.json' does not exist"),
     ],

@@ -34,6 +34,8 @@ def render_training_script(recommendation: Recommendation, script_dir: Path) -> 
         study_name=recommendation.study_name,
         samples_per_s=recommendation.samples_per_s,
         speedup=recommendation.speedup,
+        unconfirmed=recommendation.confirmation is not None
+        and not recommendation.confirmation.confirmed,
         baseline_samples_per_s=recommendation.baseline_samples_per_s,
         script_path=script_path,
         launch=launch_command(config, script_path),

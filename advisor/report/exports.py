@@ -88,8 +88,10 @@ def _advice(rec: Recommendation, by_hand: list[str]) -> _Advice:
     config = rec.config
     measured = f"Measured: {rec.samples_per_s:,.0f} samples/s with {config.label()}"
     if rec.speedup and rec.baseline_samples_per_s:
+        unconfirmed = rec.confirmation is not None and not rec.confirmation.confirmed
         measured += (
-            f", {rec.speedup:.2f}x your baseline ({rec.baseline_samples_per_s:,.0f} samples/s, "
+            f", {'unconfirmed (a busy machine): at most ' if unconfirmed else ''}"
+            f"{rec.speedup:.2f}x your baseline ({rec.baseline_samples_per_s:,.0f} samples/s, "
             f"{rec.baseline_config.label()})"
         )
     headline = [

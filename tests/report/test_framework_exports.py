@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -316,3 +317,146 @@ def test_the_lightning_schedule_callback_grows_the_batch_in_real_training(tmp_pa
     assert by_step[2] == (2, pytest.approx(0.15)) and by_step[3] == (2, pytest.approx(0.15))
     assert by_step[4] == (4, pytest.approx(0.2)) and by_step[5] == (4, pytest.approx(0.2))
     assert trainer.global_step == 6
+
+
+# --- real steps in each framework ---------------------------------------------------------------
+STEPPED = TrialConfig(batch_size=16, accumulation_steps=2, amp="bf16", num_workers=1)
+
+
+def _seen_by_forward():
+    """A regression model that records, per forward, its batch and whether autocast was on."""
+    import torch
+
+    class Regression(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(4, 1)
+            self.seen: list[tuple[int, bool]] = []
+
+        def forward(self, x, labels=None):
+            self.seen.append((x.shape[0], torch.is_autocast_enabled("cpu")))
+            prediction = self.net(x).squeeze(-1)
+            loss = torch.nn.functional.mse_loss(prediction.float(), labels.float())
+            return {"loss": loss}
+
+    return Regression()
+
+
+def test_hf_trainer_trains_real_steps_with_the_exported_arguments(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    training_args = json.loads(
+        write_exports(_recommendation(STEPPED), tmp_path, ("hf",))[0].read_text()
+    )["training_args"]
+    generator = torch.Generator().manual_seed(0)
+    dataset = [
+        {"x": torch.randn(4, generator=generator), "labels": torch.randn((), generator=generator)}
+        for _ in range(256)
+    ]
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "o"), max_steps=3, report_to=[], save_strategy="no",
+        logging_strategy="no", **training_args,
+    )  # fmt: skip
+    model = _seen_by_forward()
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=dataset)
+    assert trainer.get_train_dataloader().num_workers == STEPPED.num_workers
+    trainer.train()
+    assert trainer.state.global_step == 3
+    # 3 optimizer steps of 2 micro-batches of 16, each under bf16 autocast
+    assert model.seen == [(16, True)] * 6
+
+
+def test_a_lightning_trainer_trains_real_steps_with_the_exported_settings(tmp_path):
+    pl = pytest.importorskip("lightning.pytorch")
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    snippet = _load_snippet(write_exports(_recommendation(STEPPED), tmp_path, ("lightning",))[0])
+    net = _seen_by_forward()
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = net
+
+        def training_step(self, batch, batch_idx):
+            inputs, targets = batch
+            return self.model(inputs, targets)["loss"]
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    generator = torch.Generator().manual_seed(0)
+    data = TensorDataset(
+        torch.randn(256, 4, generator=generator), torch.randn(256, generator=generator)
+    )
+    loader = DataLoader(data, shuffle=True, **snippet.DATALOADER_KWARGS)
+    trainer = snippet.make_trainer(
+        max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(Module(), loader)
+    assert trainer.global_step == 3 and loader.num_workers == STEPPED.num_workers
+    assert net.seen == [(16, True)] * 6
+
+
+ACCELERATE_SCRIPT = """
+import json, sys
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader, TensorDataset
+
+class Regression(torch.nn.Linear):
+    def forward(self, inputs):
+        seen.append([inputs.shape[0], torch.is_autocast_enabled("cpu")])
+        return super().forward(inputs)
+
+
+accelerator = Accelerator()
+seen, steps = [], 0
+model = Regression(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+data = TensorDataset(torch.randn(256, 4), torch.randn(256))
+loader = DataLoader(data, shuffle=True, batch_size=int(sys.argv[1]), num_workers=int(sys.argv[2]))
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+for inputs, targets in loader:
+    with accelerator.accumulate(model):
+        prediction = model(inputs).squeeze(-1)
+        accelerator.backward(torch.nn.functional.mse_loss(prediction.float(), targets))
+        optimizer.step()
+        optimizer.zero_grad()
+        steps += accelerator.sync_gradients
+    if steps == 3:
+        break
+print(json.dumps({
+    "seen": seen, "steps": steps, "accumulation": accelerator.gradient_accumulation_steps,
+    "precision": accelerator.mixed_precision, "processes": accelerator.num_processes,
+}))
+"""
+
+
+def test_accelerate_launch_trains_real_steps_with_the_exported_config(tmp_path):
+    """The export's own launch line, from the folder above exports/ as it says."""
+    pytest.importorskip("accelerate")
+    import shlex
+
+    config = write_exports(_recommendation(STEPPED), tmp_path, ("accelerate",))[0]
+    launch = next(
+        line.removeprefix("# Launch: ") for line in config.read_text().splitlines()
+        if line.startswith("# Launch: ")
+    )  # fmt: skip
+    (tmp_path / "your_script.py").write_text(ACCELERATE_SCRIPT)
+    words = shlex.split(launch)
+    env = dict(word.split("=", 1) for word in words if "=" in word and not word.startswith("-"))
+    command = [word for word in words if word not in {f"{k}={v}" for k, v in env.items()}]
+    assert command[:2] == ["accelerate", "launch"]
+    completed = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", *command[2:], "16", "1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, **env},
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    run = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert (run["steps"], run["accumulation"], run["processes"]) == (3, 2, 1)
+    assert run["precision"] == "bf16" and run["seen"] == [[16, True]] * 6
