@@ -244,8 +244,7 @@ class Confirmation(_Frozen):
     low: float = Field(description="the low end of the interval around their median")
     high: float
     claimed_speedup: float = Field(
-        description="the median where confirmed; else the lowest paired ratio, the most the "
-        "runs support"
+        description="the median ratio where confirmed; else the lowest, the most the runs support"
     )
     outside_cores: float | None = Field(
         default=None, description="the most CPU other programs used during a re-run, in cores"
@@ -320,8 +319,9 @@ class Recommendation(_Frozen):
     baseline_config: TrialConfig
     baseline_samples_per_s: float | None = Field(description="None when the baseline failed")
     speedup: float | None = Field(
-        description="median re-run samples/s over the baseline's where `confirmation` "
-        "confirms it, else the lowest ratio of one round's paired re-runs"
+        description="over the baseline's samples/s: the median of the paired re-runs' ratios "
+        "(`confirmation`) where they confirm it, else the lowest; without pairs, the medians' "
+        "ratio"
     )
     chosen_from_trial: int
     confirm_runs: tuple[float, ...] = Field(description="samples/s of each re-run after search")

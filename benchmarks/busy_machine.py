@@ -13,7 +13,6 @@ advisor confirmed it, the re-measured speed-up, and whether the two agree within
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from pathlib import Path
 
 from advisor.recommendation import Recommendation
 from advisor.trial.parent.runner import TrialLaunch
-from benchmarks.remeasure import remeasure
+from benchmarks.remeasure import paired_speedup, remeasure
 
 AGREEMENT = 0.15
 
@@ -67,7 +66,7 @@ def row(name: str, rec: Recommendation, wall: float, repeats: int, seconds: floa
     if claim is None or rec.config == rec.baseline_config:
         return f"| {name} | {rec.config.label()} | – | {status} | – | – | {wall:.0f} s |"
     recommended, baseline = remeasure(launch, (rec.config, rec.baseline_config), repeats)
-    measured = statistics.median(recommended) / statistics.median(baseline)
+    measured = paired_speedup(recommended, baseline)
     agree = abs(claim / measured - 1) <= AGREEMENT
     verdict = f"{claim / measured - 1:+.0%}" + ("" if agree else " (outside 15 %)")
     return (

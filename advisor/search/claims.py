@@ -1,11 +1,12 @@
 """What speed-up the re-runs support: a claim that holds when the user re-measures it on the
 same machine, or an honest "unconfirmed".
 
-The claim is the recommendation's median samples/s over the baseline's. Each round of re-runs
-measures the two one after the other, so one round's ratio of the two sees nearly the same
-machine: a program that starts or stops between rounds moves both runs of a round alike. The
-claim stands where the interval around the median of these paired ratios (`claim_interval`)
-lies within `CLAIM_TOLERANCE` of it.
+Each round of re-runs measures the recommendation and the baseline one after the other, so one
+round's ratio of the two sees nearly the same machine: a machine that drifts between rounds
+(on the project's VM, both configurations' samples/s fell by a quarter within minutes, nothing
+else running) moves both runs of a round alike. The claim is the median of these paired
+ratios, and it stands where the interval around it (`claim_interval`) lies within
+`CLAIM_TOLERANCE` of it.
 
 While it does not, the recommendation and the baseline are re-run again, interleaved (their
 order alternating by round), up to `--confirm-max-repeats` rounds. A claim needs
@@ -75,11 +76,10 @@ def claim_interval(ratios: Sequence[float]) -> tuple[float, float]:
     return ordered[drop], ordered[-1 - drop]
 
 
-def judge(
-    claim: float, ratios: Sequence[float], loads: Sequence[MachineLoad | None]
-) -> Confirmation:
-    """Whether paired speed-up `ratios` (one per round) support `claim` (the recommendation's
-    median samples/s over the baseline's), given the machine's load during their runs."""
+def judge(ratios: Sequence[float], loads: Sequence[MachineLoad | None]) -> Confirmation:
+    """Whether paired speed-up `ratios` (one per round) support their median, given the
+    machine's load during their runs."""
+    claim = statistics.median(ratios)
     low, high = claim_interval(ratios)
     load = busy(loads)
     agree = low >= claim / (1 + CLAIM_TOLERANCE) and high <= claim * (1 + CLAIM_TOLERANCE)
@@ -126,11 +126,9 @@ def confirm_claim(
         pairs = rerun_pairs(selection.confirmations, winner.number, baseline.number)
         if not pairs:
             return selection, None
-        claim = statistics.median(w for w, _, _ in pairs) / statistics.median(
-            b for _, b, _ in pairs
-        )
+        ratios = [w / b for w, b, _ in pairs]
         loads = [x for *_, pair in pairs for x in pair] + list(other_loads)
-        verdict = judge(claim, [w / b for w, b, _ in pairs], loads)
+        verdict = judge(ratios, loads)
         if verdict.confirmed or len(pairs) >= limit:
             return selection, verdict
         order = [winner, baseline] if len(pairs) % 2 == 0 else [baseline, winner]

@@ -225,17 +225,18 @@ def confirmed_recommendation(
 
 
 def _with_confirmation(rec: Recommendation, confirmation: Confirmation | None) -> Recommendation:
-    """The recommendation with what its re-runs support: where they do not confirm its
-    speed-up, it claims their lowest round, and its time-to-loss speed-up (one race run each, as
-    noisy as one round) shrinks by the same share."""
+    """The recommendation with the speed-up its paired re-runs support: their median where they
+    confirm it, else their lowest round, and then its time-to-loss speed-up (one race run each,
+    as noisy as one round) shrinks by the same share."""
     if confirmation is None:
         return rec
-    update: dict[str, object] = {"confirmation": confirmation}
-    if not confirmation.confirmed and rec.speedup:
-        share = min(1.0, confirmation.claimed_speedup / rec.speedup)
-        update["speedup"] = confirmation.claimed_speedup
-        if rec.time_to_loss_speedup is not None:
-            update["time_to_loss_speedup"] = rec.time_to_loss_speedup * share
+    update: dict[str, object] = {
+        "confirmation": confirmation,
+        "speedup": confirmation.claimed_speedup,
+    }
+    if not confirmation.confirmed and rec.time_to_loss_speedup is not None:
+        share = min(1.0, confirmation.claimed_speedup / statistics.median(confirmation.ratios))
+        update["time_to_loss_speedup"] = rec.time_to_loss_speedup * share
     return rec.model_copy(update=update)
 
 

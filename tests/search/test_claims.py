@@ -23,14 +23,14 @@ LOADED = MachineLoad(cores=2, seconds=2.0, outside_cores=1.0)
 
 
 def test_rounds_that_agree_confirm_the_claim_of_the_medians():
-    verdict = judge(2.0, [1.95, 2.1, 2.0], [QUIET] * 6)
+    verdict = judge([1.95, 2.1, 2.0], [QUIET] * 6)
     assert verdict.confirmed and verdict.claimed_speedup == 2.0 and verdict.why is None
     assert "confirmed: 3 rounds" in verdict.statement
 
 
 def test_rounds_that_disagree_claim_no_more_than_the_lowest():
     """The issue's case: re-runs 17-fold apart never claim their median."""
-    verdict = judge(3.06, [0.6, 3.06, 38.4], [LOADED] * 6)
+    verdict = judge([0.6, 3.06, 38.4], [LOADED] * 6)
     assert not verdict.confirmed and verdict.claimed_speedup == 0.6
     assert "ranged from 0.60x to 38.40x over 3 rounds" in (verdict.why or "")
     assert "other programs used 1.0 of 2 cores" in (verdict.why or "")
@@ -39,18 +39,18 @@ def test_rounds_that_disagree_claim_no_more_than_the_lowest():
 
 def test_a_busy_machine_needs_more_agreeing_rounds_than_a_quiet_one():
     agreeing = [1.5, 1.52, 1.47, 1.49]
-    two = judge(1.5, agreeing[:2], [QUIET] * 4)
+    two = judge(agreeing[:2], [QUIET] * 4)
     assert not two.confirmed and "only 2 rounds" in (two.why or "")  # even on a quiet one
-    assert judge(1.5, agreeing[:MIN_ROUNDS], [QUIET] * 6).confirmed
-    busy_too_few = judge(1.5, agreeing[:MIN_ROUNDS], [QUIET, LOADED])
+    assert judge(agreeing[:MIN_ROUNDS], [QUIET] * 6).confirmed
+    busy_too_few = judge(agreeing[:MIN_ROUNDS], [QUIET, LOADED])
     assert not busy_too_few.confirmed and "other programs used" in (busy_too_few.why or "")
-    assert judge(1.5, agreeing[:BUSY_ROUNDS], [LOADED] * 8).confirmed
+    assert judge(agreeing[:BUSY_ROUNDS], [LOADED] * 8).confirmed
 
 
 def test_from_five_rounds_one_outlier_at_each_end_is_not_the_interval():
     assert claim_interval([1.0, 2.0]) == (1.0, 2.0)
     assert claim_interval([5.0, 2.0, 2.1, 0.5, 1.9]) == (1.9, 2.1)
-    assert judge(2.0, [5.0, 2.0, 2.1, 0.5, 1.9], [LOADED] * 10).confirmed
+    assert judge([5.0, 2.0, 2.1, 0.5, 1.9], [LOADED] * 10).confirmed
 
 
 def test_busy_is_cpu_taken_by_others_stolen_time_or_another_gpu_program():
