@@ -59,6 +59,22 @@ def test_bad_input_is_one_line_and_exit_code_2(args, fragment, tmp_path):
     assert fragment in _one_line_error(advisor(*args))
 
 
+@pytest.mark.parametrize(
+    ("workload", "phase"), [("hangs_at_build", "build"), ("hangs_in_first_step", "first_step")]
+)
+def test_a_factory_that_hangs_is_stopped_by_the_trial_timeout_with_the_phase(
+    workload, phase, tmp_path
+):
+    started = time.monotonic()
+    completed = advisor(
+        "tune", f"{TINY}:{workload}", "--trial-timeout", "8", "--out", str(tmp_path)
+    )
+    line = _one_line_error(completed)
+    assert "timed out: no result after 8 s" in line and f"(phase: {phase})" in line, line
+    assert "raise --trial-timeout" in line
+    assert time.monotonic() - started < 60
+
+
 def test_first_step_error_names_the_batch_it_saw(tmp_path):
     line = _one_line_error(advisor("validate", f"{TINY}:bad_shapes"))
     assert "a batch is (float32[32, 8], int64[32])" in line

@@ -270,6 +270,18 @@ sigkill = _fault_factory(_sigkill)
 hog_device_memory = _fault_factory(_hog_device_memory)
 
 
+def hangs_at_build():
+    """A factory stuck before it returns (a lock, a network mount)."""
+    time.sleep(3600)
+
+
+def _hang_at_once(model: Faulty, features: torch.Tensor) -> None:
+    time.sleep(3600)
+
+
+hangs_in_first_step = _fault_factory(_hang_at_once)
+
+
 def says_its_environment():
     """Fails with the values its process got of the variables the launcher tests change."""
     seen = {name: os.environ.get(name) for name in ("PYTEST_CURRENT_TEST", "ADVISOR_ECHO")}
