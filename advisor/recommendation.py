@@ -275,8 +275,8 @@ class Confirmation(_Frozen):
             else "it claims no speed-up"
         )
         return (
-            f"unconfirmed: {self.why}; {claim}. Re-measure on a quieter machine "
-            "(benchmarks/remeasure.py, or the same tune command again)"
+            f"unconfirmed: {self.why}; {claim}. Re-measure it (benchmarks/remeasure.py), or "
+            "tune again when the machine is quieter"
         )
 
 

@@ -146,7 +146,7 @@ class TuneSettings(BaseModel):
     confirm_top: int = Field(default=3, ge=1, description="finalists re-measured with the baseline")
     confirm_repeats: int = Field(default=2, ge=1, description="re-runs per finalist")
     confirm_max_repeats: int = Field(
-        default=6,
+        default=10,
         ge=1,
         description="re-runs of the recommendation and the baseline at most, while their "
         "speed-up ratios disagree (a busy machine); then the claim is marked unconfirmed",

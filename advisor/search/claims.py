@@ -18,6 +18,7 @@ say why.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 
@@ -41,6 +42,7 @@ __all__ = [
 # The interval around a claimed speed-up must lie within this share of it: the agreement
 # the project promises between a claim and the user's own re-measurement.
 CLAIM_TOLERANCE = 0.15
+COVERAGE = 0.75  # of the interval around the claim
 # Other programs using a quarter of a core, a hypervisor taking 5 % of the CPU time, or
 # another program on the GPU: the measurements may differ from run to run for that alone.
 BUSY_CORES = 0.25
@@ -68,12 +70,21 @@ def busy(loads: Iterable[MachineLoad | None]) -> MachineLoad | None:
 
 
 def claim_interval(ratios: Sequence[float]) -> tuple[float, float]:
-    """Around the median of `ratios`, an interval that holds the true median with about
-    75 % probability or more (order statistics): the extremes up to four ratios, the second
-    from each end from five on."""
+    """Around the median of `ratios`, the narrowest interval of order statistics that holds
+    the true median with probability `COVERAGE` or more (the extremes with two or three
+    ratios; from six on it drops the outer ones, so it narrows as rounds are added)."""
     ordered = sorted(ratios)
-    drop = 1 if len(ordered) >= 5 else 0
+    drop = 0
+    while _coverage(len(ordered), drop + 1) >= COVERAGE:
+        drop += 1
     return ordered[drop], ordered[-1 - drop]
+
+
+def _coverage(n: int, drop: int) -> float:
+    """P(the `drop`+1-th smallest of n <= the median <= the `drop`+1-th largest): one minus
+    twice the chance that `drop` or fewer of n fall below the median."""
+    below = sum(math.comb(n, k) for k in range(drop + 1)) / 2**n
+    return 1 - 2 * below if drop < n / 2 else 0.0
 
 
 def judge(ratios: Sequence[float], loads: Sequence[MachineLoad | None]) -> Confirmation:
@@ -94,6 +105,8 @@ def judge(ratios: Sequence[float], loads: Sequence[MachineLoad | None]) -> Confi
         why = f"only {len(ratios)} round{'s' if len(ratios) > 1 else ''} of re-runs"
     if why is not None and load is not None:
         why += f", {_load_text(load)}"
+    elif why is not None:
+        why += ", with nothing else seen running: this machine's own speed varied"
     return Confirmation(
         confirmed=why is None,
         ratios=tuple(ratios),
