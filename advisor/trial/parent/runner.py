@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
 import signal
 import subprocess
 import sys
@@ -22,13 +21,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, cast, get_args
-
-import psutil
+from typing import cast, get_args
 
 from advisor.convergence import BatchSchedule, LrPlan
 from advisor.knobs import TrialConfig
 from advisor.results import FailurePhase, MachineLoad, TrialResult
+from advisor.trial.parent.group import GRACE_S, TrialChild, kill_group, signal_group
 from advisor.trial.parent.launcher import (
     ForkedTrial,
     LauncherGoneError,
@@ -43,7 +41,6 @@ from advisor.trial.protocol import PROGRESS_INTERVAL_S, TrialRequest, died_witho
 
 __all__ = ["ProgressCallback", "ProgressReader", "TrialLaunch", "run_trial"]
 
-GRACE_S = 3.0
 POLL_S = 0.2
 STOP_GRACE_S = 1.0
 GPU_SAMPLE_S = 2.0  # how often other programs on the trial's GPUs are counted (NVML)
@@ -54,17 +51,6 @@ PhaseCallback = Callable[[str], None]
 # Called with the seconds since the warm-up began and the projected samples/s; a returned reason
 # stops the trial.
 ProgressCallback = Callable[[float, float], str | None]
-
-
-class _Child(Protocol):
-    """A trial child as the runner watches it: a `Popen` or a `ForkedTrial`."""
-
-    pid: int
-    returncode: int | None
-
-    def poll(self) -> int | None: ...
-
-    def wait(self, timeout: float | None = None) -> int: ...
 
 
 class TrialLaunch:
@@ -185,13 +171,13 @@ def _supervise(
     try:
         timed_out, phase = _wait(process, request, launch.timeout_s, watch, meter)
     except LauncherGoneError as exc:  # its trial child followed it (advisor.trial.child.worker)
-        _signal_group(process.pid, signal.SIGKILL)
+        signal_group(process.pid, signal.SIGKILL)
         return _launcher_failed(request, exc), 1, None
     finally:
         # Also on Ctrl-C: the child is in another session, so the terminal's SIGINT
         # never reached it. Orphaned loader workers die with the group too.
         with contextlib.suppress(LauncherGoneError):
-            _kill_group(process)
+            kill_group(process)
     load, code = meter.stop(), process.returncode or 0  # reaped: its CPU time is counted
     if timed_out and watch.stop is not None and not Path(request.result_path).exists():
         # it did not stop in time, and was killed: what it measured so far is all there is
@@ -201,7 +187,7 @@ def _supervise(
     return None, code, load
 
 
-def _meter(process: _Child, config: TrialConfig) -> LoadMeter:
+def _meter(process: TrialChild, config: TrialConfig) -> LoadMeter:
     """A started meter of the machine's load around `process`, whose reaper is advisor's
     launcher for a forked trial, else this process."""
     reaper = process.launcher_pid if isinstance(process, ForkedTrial) else None
@@ -211,7 +197,7 @@ def _meter(process: _Child, config: TrialConfig) -> LoadMeter:
     return meter
 
 
-def _start_child(request_path: Path, launch: TrialLaunch, log_path: Path) -> _Child:
+def _start_child(request_path: Path, launch: TrialLaunch, log_path: Path) -> TrialChild:
     """A trial child leading a session of its own, its output going to `log_path`."""
     env = child_env()
     if launch.preloaded and json_safe(env):
@@ -250,7 +236,7 @@ def _timed_out(request: TrialRequest, timeout_s: float, phase: str) -> TrialResu
 
 
 def _wait(
-    process: _Child,
+    process: TrialChild,
     request: TrialRequest,
     timeout_s: float,
     watch: ProgressReader,
@@ -281,7 +267,7 @@ def _wait(
         _pause(process, POLL_S)
 
 
-def _pause(process: _Child, seconds: float) -> None:
+def _pause(process: TrialChild, seconds: float) -> None:
     """Sleep `seconds`, or less: until the child exits, so that a finished trial costs no idle
     wait (at a fixed 0.2-s poll, a third of a short search trial's wall was that wait)."""
     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -412,54 +398,6 @@ def _new_lines(path: str | None, seen: int) -> list[str]:
     if path is None or not Path(path).exists():
         return []
     return Path(path).read_text().split("\n")[:-1][seen:]
-
-
-def _kill_group(process: _Child) -> None:
-    """SIGTERM the child's process group, then SIGKILL whatever is left, then reap."""
-    if process.poll() is not None:
-        # The trial finished: whatever is left in its group (orphaned loader workers) goes now.
-        _signal_group(process.pid, signal.SIGKILL)
-        return
-    members = _group_members(process.pid)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        _signal_group(process.pid, sig)
-        for member in members:
-            try:
-                member.send_signal(sig)
-            except psutil.Error:
-                continue
-        gone_by = time.monotonic() + GRACE_S
-        while time.monotonic() < gone_by and _alive(process, members):
-            time.sleep(0.05)
-        if not _alive(process, members):
-            break
-    process.wait()
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _group_members(pid: int) -> list[psutil.Process]:
-    """Descendants of the child, recorded so that any that left the group are killed too."""
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
-
-
-def _alive(process: _Child, members: list[psutil.Process]) -> bool:
-    if process.poll() is None:
-        return True
-    return any(_member_alive(member) for member in members)
-
-
-def _member_alive(member: psutil.Process) -> bool:
-    try:
-        return member.is_running() and member.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:  # reaped between the two calls
-        return False
 
 
 def _read_result(request: TrialRequest, returncode: int, log_path: Path) -> TrialResult:
