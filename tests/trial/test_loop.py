@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import psutil
 import torch
@@ -71,3 +72,28 @@ def test_a_restarted_cycle_times_its_own_micro_steps_and_keeps_the_losses_before
     assert trainer.micro_step() is True
     assert torch.isnan(trainer.last_loss)
     trainer.close()
+
+
+def test_closing_a_trainer_does_not_wait_for_a_lock_a_killed_worker_held():
+    """A worker killed while checking its done event holds that event's lock for good; the
+    loader's own shutdown would wait for it forever. Here another thread takes the lock and
+    never gives it back, as such a worker would."""
+    task, _ = build_task(f"{FAULTS}:worker_stuck_after_a_batch")
+    trainer = Trainer(task, TrialConfig(batch_size=16, num_workers=2), torch.device("cpu"))
+    others = {child.pid for child in psutil.Process().children()}
+    try:
+        trainer.micro_step()
+        iterator = trainer._iterator
+        assert iterator is not None
+        holder = threading.Thread(target=iterator._workers_done_event._cond.acquire)
+        holder.start()
+        holder.join()
+        closing = threading.Thread(target=trainer.close, daemon=True)
+        closing.start()
+        closing.join(timeout=30)
+        assert not closing.is_alive(), "close() waited for the dead holder's lock"
+        assert iterator._shutdown
+    finally:
+        for worker in _children_but(others):
+            with contextlib.suppress(psutil.Error):
+                worker.kill()

@@ -185,8 +185,6 @@ class Trainer:
         }.values():
             _kill_workers(iterator)
         self._batches.close()
-        if persistent is not None and hasattr(persistent, "_shutdown_workers"):
-            persistent._shutdown_workers()
         self._iterator = None
 
     def synchronize(self) -> None:
@@ -233,17 +231,35 @@ class Trainer:
                 )
 
 
-def _kill_workers(iterator: Iterator[Any]) -> None:
-    """SIGKILL a loader iterator's workers, once the loader no longer watches them: its SIGCHLD
-    handler would take their deaths for crashes."""
+def _kill_workers(iterator: Any) -> None:
+    """SIGKILL a loader iterator's workers, once the loader no longer watches them (its SIGCHLD
+    handler would take their deaths for crashes), and release what they leave in place of the
+    iterator's own shutdown.
+
+    That shutdown (`_shutdown_workers`, also run when the iterator is collected) sets and reads
+    the workers' done event, whose lock a worker takes each time it checks the event. A worker
+    killed while checking it holds that lock forever, and the shutdown hangs: one trial of
+    examples/data_bound.py hung so until its timeout.
+    """
     workers = getattr(iterator, "_workers", ())
+    if not workers:
+        return
     if getattr(iterator, "_worker_pids_set", False):
         signal_handling._remove_worker_pids(id(iterator))
-        iterator._worker_pids_set = False  # type: ignore[attr-defined]
+        iterator._worker_pids_set = False
     for worker in workers:
         worker.kill()
     for worker in workers:
         worker.join()
+    iterator._shutdown = True  # torch's shutdown: nothing left
+    queues = list(getattr(iterator, "_index_queues", ()))
+    if hasattr(iterator, "_pin_memory_thread"):  # it polls its event, then ends (a daemon)
+        iterator._pin_memory_thread_done_event.set()
+    else:  # nothing reads the results but the iterator
+        queues.append(iterator._worker_result_queue)
+    for queue in queues:
+        queue.cancel_join_thread()
+        queue.close()
 
 
 def apply_lr(optimizer: torch.optim.Optimizer, plan: LrPlan) -> LambdaLR | None:
