@@ -104,6 +104,15 @@ def test_knobs_a_framework_cannot_set_are_named_with_how_to_apply_them():
     }
 
 
+def test_a_ddp_run_on_cpu_is_told_how_to_end_without_gloo_aborting_it():
+    ending = "torch.distributed.barrier() then os._exit(0)"
+    assert any(ending in line for line in _hf(_recommendation(CPU_DDP))["not_in_training_args"])
+    for framework in ("lightning", "accelerate"):
+        assert ending in " ".join(render_export(_recommendation(CPU_DDP), framework).split())
+        for config in (CUDA_DDP, ONE_PROCESS):  # NCCL, or no process group at all
+            assert "os._exit" not in render_export(_recommendation(config), framework)
+
+
 def test_data_parallel_is_said_to_have_no_lightning_or_accelerate_counterpart():
     rec = _recommendation(CUDA_DP)
     assert "Lightning 2 has no DataParallel strategy" in render_export(rec, "lightning")
