@@ -5,6 +5,8 @@ Skipped without CUDA (see conftest.py); run them wherever a GPU is available.
 """
 
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -65,6 +67,36 @@ def test_cuda_out_of_memory_is_status_oom(tmp_path):
     )
     result = run_trial(launch, TrialConfig(device="cuda", batch_size=16), tmp_path / "t.log")
     assert result.status == "oom", result.reason
+
+
+OTHER_GPU_PROGRAM = (
+    "import time, torch; x = torch.ones(1, device='cuda'); print('ready', flush=True); "
+    "time.sleep(300)"
+)
+
+
+def test_nvml_counts_another_program_on_the_gpu_and_not_the_trials_own(tmp_path):
+    """A trial alone on the GPU sees no other program there (its own processes, and advisor's,
+    are not others: in a container NVML may not name them as we do); with another program
+    holding a CUDA context, its load counts it."""
+    pytest.importorskip("pynvml")
+    alone = _trial(tmp_path)
+    assert alone.status == "ok", alone.reason
+    assert alone.load is not None
+    if alone.load.gpu_processes is None:
+        pytest.skip("NVML names processes by another PID namespace's numbers here")
+    assert alone.load.gpu_processes == 0
+    other = subprocess.Popen(
+        [sys.executable, "-c", OTHER_GPU_PROGRAM], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "ready"
+        shared = _trial(tmp_path)
+        assert shared.status == "ok", shared.reason
+        assert shared.load is not None and shared.load.gpu_processes == 1
+    finally:
+        other.kill()
+        other.wait()
 
 
 def _gpus() -> int:

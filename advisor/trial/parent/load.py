@@ -122,7 +122,7 @@ def _cpu_s(process: psutil.Process) -> float:
 
 def foreign_gpu_processes(gpus: tuple[int, ...], trial_pid: int) -> int | None:
     """Processes computing on `gpus` that are neither the trial's nor advisor's; None without
-    NVML."""
+    NVML, or where its PIDs are not this PID namespace's."""
     try:
         import pynvml  # type: ignore[import-not-found]  # the optional nvidia-ml-py
     except ImportError:
@@ -136,15 +136,15 @@ def foreign_gpu_processes(gpus: tuple[int, ...], trial_pid: int) -> int | None:
     try:
         for index in gpus:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                if process.pid not in ours:
-                    found.add(process.pid)
+            found |= {p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
     except pynvml.NVMLError:
         return None
     finally:
         with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
-    return len(found)
+    if not all(psutil.pid_exists(pid) for pid in found):
+        return None  # NVML names the host's PIDs (a container): ours cannot be told apart
+    return len(found - ours)
 
 
 def _descendants(pid: int) -> list[int]:
