@@ -241,10 +241,13 @@ class Confirmation(_Frozen):
 
     confirmed: bool
     ratios: tuple[float, ...] = Field(description="recommendation ÷ baseline samples/s, by round")
-    low: float = Field(description="the low end of the interval around their median")
+    low: float = Field(
+        description="the low end of the interval around their typical ratio (the Hodges-Lehmann "
+        "estimate on their logs, advisor.search.paired_ratio)"
+    )
     high: float
     claimed_speedup: float = Field(
-        description="the median ratio where confirmed; else the lowest, the most the runs support"
+        description="the typical ratio where confirmed; else the lowest, the most the runs support"
     )
     outside_cores: float | None = Field(
         default=None, description="the most CPU other programs used during a re-run, in cores"
@@ -319,7 +322,7 @@ class Recommendation(_Frozen):
     baseline_config: TrialConfig
     baseline_samples_per_s: float | None = Field(description="None when the baseline failed")
     speedup: float | None = Field(
-        description="over the baseline's samples/s: the median of the paired re-runs' ratios "
+        description="over the baseline's samples/s: the typical ratio of the paired re-runs "
         "(`confirmation`) where they confirm it, else the lowest; without pairs, the medians' "
         "ratio"
     )

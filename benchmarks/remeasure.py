@@ -16,6 +16,8 @@ from pathlib import Path
 
 from advisor.knobs import TrialConfig
 from advisor.recommendation import Recommendation
+from advisor.search.claims import COVERAGE
+from advisor.search.paired_ratio import paired_ratio
 from advisor.trial.parent.runner import TrialLaunch, run_trial
 
 
@@ -65,9 +67,10 @@ def main() -> None:
 
 
 def paired_speedup(recommended: list[float], baseline: list[float]) -> float:
-    """The median of the runs' ratios, pair by pair (as advisor claims it): drift that moves
-    both runs of a pair alike cancels."""
-    return statistics.median(r / b for r, b in zip(recommended, baseline, strict=True) if b)
+    """The typical ratio of the runs, pair by pair, as advisor claims it (the Hodges-Lehmann
+    estimate on their logs): drift that moves both runs of a pair alike cancels."""
+    ratios = [r / b for r, b in zip(recommended, baseline, strict=True) if b and r]
+    return paired_ratio(ratios, COVERAGE).typical
 
 
 if __name__ == "__main__":

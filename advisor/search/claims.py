@@ -4,9 +4,9 @@ same machine, or an honest "unconfirmed".
 Each round of re-runs measures the recommendation and the baseline one after the other, so one
 round's ratio of the two sees nearly the same machine: a machine that drifts between rounds
 (on the project's VM, both configurations' samples/s fell by a quarter within minutes, nothing
-else running) moves both runs of a round alike. The claim is the median of these paired
-ratios, and it stands where the interval around it (`claim_interval`) lies within
-`CLAIM_TOLERANCE` of it.
+else running) moves both runs of a round alike. The claim is the typical paired ratio
+(`paired_ratio`: the Hodges-Lehmann estimate on their logs), and it stands where the interval
+around it, of `COVERAGE`, lies within `CLAIM_TOLERANCE` of it.
 
 While it does not, the recommendation and the baseline are re-run again, interleaved (their
 order alternating by round), up to `--confirm-max-repeats` rounds. A claim needs
@@ -18,13 +18,12 @@ say why.
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Iterable, Sequence
 
 from advisor.recommendation import Confirmation
 from advisor.results import MachineLoad, TrialRecord
 from advisor.search.context import SearchContext
+from advisor.search.paired_ratio import paired_ratio
 from advisor.search.selection import Selection, rerun_pairs, run_round
 
 __all__ = [
@@ -32,9 +31,9 @@ __all__ = [
     "BUSY_ROUNDS",
     "BUSY_STEAL",
     "CLAIM_TOLERANCE",
+    "COVERAGE",
     "MIN_ROUNDS",
     "busy",
-    "claim_interval",
     "confirm_claim",
     "judge",
 ]
@@ -69,29 +68,11 @@ def busy(loads: Iterable[MachineLoad | None]) -> MachineLoad | None:
     return max(heavy, key=lambda load: (load.outside_cores, load.steal_share), default=None)
 
 
-def claim_interval(ratios: Sequence[float]) -> tuple[float, float]:
-    """Around the median of `ratios`, the narrowest interval of order statistics that holds
-    the true median with probability `COVERAGE` or more (the extremes with two or three
-    ratios; from six on it drops the outer ones, so it narrows as rounds are added)."""
-    ordered = sorted(ratios)
-    drop = 0
-    while _coverage(len(ordered), drop + 1) >= COVERAGE:
-        drop += 1
-    return ordered[drop], ordered[-1 - drop]
-
-
-def _coverage(n: int, drop: int) -> float:
-    """P(the `drop`+1-th smallest of n <= the median <= the `drop`+1-th largest): one minus
-    twice the chance that `drop` or fewer of n fall below the median."""
-    below = sum(math.comb(n, k) for k in range(drop + 1)) / 2**n
-    return 1 - 2 * below if drop < n / 2 else 0.0
-
-
 def judge(ratios: Sequence[float], loads: Sequence[MachineLoad | None]) -> Confirmation:
     """Whether paired speed-up `ratios` (one per round) support their median, given the
     machine's load during their runs."""
-    claim = statistics.median(ratios)
-    low, high = claim_interval(ratios)
+    estimate = paired_ratio(ratios, COVERAGE)
+    claim, low, high = estimate.typical, estimate.low, estimate.high
     load = busy(loads)
     agree = low >= claim / (1 + CLAIM_TOLERANCE) and high <= claim * (1 + CLAIM_TOLERANCE)
     enough = len(ratios) >= (BUSY_ROUNDS if load is not None else MIN_ROUNDS)

@@ -36,9 +36,10 @@ from advisor.search.analysis import (
     rejected_values,
     search_effort,
 )
-from advisor.search.claims import confirm_claim
+from advisor.search.claims import COVERAGE, confirm_claim
 from advisor.search.context import SearchContext
 from advisor.search.dominance import rejected_in_search
+from advisor.search.paired_ratio import paired_ratio
 from advisor.search.race.noise import measure_noise_scale
 from advisor.search.race.plan import plan_racers, predict_batches, race_finalists
 from advisor.search.race.run import run_race
@@ -225,9 +226,9 @@ def confirmed_recommendation(
 
 
 def _with_confirmation(rec: Recommendation, confirmation: Confirmation | None) -> Recommendation:
-    """The recommendation with the speed-up its paired re-runs support: their median where they
-    confirm it, else their lowest round, and then its time-to-loss speed-up (one race run each,
-    as noisy as one round) shrinks by the same share."""
+    """The recommendation with the speed-up its paired re-runs support: their typical ratio
+    where they confirm it, else their lowest round, and then its time-to-loss speed-up (one
+    race run each, as noisy as one round) shrinks by the same share."""
     if confirmation is None:
         return rec
     update: dict[str, object] = {
@@ -235,7 +236,8 @@ def _with_confirmation(rec: Recommendation, confirmation: Confirmation | None) -
         "speedup": confirmation.claimed_speedup,
     }
     if not confirmation.confirmed and rec.time_to_loss_speedup is not None:
-        share = min(1.0, confirmation.claimed_speedup / statistics.median(confirmation.ratios))
+        typical = paired_ratio(confirmation.ratios, COVERAGE).typical
+        share = min(1.0, confirmation.claimed_speedup / typical)
         update["time_to_loss_speedup"] = rec.time_to_loss_speedup * share
     return rec.model_copy(update=update)
 
