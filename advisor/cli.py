@@ -121,6 +121,8 @@ def tune(spec: str | None, config: Path | None, as_json: bool, quiet: bool, **fl
         out.print(f"{kept[0].lower()}: {kept[1]}{more}", highlight=False, soft_wrap=True)
     if (searched := effort_summary(result.effort)) is not None:
         out.print(f"search: {searched}", highlight=False, soft_wrap=True)
+    if rec.memory_budget is not None:
+        out.print(f"memory: {rec.memory_budget.statement}", highlight=False, soft_wrap=True)
     if rec.race is not None:
         out.print(f"race: {escape(rec.race.verdict)}", highlight=False, soft_wrap=True)
     if rec.schedule is not None:

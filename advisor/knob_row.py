@@ -32,8 +32,11 @@ __all__ = [
     "accelerate_dp",
     "accelerate_layout",
     "by_hand",
+    "checkpointing_by_hand",
     "compile_by_hand",
     "elsewhere",
+    "hf_checkpointing",
+    "hf_checkpointing_note",
     "hf_compile",
     "hf_foreach",
     "hf_optimizer",
@@ -185,6 +188,31 @@ def matmul_by_hand(precision: str, _: Any) -> str | None:
     if precision == "highest":
         return None
     return f'torch.set_float32_matmul_precision("{precision}")'
+
+
+def hf_checkpointing(block: str, _: Any) -> dict[str, Any]:
+    return {"gradient_checkpointing": True} if block != "off" else {}
+
+
+def hf_checkpointing_note(block: str, _: Any) -> str | None:
+    if block == "off":
+        return None
+    return (
+        "gradient_checkpointing: Trainer turns it on through your model's "
+        "gradient_checkpointing_enable(), which transformers models have; for another model, "
+        f"leave it false and apply {checkpointing_by_hand(block, None)}"
+    )
+
+
+def checkpointing_by_hand(block: str, _: Any) -> str | None:
+    if block == "off":
+        return None
+    return (
+        f"activation checkpointing of every {block}: torch.distributed.algorithms._checkpoint."
+        "checkpoint_wrapper.apply_activation_checkpointing(model, checkpoint_wrapper_fn="
+        "functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT), "
+        f"check_fn=lambda m: type(m).__name__ == {block!r}) before training"
+    )
 
 
 def with_workers(name: str, without: Any = None) -> Counterpart:

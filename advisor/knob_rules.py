@@ -13,11 +13,14 @@ __all__ = [
     "Facts",
     "ParallelMode",
     "Rule",
+    "checkpoint_values",
     "compiler_missing",
     "first_reason",
     "layout_order",
     "layouts",
+    "memory_unbound",
     "needs_cudnn",
+    "no_repeated_block",
     "one_process",
     "parse_parallel",
     "slower_than_fp32",
@@ -48,6 +51,8 @@ class Facts:
     # Measured matmul FLOP/s per dtype on the searched device (the slowest GPU's): the probe's.
     matmul_flops: Mapping[str, float] = field(default_factory=dict)
     forced: frozenset[str] = frozenset()  # knobs named one by one in --knobs: searched whatever
+    repeated_block: str | None = None  # the class of the model's repeated block, if any
+    memory_budget: bool = False  # --memory-budget is set
 
     @property
     def world_limit(self) -> int:
@@ -113,6 +118,31 @@ def worker_counts(facts: Facts) -> tuple[int, ...]:
     counts = {0, 1, facts.cores}
     counts.update(2**k for k in range(1, facts.cores.bit_length()) if 2**k <= facts.cores)
     return tuple(sorted(counts))
+
+
+def checkpoint_values(facts: Facts) -> tuple[str, ...]:
+    """Activation checkpointing: off, or on for the model's repeated blocks."""
+    return ("off", facts.repeated_block) if facts.repeated_block else ("off",)
+
+
+def no_repeated_block(facts: Facts) -> str | None:
+    """Why activation checkpointing has nothing to wrap; None where a block repeats."""
+    if facts.repeated_block:
+        return None
+    return (
+        "no module class with layers of its own repeats in a ModuleList or Sequential: there "
+        "is no block to checkpoint"
+    )
+
+
+def memory_unbound(facts: Facts) -> str | None:
+    """Why the memory knobs cannot pay: nothing asked for less memory than the device has."""
+    if facts.memory_budget or "activation_checkpointing" in facts.forced:
+        return None
+    return (
+        "memory does not bind: it trades compute for memory, so it is searched under "
+        "--memory-budget (or --knobs activation_checkpointing)"
+    )
 
 
 def compiler_missing(facts: Facts) -> str | None:

@@ -32,8 +32,11 @@ from advisor.knob_row import (
     accelerate_dp,
     accelerate_layout,
     by_hand,
+    checkpointing_by_hand,
     compile_by_hand,
     elsewhere,
+    hf_checkpointing,
+    hf_checkpointing_note,
     hf_compile,
     hf_foreach,
     hf_optimizer,
@@ -51,11 +54,14 @@ from advisor.knob_row import (
 from advisor.knob_rules import (
     Device,
     ParallelMode,
+    checkpoint_values,
     compiler_missing,
     first_reason,
     layout_order,
     layouts,
+    memory_unbound,
     needs_cudnn,
+    no_repeated_block,
     one_process,
     slower_than_fp32,
     tf32_missing,
@@ -356,6 +362,21 @@ class TrialConfig(BaseModel):
             },
         ),
     ] = "default"
+    activation_checkpointing: Annotated[
+        str,
+        Knob(
+            group=BASE_GROUP,
+            title="activation checkpointing of the model's repeated blocks (off, or their class)",
+            values=checkpoint_values,
+            fixed_when=(no_repeated_block, memory_unbound),
+            tag="ckpt={}",
+            exports={
+                "hf": setting(hf_checkpointing, by_hand=hf_checkpointing_note),
+                "lightning": by_hand(checkpointing_by_hand),
+                "accelerate": by_hand(checkpointing_by_hand),
+            },
+        ),
+    ] = "off"
 
     @model_validator(mode="after")
     def _check_combination(self) -> "TrialConfig":

@@ -20,6 +20,7 @@ from advisor.convergence import (
     RaceCurve,
 )
 from advisor.knobs import BASE_GROUP, KNOBS, Knob, TrialConfig
+from advisor.memory_budget import BudgetSummary
 from advisor.results import HardwareProfile, PrunedProposal, TaskSummary, TrialRecord, TrialResult
 from advisor.settings import Objective, TuneSettings
 
@@ -350,6 +351,9 @@ class Recommendation(_Frozen):
     )
     throughput_pick: ThroughputPick | None = Field(
         default=None, description="the fastest in samples/s, where the race chose another"
+    )
+    memory_budget: BudgetSummary | None = Field(
+        default=None, description="--memory-budget, and what went over it"
     )
     warnings: tuple[str, ...] = ()
     fixed_knobs: tuple[FixedKnob, ...] = ()

@@ -88,6 +88,9 @@ class TaskSummary(_Frozen):
     custom_collate: bool
     user_batch_size: int
     conv2d: bool = Field(default=False, description="the model has a Conv2d layer")
+    repeated_block: str | None = Field(
+        default=None, description="the class of the model's repeated block, to checkpoint"
+    )
     flops_per_sample: float | None = Field(
         default=None, description="forward + backward FLOPs per sample (FlopCounterMode)"
     )

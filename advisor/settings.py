@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from advisor.errors import SettingsError
 from advisor.knobs import BASE_GROUP, KNOB, KNOB_GROUPS
+from advisor.memory_budget import MemoryBudget
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -153,6 +154,12 @@ class TuneSettings(BaseModel):
     )
     memory_headroom: float = Field(
         default=0.1, ge=0, lt=1, description="fraction of the memory to keep free"
+    )
+    memory_budget: MemoryBudget | None = Field(
+        default=None,
+        description="the most memory a configuration may use: bytes with a unit (2GiB) or a "
+        "share of the device's (0.8); each GPU's peak on CUDA, the whole trial's on the host "
+        "(default: the device less --memory-headroom)",
     )
 
     @field_validator("batch_sizes", "accumulation_steps", mode="before")

@@ -80,29 +80,40 @@ def batch_amp_svg(trials: tuple[TrialRecord, ...]) -> str | None:
     return _svg(figure)
 
 
-def memory_svg(trials: tuple[TrialRecord, ...], chosen: int) -> str | None:
-    """Samples/s against peak memory; the recommended trial marked."""
-    points = [
+def memory_svg(
+    trials: tuple[TrialRecord, ...], chosen: int, budget: int | None = None
+) -> str | None:
+    """Samples/s against peak memory; the recommended trial marked, and with `--memory-budget`
+    the budget and the trials over it."""
+    ran = [
         t
         for t in trials
-        if t.role != "duplicate" and t.eligible and t.result.samples_per_s
+        if t.role != "duplicate" and t.result.feasible and t.result.samples_per_s
         if t.result.peak_memory_bytes
     ]
-    if not points:
+    points = [t for t in ran if t.eligible]
+    over = [t for t in ran if budget is not None and (t.result.peak_memory_bytes or 0) > budget]
+    if not points and not over:
         return None
     figure, axes = _figure("peak memory (MiB)", "samples/s")
-    mib = [t.result.peak_memory_bytes / 2**20 for t in points]  # type: ignore[operator]
-    axes.scatter(mib, [t.result.samples_per_s for t in points], label="trial")
-    for trial, memory in zip(points, mib, strict=True):
-        if trial.number == chosen:
-            axes.scatter(
-                [memory],
-                [trial.result.samples_per_s],
-                s=160,
-                facecolors="none",
-                edgecolors="black",
-                label=f"recommended (trial {chosen})",
-            )
+
+    def mib(records: list[TrialRecord]) -> list[float]:
+        return [(t.result.peak_memory_bytes or 0) / 2**20 for t in records]
+
+    def rates(records: list[TrialRecord]) -> list[float]:
+        return [t.result.samples_per_s or 0.0 for t in records]
+
+    axes.scatter(mib(points), rates(points), label="trial")
+    if budget is not None:
+        axes.axvline(budget / 2**20, color="grey", linestyle="--", label="memory budget")
+        if over:
+            axes.scatter(mib(over), rates(over), marker="x", color="red", label="over the budget")
+    mine = [t for t in points if t.number == chosen]
+    if mine:
+        axes.scatter(
+            mib(mine), rates(mine), s=160, facecolors="none", edgecolors="black",
+            label=f"recommended (trial {chosen})",
+        )  # fmt: skip
     axes.legend(fontsize="small")
     return _svg(figure)
 

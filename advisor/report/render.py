@@ -146,10 +146,14 @@ def render_html(result: TuneResult) -> str:
     )
 
     rec, trials = result.recommendation, result.trials
+    budget = rec.memory_budget.limit.bytes if rec.memory_budget else None
     figures = (
         ("Optimisation history: samples/s by trial, best so far", history_svg(trials)),
         ("Best throughput by batch size, per AMP setting", batch_amp_svg(trials)),
-        ("Throughput against peak memory", memory_svg(trials, rec.chosen_from_trial)),
+        (
+            "Throughput against peak memory",
+            memory_svg(trials, rec.chosen_from_trial, budget),
+        ),
         (
             "Parameter importance (Optuna, PED-ANOVA)",
             importance_svg(result.importances),

@@ -22,7 +22,9 @@ from pathlib import Path
 
 from advisor.errors import BadInputError, FactoryError, FirstStepError, SpecError, bad_input
 from advisor.knobs import KNOBS, Device, TrialConfig
+from advisor.memory_budget import memory_limit
 from advisor.results import HardwareProfile, TrialRecord, TrialResult
+from advisor.settings import TuneSettings
 from advisor.trial.parent.runner import TrialLaunch, run_trial
 from advisor.trial.protocol import EARLY_STEPS
 
@@ -70,20 +72,15 @@ def _explain(result: TrialResult, log_path: Path) -> BadInputError:
 _MEMORY_NEUTRAL = {"batch_size", "accumulation_steps"}
 
 
-def memory_problem(result: TrialResult, hardware: HardwareProfile, headroom: float) -> str | None:
-    """Why a finished trial leaves too little memory free, or None when it fits."""
+def memory_problem(
+    result: TrialResult, hardware: HardwareProfile, settings: TuneSettings
+) -> str | None:
+    """Why a finished trial's peak memory is over the budget (`--memory-budget`), or leaves
+    less than the headroom free; None when it fits."""
     if not result.feasible or result.peak_memory_bytes is None:
         return None
-    if result.config.device == "cuda" and hardware.gpus:
-        capacity, where = hardware.gpus[0].memory_bytes, "GPU"
-    else:
-        capacity, where = hardware.memory_bytes, "host"
-    if result.peak_memory_bytes <= (1 - headroom) * capacity:
-        return None
-    return (
-        f"peak {where} memory {result.peak_memory_bytes / 2**30:.1f} GiB leaves less than "
-        f"{headroom:.0%} of {capacity / 2**30:.1f} GiB free"
-    )
+    limit = memory_limit(settings.memory_budget, settings.memory_headroom, result.config, hardware)
+    return limit.problem(result.peak_memory_bytes)
 
 
 def known_out_of_memory(config: TrialConfig, records: Iterable[TrialRecord]) -> str | None:

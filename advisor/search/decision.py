@@ -17,6 +17,7 @@ import optuna
 from advisor.convergence import BatchPrediction, LrPlan, NoiseScale
 from advisor.errors import NoFeasibleConfigError, StorageError
 from advisor.knobs import KNOBS, TrialConfig
+from advisor.memory_budget import budget_summary
 from advisor.recommendation import (
     Confirmation,
     Efficiency,
@@ -321,6 +322,13 @@ def _recommendation(
         rejected_values=rejected_values(trials),
         bottleneck=diagnose(winner, effects),
         efficiency=efficiency(config, samples_per_s, context.task, context.hardware),
+        memory_budget=budget_summary(
+            settings.memory_budget,
+            settings.memory_headroom,
+            trials,
+            context.hardware,
+            config.global_batch_size,
+        ),
         hardware=context.hardware,
         task=context.task,
         storage=mask_url(settings.storage_url),

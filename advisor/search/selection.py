@@ -318,7 +318,7 @@ def rerun_pairs(
 def _problem(result: TrialResult, context: SearchContext) -> str | None:
     """Why a re-run cannot stand: too little memory left, or (its early steps now whole, where
     the search trial's may not have been) a knob that changed the maths."""
-    problem = memory_problem(result, context.hardware, context.settings.memory_headroom)
+    problem = memory_problem(result, context.hardware, context.settings)
     if problem is None and context.numerics is not None:
         problem = context.numerics.problem(result, context.progress.trial_phase)
     return problem

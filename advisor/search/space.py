@@ -8,6 +8,7 @@ else is left to measurement.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import shutil
@@ -171,6 +172,7 @@ def machine_facts(
         max_world_size=max_world_size,
         iterable=task.iterable,
         conv2d=task.conv2d,
+        repeated_block=task.repeated_block,
         custom_optimizer=task.custom_optimizer,
         matmul_flops=_matmul_flops(device, hardware),
         forced=forced,
@@ -220,6 +222,7 @@ def build_space(
     device = resolve_device(settings.device, hardware)
     forced = frozenset(name for name in settings.knobs if name in KNOB)
     facts = machine_facts(device, hardware, task, settings.max_world_size, forced)
+    facts = dataclasses.replace(facts, memory_budget=settings.memory_budget is not None)
     space = _Builder()
     total = _kept_global_batch(settings, task)
     from_settings = {

@@ -97,7 +97,9 @@ def next_move(
     budget = stage_budget(trials)
     ran = [r for r in records if ran_itself(r)]
     batch0 = ranking.batch0
-    at_batch0 = _moves(space, _incumbent(records, batch0), records, known, ruled_out)
+    over_memory = _over_memory_baseline(records) if _incumbent(records, batch0) is None else None
+    start = _incumbent(records, batch0) or over_memory
+    at_batch0 = _moves(space, start, records, known, ruled_out, over_memory=over_memory is not None)
     if at_batch0 and len(ran) < budget.your_batch:
         return Move(at_batch0[0], "your batch")
     elsewhere = [r for r in ran if r.result.config.global_batch_size != batch0]
@@ -160,16 +162,30 @@ def _incumbent(records: Sequence[TrialRecord], batch: int) -> TrialConfig | None
     return best.result.config if best is not None else None
 
 
+def _over_memory_baseline(records: Sequence[TrialRecord]) -> TrialConfig | None:
+    """The user's configuration where it ran but did not fit the memory (the budget, or the
+    headroom) and nothing at its global batch has yet: the walk starts from it, its micro-batch
+    split by accumulation and the knobs that change the memory tried (the larger micro-batches
+    known not to fit)."""
+    for record in records:
+        if record.role == "baseline" and record.result.feasible and record.infeasible_reason:
+            return record.result.config
+    return None
+
+
 def _moves(
     space: SearchSpace,
     start: TrialConfig | None,
     records: Sequence[TrialRecord],
     known: set[TrialConfig],
     ruled_out: set[tuple[str, Any]],
+    *,
+    over_memory: bool = False,
 ) -> list[dict[str, Any]]:
     """The configurations one move from `start` at its global batch that nobody measured: the
     knobs in `FIRST`'s order, each walked outwards from its value (`_walk`), then every other
-    layout of the batch."""
+    layout of the batch. From a start `over_memory`, the moves that can take less come first:
+    the layouts (one process first), activation checkpointing, amp."""
     if start is None:
         return []
     params = space.params_of(start)
@@ -185,9 +201,13 @@ def _moves(
         return config not in known and known_out_of_memory(config, records) is None
 
     moves: list[dict[str, Any]] = []
-    for name in _move_order(space):
+    order = _move_order(space)
+    if over_memory:
+        saving = [LAYOUT, "activation_checkpointing", "amp"]
+        order = [n for n in saving if n in order] + [n for n in order if n not in saving]
+    for name in order:
         if name == LAYOUT:
-            candidates = _layouts(space, params, start.global_batch_size)
+            candidates = _layouts(space, params, start.global_batch_size, one_process=over_memory)
         else:
 
             def allowed(value: Any, knob: str = name) -> bool:
@@ -240,9 +260,12 @@ def _move_order(space: SearchSpace) -> list[str]:
     )
 
 
-def _layouts(space: SearchSpace, params: dict[str, Any], batch: int) -> list[dict[str, Any]]:
+def _layouts(
+    space: SearchSpace, params: dict[str, Any], batch: int, *, one_process: bool = False
+) -> list[dict[str, Any]]:
     """Every other combination of the shape knobs that makes global batch `batch`: the fewest
-    accumulation steps first, then the most processes."""
+    accumulation steps first, then the most processes (`one_process`: the fewest processes
+    first, each on the host takes memory of its own)."""
     names = [name for name in SHAPE if name in space.domains]
     layouts = []
     for combo in product(*(space.domains[name] for name in names)):
@@ -251,8 +274,9 @@ def _layouts(space: SearchSpace, params: dict[str, Any], batch: int) -> list[dic
             continue
         config = space.config_from_params(candidate)
         if config.global_batch_size == batch:
-            layouts.append((config.accumulation_steps, -config.world_size, candidate))
-    return [candidate for *_, candidate in sorted(layouts, key=lambda item: item[:2])]
+            first = config.world_size if one_process else 0
+            layouts.append((first, config.accumulation_steps, -config.world_size, candidate))
+    return [candidate for *_, candidate in sorted(layouts, key=lambda item: item[:3])]
 
 
 def _next_probe(

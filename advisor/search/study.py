@@ -323,7 +323,7 @@ def _measure(
         if role != "baseline"
         else (),
     )
-    problem = memory_problem(result, context.hardware, context.settings.memory_headroom)
+    problem = memory_problem(result, context.hardware, context.settings)
     if problem is None and context.numerics is not None:
         problem = context.numerics.problem(result, context.progress.trial_phase)
     return TrialRecord(

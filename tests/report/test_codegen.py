@@ -102,6 +102,7 @@ def _logged_losses(stdout: str) -> list[float]:
         (f"{TINY}:iterable_task", {}),
         (f"{TINY}:conv", {"channels_last": True, "optimizer_impl": "fused", "num_workers": 1}),
         (f"{TINY}:factory", {"num_workers": 1, "prefetch_factor": 4, "persistent_workers": False}),
+        (f"{TINY}:blocks", {"activation_checkpointing": "ResidualBlock", "accumulation_steps": 2}),
         pytest.param(f"{TINY}:conv", {"compile": "default"}, marks=pytest.mark.slow),
     ],
 )

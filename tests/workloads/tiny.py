@@ -461,3 +461,58 @@ class _SlowSamples(Dataset):
 
 def slow_samples():
     return _model(), _SlowSamples(), nn.CrossEntropyLoss()
+
+
+class _Wide(nn.Module):
+    """Each sample's 8 features blown up to 8 x 262,144 activations (8 MiB) and back: the memory
+    a step needs grows with its micro-batch, far past the allocator's own noise (a CPU trial's
+    peak RSS moves by 100-250 MiB with the number of steps it ran), while the parameters stay
+    few."""
+
+    def __init__(self, width: int = 262144) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, width))
+        self.head = nn.Linear(FEATURES, 2)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        wide = torch.relu(features.unsqueeze(-1) * self.scale)
+        return self.head(wide.mean(dim=-1))
+
+
+def activation_heavy() -> TrainingTask:
+    """Batch 32 at about 16 MiB of activations per sample."""
+    return TrainingTask(
+        model=_Wide(), dataset=_data(), loss_fn=nn.CrossEntropyLoss(), batch_size=32
+    )
+
+
+class ResidualBlock(nn.Module):
+    """Features widened to `width` and back, with dropout: a transformer block's shape."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(FEATURES, width)
+        self.down = nn.Linear(width, FEATURES)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return features + self.drop(self.down(torch.relu(self.up(features))))
+
+
+class Tower(nn.Module):
+    def __init__(self, depth: int = 8, width: int = 65536) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(ResidualBlock(width) for _ in range(depth))
+        self.head = nn.Linear(FEATURES, 2)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            features = block(features)
+        return self.head(features)
+
+
+def blocks() -> TrainingTask:
+    """Eight repeated blocks of 65,536-wide activations (about 4 MiB per sample in all)."""
+    return TrainingTask(
+        model=Tower(), dataset=_data(), loss_fn=nn.CrossEntropyLoss(), batch_size=64
+    )

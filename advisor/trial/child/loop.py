@@ -28,6 +28,7 @@ from advisor.trial.child.batches import (
     to_channels_last,
     to_device,
 )
+from advisor.trial.child.blocks import checkpoint_blocks
 from advisor.trial.child.probe import usable_cores
 
 __all__ = ["DivergedError", "Trainer", "apply_lr", "wrap_model"]
@@ -66,6 +67,8 @@ class Trainer:
         torch.backends.cudnn.deterministic = config.cudnn_deterministic
         torch.set_float32_matmul_precision(config.matmul_precision)
         model = task.model.to(device)
+        if config.activation_checkpointing != "off":
+            checkpoint_blocks(model, config.activation_checkpointing)
         if config.channels_last:
             model = model.to(memory_format=torch.channels_last)
         model.train()

@@ -30,6 +30,7 @@ from advisor.knobs import TrialConfig
 from advisor.results import FailurePhase, TaskSummary, TrialResult
 from advisor.task import TrainingTask, build_task, user_batch_size
 from advisor.trial.child.agreement import ParentWatch
+from advisor.trial.child.blocks import repeated_block
 from advisor.trial.child.budget import (
     TrialSteps,
     estimated_cycle_s,
@@ -338,6 +339,7 @@ def _summarise(task: TrainingTask, kind: str, trainer: Trainer) -> TaskSummary:
         custom_collate=task.collate_fn is not None,
         user_batch_size=user_batch_size(task),
         conv2d=any(isinstance(module, torch.nn.Conv2d) for module in task.model.modules()),
+        repeated_block=repeated_block(task.model),
         optimizer_class=type(trainer.optimizer).__name__,
     )
 

@@ -1,0 +1,108 @@
+"""`--memory-budget`: what it accepts, what it covers, and a tune whose own configuration does
+not fit it (`advisor.memory_budget`, the walk in `advisor.search.staging`)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+import advisor
+from advisor.knobs import TrialConfig
+from advisor.memory_budget import MemoryBudget, memory_limit
+from advisor.results import GpuInfo, HardwareProfile
+from advisor.settings import TuneSettings
+from advisor.trial.parent.runner import TrialLaunch, run_trial
+from tests.conftest import ROOT, TINY, run_advisor
+
+HOST = HardwareProfile(
+    cpu_model="x", cores=2, memory_bytes=24 * 2**30, cpu_capability="AVX2", cpu_bf16=False,
+    python_version="3.11", torch_version="2.13.0",
+    gpus=(GpuInfo(name="A100", memory_bytes=80 * 2**30, capability="8.0", bf16=True),),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("given", "size", "share"),
+    [
+        ("2GiB", 2 * 2**30, None),
+        ("512 MB", 512 * 10**6, None),
+        ("1.5g", int(1.5e9), None),
+        (3 * 2**30, 3 * 2**30, None),
+        ("0.8", None, 0.8),
+        ("80%", None, 0.8),
+        (1, None, 1.0),
+    ],
+)
+def test_a_budget_is_bytes_with_a_unit_or_a_share_of_the_device(given, size, share):
+    budget = TuneSettings(spec="a.py:f", memory_budget=given).memory_budget
+    assert budget is not None and budget.bytes == size and budget.fraction == share
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ("abc", "give bytes with a unit (2GiB, 512MB) or a share"),
+        ("2", "under 1 MiB: give a unit, e.g. 2GiB"),
+        ("12 kb", "under 1 MiB: no training fits in it"),
+        ("150%", "within (0, 1]"),
+        ("2 parsecs", "is not a memory budget"),
+    ],
+)
+def test_a_budget_that_is_neither_says_what_would_be(given, says):
+    with pytest.raises(ValidationError, match=r"memory budget|1 MiB|\(0, 1\]") as raised:
+        TuneSettings(spec="a.py:f", memory_budget=given)
+    assert says in str(raised.value)
+
+
+def test_a_share_is_of_the_gpu_on_cuda_and_of_the_host_on_cpu_and_none_keeps_the_headroom():
+    share = MemoryBudget.model_validate("50%")
+    on_gpu = memory_limit(share, 0.1, TrialConfig(device="cuda", batch_size=8), HOST)
+    assert (on_gpu.bytes, on_gpu.where) == (40 * 2**30, "GPU")
+    on_host = memory_limit(share, 0.1, TrialConfig(batch_size=8), HOST)
+    assert (on_host.bytes, on_host.where) == (12 * 2**30, "host")
+    assert on_host.problem(13 * 2**30) == "peak host memory 13.0 GiB > budget 12.0 GiB"
+    headroom = memory_limit(None, 0.1, TrialConfig(device="cuda", batch_size=8), HOST)
+    assert headroom.bytes == int(0.9 * 80 * 2**30) and not headroom.budget
+    assert "leaves less than 10% of 80.0 GiB free" in (headroom.problem(79 * 2**30) or "")
+
+
+def test_a_bad_budget_on_the_command_line_is_one_line_and_exit_2(tmp_path):
+    completed = run_advisor(
+        "tune", f"{TINY}:factory", "--out", str(tmp_path), "--memory-budget", "lots", timeout=120
+    )
+    assert completed.returncode == 2 and "Traceback" not in completed.stderr
+    assert "memory_budget" in completed.stderr and "is not a memory budget" in completed.stderr
+
+
+def _peak(tmp_path, batch: int) -> int:
+    launch = TrialLaunch(
+        spec=f"{TINY}:activation_heavy", cwd=ROOT, warmup_steps=2, trial_seconds=0.5,
+        timeout_s=120,
+    )  # fmt: skip
+    result = run_trial(launch, TrialConfig(batch_size=batch), tmp_path / f"peak-{batch}.log")
+    assert result.status == "ok" and result.peak_memory_bytes, result.reason
+    return result.peak_memory_bytes
+
+
+@pytest.mark.slow
+def test_a_tune_whose_own_configuration_does_not_fit_keeps_its_batch_within_the_budget(tmp_path):
+    """Batch 32 of 16 MiB activations per sample, a budget between the peaks of micro-batches
+    16 and 32: the baseline is over it, said so, and the walk from it splits the batch by
+    accumulation; the recommendation keeps global batch 32 and its re-runs stay within."""
+    small, large = _peak(tmp_path, 16), _peak(tmp_path, 32)
+    assert large - small > 192 * 2**20, (small, large)  # the activations drive the peak
+    budget = (small + large) // 2
+    result = advisor.tune(
+        f"{TINY}:activation_heavy", out=tmp_path / "tune", trials=5, trial_seconds=0.5,
+        race_seconds=0, memory_budget=budget, confirm_max_repeats=3,
+    )  # fmt: skip
+    rec = result.recommendation
+    baseline = next(t for t in result.trials if t.role == "baseline")
+    assert baseline.infeasible_reason is not None and "> budget" in baseline.infeasible_reason
+    assert rec.config.global_batch_size == 32 and rec.config.batch_size < 32
+    assert rec.memory_budget is not None and rec.memory_budget.baseline_over
+    assert "your configuration among them" in rec.memory_budget.statement
+    reruns = [t for t in result.confirmations if t.result.config == rec.config]
+    assert reruns and all((t.result.peak_memory_bytes or 0) <= budget for t in reruns)
+    report = (tmp_path / "tune" / "report.md").read_text()
+    assert "**Memory:** memory budget" in report and "your configuration among them" in report
