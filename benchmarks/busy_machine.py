@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("spec")
     parser.add_argument("--busy-cores", type=int, default=1)
     parser.add_argument("--trials", type=int, default=12)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--trial-seconds", type=float, default=3.0, help="of the re-measurement")
     parser.add_argument("--conditions", default="quiet,busy")
     parser.add_argument("tune_args", nargs="*", help="more advisor tune options, after --")
