@@ -191,10 +191,12 @@ def matmul_by_hand(precision: str, _: Any) -> str | None:
 
 
 def hf_checkpointing(block: str, _: Any) -> dict[str, Any]:
+    """`gradient_checkpointing` where blocks are checkpointed."""
     return {"gradient_checkpointing": True} if block != "off" else {}
 
 
 def hf_checkpointing_note(block: str, _: Any) -> str | None:
+    """What Trainer's `gradient_checkpointing` needs of the model, and the way without it."""
     if block == "off":
         return None
     return (
@@ -205,6 +207,7 @@ def hf_checkpointing_note(block: str, _: Any) -> str | None:
 
 
 def checkpointing_by_hand(block: str, _: Any) -> str | None:
+    """torch's call that checkpoints every `block` module, as advisor's trials did."""
     if block == "off":
         return None
     return (

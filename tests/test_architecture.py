@@ -19,7 +19,7 @@ LAYERS = (
     ("errors",),
     ("knob_rules",),
     ("knob_row",),
-    ("knobs",),
+    ("knobs", "memory_budget"),
     ("settings",),
     ("convergence", "noise_scale"),
     ("results", "task"),

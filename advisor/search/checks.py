@@ -22,8 +22,8 @@ from pathlib import Path
 
 from advisor.errors import BadInputError, FactoryError, FirstStepError, SpecError, bad_input
 from advisor.knobs import KNOBS, Device, TrialConfig
-from advisor.memory_budget import memory_limit
 from advisor.results import HardwareProfile, TrialRecord, TrialResult
+from advisor.search.memory import memory_limit
 from advisor.settings import TuneSettings
 from advisor.trial.parent.runner import TrialLaunch, run_trial
 from advisor.trial.protocol import EARLY_STEPS

@@ -17,7 +17,6 @@ import optuna
 from advisor.convergence import BatchPrediction, LrPlan, NoiseScale
 from advisor.errors import NoFeasibleConfigError, StorageError
 from advisor.knobs import KNOBS, TrialConfig
-from advisor.memory_budget import budget_summary
 from advisor.recommendation import (
     Confirmation,
     Efficiency,
@@ -40,6 +39,7 @@ from advisor.search.analysis import (
 from advisor.search.claims import COVERAGE, confirm_claim
 from advisor.search.context import SearchContext
 from advisor.search.dominance import rejected_in_search
+from advisor.search.memory import budget_summary
 from advisor.search.paired_ratio import paired_ratio
 from advisor.search.race.noise import measure_noise_scale
 from advisor.search.race.plan import plan_racers, predict_batches, race_finalists

@@ -34,6 +34,7 @@ class PairedRatio:
 
 
 def paired_ratio(ratios: Sequence[float], coverage: float) -> PairedRatio:
+    """The typical ratio of `ratios` and its interval at `coverage`."""
     return PairedRatio(ratios, coverage)
 
 

@@ -8,8 +8,9 @@ from pydantic import ValidationError
 
 import advisor
 from advisor.knobs import TrialConfig
-from advisor.memory_budget import MemoryBudget, memory_limit
+from advisor.memory_budget import MemoryBudget
 from advisor.results import GpuInfo, HardwareProfile
+from advisor.search.memory import memory_limit
 from advisor.settings import TuneSettings
 from advisor.trial.parent.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY, run_advisor

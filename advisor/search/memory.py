@@ -1,0 +1,102 @@
+"""The memory a configuration may use, and how the configurations that ran stood against it.
+
+The limit is `--memory-budget` (`advisor.memory_budget`), or without one the device less
+`--memory-headroom`. What it covers is the trial's measured peak
+(`TrialResult.peak_memory_bytes`): each GPU's `max_memory_reserved` on CUDA, and on CPU the
+resident memory of the trial's whole process tree, every rank and loader worker together, since
+they share the host.
+"""
+
+from __future__ import annotations
+
+from advisor.knobs import TrialConfig
+from advisor.memory_budget import MemoryBudget, gib
+from advisor.recommendation import BudgetSummary, MemoryLimit
+from advisor.results import HardwareProfile, TrialRecord
+
+__all__ = ["budget_summary", "memory_limit"]
+
+
+def memory_limit(
+    budget: MemoryBudget | None, headroom: float, config: TrialConfig, hardware: HardwareProfile
+) -> MemoryLimit:
+    """The limit for `config`'s trials: the budget, or the device less the headroom."""
+    if config.device == "cuda" and hardware.gpus:
+        capacity, where = hardware.gpus[0].memory_bytes, "GPU"
+    else:
+        capacity, where = hardware.memory_bytes, "host"
+    if budget is None:
+        return MemoryLimit(
+            bytes=int((1 - headroom) * capacity), budget=False, where=where, capacity=capacity
+        )
+    limit = budget.bytes if budget.bytes is not None else int((budget.fraction or 1) * capacity)
+    return MemoryLimit(bytes=limit, budget=True, where=where, capacity=capacity)
+
+
+def budget_summary(
+    budget: MemoryBudget | None,
+    headroom: float,
+    trials: list[TrialRecord],
+    hardware: HardwareProfile,
+    global_batch: int,
+) -> BudgetSummary | None:
+    """The budget's summary over `trials`, and what checkpointing bought at `global_batch`
+    (the recommendation's); None without `--memory-budget`."""
+    measured = [
+        t
+        for t in trials
+        if t.role in ("baseline", "search") and t.derived_from is None
+        if t.result.peak_memory_bytes
+    ]
+    if budget is None or not measured:
+        return None
+    limit = memory_limit(budget, headroom, measured[0].result.config, hardware)
+    baseline = next((t for t in measured if t.role == "baseline"), None)
+    return BudgetSummary(
+        checkpointing=_checkpointing_trade(measured, global_batch, limit),
+        limit=limit,
+        ran=len(measured),
+        over=tuple(
+            (t.number, t.result.peak_memory_bytes or 0)
+            for t in measured
+            if (t.result.peak_memory_bytes or 0) > limit.bytes
+        ),
+        baseline_peak=baseline.result.peak_memory_bytes if baseline else None,
+    )
+
+
+def _checkpointing_trade(
+    measured: list[TrialRecord], global_batch: int, limit: MemoryLimit
+) -> str | None:
+    """The fastest configuration within the budget at `global_batch` with activation
+    checkpointing against the fastest without: their micro-batches and speeds."""
+    at_batch = [
+        t for t in measured if t.eligible and t.result.config.global_batch_size == global_batch
+    ]
+
+    def fastest(checkpointed: bool) -> TrialRecord | None:
+        return max(
+            (
+                t
+                for t in at_batch
+                if (t.result.config.activation_checkpointing != "off") == checkpointed
+            ),
+            key=lambda t: t.result.samples_per_s or 0.0,
+            default=None,
+        )
+
+    on, off = fastest(True), fastest(False)
+    if on is None:
+        return None
+    within = f"within {gib(limit.bytes)}"
+    if off is None:
+        return (
+            f"checkpointing: global batch {global_batch} fits {within} only with it "
+            f"(micro-batch {on.result.config.batch_size})"
+        )
+    ratio = (on.result.samples_per_s or 0.0) / (off.result.samples_per_s or 1.0)
+    trade = (
+        f"micro-batch {off.result.config.batch_size} → {on.result.config.batch_size} {within}, "
+        f"{ratio:.2f}x samples/s at global batch {global_batch}"
+    )
+    return f"checkpointing: {trade}" if ratio > 1 else f"checkpointing did not pay: {trade}"
