@@ -74,6 +74,7 @@ __all__ = [
     "KNOB",
     "KNOBS",
     "KNOB_GROUPS",
+    "MEMORY_GROUP",
     "AmpMode",
     "Device",
     "Knob",
@@ -87,6 +88,7 @@ MatmulPrecision = Literal["highest", "high"]
 OptimizerImpl = Literal["default", "foreach", "fused"]
 
 BASE_GROUP = "classic"  # always searched; `--knobs` adds the other groups to it
+MEMORY_GROUP = "memory"  # searched under --memory-budget
 
 
 # --- the table -----------------------------------------------------------------------------------
@@ -365,7 +367,7 @@ class TrialConfig(BaseModel):
     activation_checkpointing: Annotated[
         str,
         Knob(
-            group=BASE_GROUP,
+            group=MEMORY_GROUP,
             title="activation checkpointing of the model's repeated blocks (off, or their class)",
             values=checkpoint_values,
             fixed_when=(no_repeated_block, memory_unbound),

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from advisor.errors import SettingsError
-from advisor.knobs import BASE_GROUP, KNOB, KNOB_GROUPS
+from advisor.knobs import BASE_GROUP, KNOB, KNOB_GROUPS, MEMORY_GROUP
 from advisor.memory_budget import MemoryBudget
 
 if sys.version_info >= (3, 11):
@@ -208,8 +208,11 @@ class TuneSettings(BaseModel):
 
     @property
     def searched_knobs(self) -> frozenset[str]:
-        """The knobs `knobs` names, groups expanded; the base group's are always searched."""
+        """The knobs `knobs` names, groups expanded; the base group's are always searched, and
+        under `memory_budget` the memory group's."""
         names = set(KNOB_GROUPS[BASE_GROUP])
+        if self.memory_budget is not None:
+            names.update(KNOB_GROUPS[MEMORY_GROUP])
         for name in self.knobs:
             if name == "all":
                 names.update(KNOB)

@@ -24,13 +24,13 @@ class MarkovTokens(Dataset):
     """Token sequences drawn from a fixed random Markov chain: a next-token task a small model
     learns, with a loss floor it can approach. Deterministic: the same sequences every time."""
 
-    def __init__(self, sequences: int = SEQUENCES, seed: int = 0) -> None:
+    def __init__(self, sequences: int = SEQUENCES, seed: int = 0, context: int = CONTEXT) -> None:
         generator = torch.Generator().manual_seed(seed)
         # Each token has 4 likely successors: about 2 bits of entropy per step.
         successors = torch.randint(VOCAB, (VOCAB, 4), generator=generator)
-        tokens = torch.empty(sequences, CONTEXT, dtype=torch.long)
+        tokens = torch.empty(sequences, context, dtype=torch.long)
         tokens[:, 0] = torch.randint(VOCAB, (sequences,), generator=generator)
-        for position in range(1, CONTEXT):
+        for position in range(1, context):
             choice = torch.randint(4, (sequences,), generator=generator)
             tokens[:, position] = successors[tokens[:, position - 1], choice]
         self.tokens = tokens

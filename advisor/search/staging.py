@@ -163,12 +163,15 @@ def _incumbent(records: Sequence[TrialRecord], batch: int) -> TrialConfig | None
 
 
 def _over_memory_baseline(records: Sequence[TrialRecord]) -> TrialConfig | None:
-    """The user's configuration where it ran but did not fit the memory (the budget, or the
-    headroom) and nothing at its global batch has yet: the walk starts from it, its micro-batch
+    """The user's configuration where it ran out of memory or did not fit the budget (or the
+    headroom) and nothing at its global batch has fit yet: the walk starts from it, its micro-batch
     split by accumulation and the knobs that change the memory tried (the larger micro-batches
     known not to fit)."""
     for record in records:
-        if record.role == "baseline" and record.result.feasible and record.infeasible_reason:
+        over = record.result.status == "oom" or (
+            record.result.feasible and record.infeasible_reason is not None
+        )
+        if record.role == "baseline" and over:
             return record.result.config
     return None
 

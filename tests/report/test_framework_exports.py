@@ -113,6 +113,18 @@ def test_a_ddp_run_on_cpu_is_told_how_to_end_without_gloo_aborting_it():
             assert "os._exit" not in render_export(_recommendation(config), framework)
 
 
+def test_checkpointed_blocks_are_hf_gradient_checkpointing_and_torchs_call_elsewhere():
+    rec = _recommendation(TrialConfig(batch_size=32, activation_checkpointing="GPT2Block"))
+    hf = _hf(rec)
+    assert hf["training_args"]["gradient_checkpointing"] is True
+    assert any("gradient_checkpointing_enable()" in line for line in hf["not_in_training_args"])
+    for framework in ("lightning", "accelerate"):
+        text = " ".join(render_export(rec, framework).split())
+        assert "apply_activation_checkpointing(model" in text
+        assert "check_fn=lambda m: type(m).__name__ == 'GPT2Block'" in text
+    assert "gradient_checkpointing" not in _hf(_recommendation(ONE_PROCESS))["training_args"]
+
+
 def test_data_parallel_is_said_to_have_no_lightning_or_accelerate_counterpart():
     rec = _recommendation(CUDA_DP)
     assert "Lightning 2 has no DataParallel strategy" in render_export(rec, "lightning")

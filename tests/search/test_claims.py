@@ -42,7 +42,7 @@ def test_rounds_that_disagree_claim_no_more_than_the_lowest():
 
 
 def test_a_busy_machine_needs_more_agreeing_rounds_than_a_quiet_one():
-    agreeing = [1.5, 1.52, 1.47, 1.49]
+    agreeing = [1.5, 1.52, 1.47, 1.49, 1.51]
     two = judge(agreeing[:2], [QUIET] * 4)
     assert not two.confirmed and "only 2 rounds" in (two.why or "")  # even on a quiet one
     assert judge(agreeing[:MIN_ROUNDS], [QUIET] * 6).confirmed
@@ -56,10 +56,20 @@ def test_the_interval_narrows_as_rounds_are_added_past_one_wild_round():
     rounds' interval too wide, and from eight rounds on they fall outside it."""
     rounds = [5.0, 2.0, 2.1, 0.5, 1.9, 2.05, 2.0, 1.95]
     six = paired_ratio(rounds[:6], COVERAGE)
-    assert six.low < 1.1 and six.high > 3.0 and not judge(rounds[:6], [LOADED] * 12).confirmed
+    assert six.low < 1.1 and six.high > 3.0 and not judge(rounds[:6], [QUIET] * 12).confirmed
     eight = paired_ratio(rounds, COVERAGE)
     assert eight.typical == pytest.approx(2.0, rel=1e-3) and 1.9 < eight.low < eight.high < 2.1
-    assert judge(rounds, [LOADED] * 16).confirmed
+    assert judge(rounds, [QUIET] * 16).confirmed
+
+
+def test_a_busy_machine_asks_the_interval_for_more_confidence():
+    """Five rounds whose 75 % interval lies within ±15 % of their typical ratio, but not their
+    90 % one: confirmed on a quiet machine, not on a busy one."""
+    rounds = [1.05, 1.2, 1.22, 1.25, 1.4]
+    assert judge(rounds, [QUIET] * 10).confirmed
+    verdict = judge(rounds, [LOADED] * 10)
+    assert not verdict.confirmed and verdict.claimed_speedup == 1.05  # the lowest round
+    assert "other programs used 1.0 of 2 cores" in (verdict.why or "")
 
 
 def test_two_clusters_of_ratios_confirm_once_enough_rounds_weigh_them():

@@ -10,7 +10,7 @@ import advisor
 from advisor.knobs import TrialConfig
 from advisor.memory_budget import MemoryBudget
 from advisor.results import GpuInfo, HardwareProfile
-from advisor.search.memory import memory_limit
+from advisor.search.memory import budget_summary, memory_limit
 from advisor.settings import TuneSettings
 from advisor.trial.parent.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY, run_advisor
@@ -107,3 +107,39 @@ def test_a_tune_whose_own_configuration_does_not_fit_keeps_its_batch_within_the_
     assert reruns and all((t.result.peak_memory_bytes or 0) <= budget for t in reruns)
     report = (tmp_path / "tune" / "report.md").read_text()
     assert "**Memory:** memory budget" in report and "your configuration among them" in report
+
+
+def _ran(number: int, config: TrialConfig, rate: float, peak_mib: int, role: str = "search"):
+    from advisor.results import TrialRecord, TrialResult
+
+    result = TrialResult(
+        config=config, status="ok", samples_per_s=rate, peak_memory_bytes=peak_mib * 2**20
+    )
+    limit = 1024 * 2**20
+    reason = "peak host memory > budget" if peak_mib * 2**20 > limit else None
+    return TrialRecord(number=number, role=role, result=result, infeasible_reason=reason)
+
+
+def test_the_summary_names_what_went_over_and_what_checkpointing_bought():
+    budget = MemoryBudget.model_validate("1GiB")
+    trials = [
+        _ran(0, TrialConfig(batch_size=32), 100.0, 1500, role="baseline"),
+        _ran(1, TrialConfig(batch_size=8, accumulation_steps=4), 80.0, 700),
+        _ran(2, TrialConfig(batch_size=32, activation_checkpointing="Block"), 120.0, 900),
+        _ran(3, TrialConfig(batch_size=16, accumulation_steps=2), 90.0, 1100),
+    ]
+    summary = budget_summary(budget, 0.1, trials, HOST, global_batch=32)
+    assert summary is not None and summary.baseline_over
+    assert [number for number, _ in summary.over] == [0, 3]
+    assert summary.statement == (
+        "memory budget 1.0 GiB (the trial's processes together): 2 of 4 configurations that ran "
+        "went over it (peaks 1.1 GiB to 1.5 GiB); your configuration among them, at 1.5 GiB. "
+        "checkpointing: micro-batch 8 → 32 within 1.0 GiB, 1.50x samples/s at global batch 32"
+    )
+    slower = [
+        *trials[:2],
+        _ran(2, TrialConfig(batch_size=32, activation_checkpointing="Block"), 60.0, 900),
+    ]
+    said = budget_summary(budget, 0.1, slower, HOST, global_batch=32)
+    assert said is not None and "checkpointing did not pay: micro-batch 8 → 32" in said.statement
+    assert budget_summary(None, 0.1, trials, HOST, global_batch=32) is None
