@@ -211,10 +211,10 @@ def checkpointing_by_hand(block: str, _: Any) -> str | None:
     if block == "off":
         return None
     return (
-        f"activation checkpointing of every {block}: torch.distributed.algorithms._checkpoint."
-        "checkpoint_wrapper.apply_activation_checkpointing(model, checkpoint_wrapper_fn="
-        "functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT), "
-        f"check_fn=lambda m: type(m).__name__ == {block!r}) before training"
+        f"activation checkpointing of every {block}, before training: "
+        "apply_activation_checkpointing(model, checkpoint_wrapper_fn=partial(checkpoint_wrapper, "
+        f"checkpoint_impl=CheckpointImpl.NO_REENTRANT), check_fn=lambda m: type(m).__name__ == "
+        f"{block!r}), the three from torch.distributed.algorithms._checkpoint.checkpoint_wrapper"
     )
 
 

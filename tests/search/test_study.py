@@ -6,6 +6,7 @@ import pytest
 import advisor
 from advisor.api import validate
 from advisor.knobs import TrialConfig
+from advisor.memory_budget import MemoryBudget
 from advisor.progress import NullProgress
 from advisor.results import TrialRecord, TrialResult
 from advisor.search import selection as selection_module
@@ -32,9 +33,12 @@ def _ok(peak_gib: float) -> TrialResult:
 
 
 def test_memory_headroom_makes_a_fast_trial_ineligible():
-    assert memory_problem(_ok(8.9), HOST, headroom=0.1) is None
-    problem = memory_problem(_ok(9.5), HOST, headroom=0.1)
+    settings = TuneSettings(spec="a.py:f", memory_headroom=0.1)
+    assert memory_problem(_ok(8.9), HOST, settings) is None
+    problem = memory_problem(_ok(9.5), HOST, settings)
     assert problem == "peak host memory 9.5 GiB leaves less than 10% of 10.0 GiB free"
+    budget = settings.model_copy(update={"memory_budget": MemoryBudget.model_validate("8GiB")})
+    assert memory_problem(_ok(8.9), HOST, budget) == "peak host memory 8.9 GiB > budget 8.0 GiB"
 
 
 def test_failure_summary_counts_reasons():
