@@ -203,7 +203,8 @@ def _moves(
         config = space.config_from_params(candidate)
         return config not in known and known_out_of_memory(config, records) is None
 
-    moves: list[dict[str, Any]] = []
+    retries, splits = _memory_moves(space, records, start)
+    moves = [c for c in retries if proposable(c)] + [c for c in splits if proposable(c)][:1]
     order = _move_order(space)
     if over_memory:
         saving = [LAYOUT, "activation_checkpointing", "amp"]
@@ -253,6 +254,37 @@ def _walk(
             slower = slower + 1 if rates[config] < floor else 0
             index += step
     return sorted(found, key=lambda value: abs(values.index(value) - here))
+
+
+def _memory_moves(
+    space: SearchSpace, records: Sequence[TrialRecord], start: TrialConfig
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Where configurations at `start`'s global batch did not fit the memory without activation
+    checkpointing, both sides of its trade: each retried with it (the largest micro-batch
+    first), and the one-process layouts without it, the largest micro-batch first (the walk
+    takes the first that may fit). A move of the knob alone, at a micro-batch that already
+    fits, would only cost compute."""
+    batch = start.global_batch_size
+    over = {
+        r.result.config
+        for r in records
+        if r.result.config.global_batch_size == batch
+        and r.result.config.activation_checkpointing == "off"
+        and (r.result.status == "oom" or "memory" in (r.infeasible_reason or ""))
+    }
+    if not over:
+        return [], []
+    ordered = sorted(over, key=lambda config: (-config.batch_size, config.world_size))
+    block = next((v for v in space.domains.get("activation_checkpointing", ()) if v != "off"), None)
+    retries = (
+        [{**space.params_of(config), "activation_checkpointing": block} for config in ordered]
+        if block is not None
+        else []
+    )
+    plain = {**space.params_of(start)}
+    if "activation_checkpointing" in plain:
+        plain["activation_checkpointing"] = "off"
+    return retries, _layouts(space, plain, batch, one_process=True)
 
 
 def _move_order(space: SearchSpace) -> list[str]:

@@ -194,3 +194,38 @@ def test_a_larger_batch_that_clearly_wins_is_still_found_and_raced(tmp_path):
     assert "probe" in stages
     assert rec.config.global_batch_size > 8, rec.race.verdict if rec.race else rec
     assert result.effort is not None and result.effort.share >= 0.75
+
+
+def test_under_a_budget_your_batch_over_it_is_retried_with_checkpointing_and_split():
+    """Your batch 32 peaks over the budget; checkpointing brings it under, and so does micro-batch
+    16 with two accumulation steps. Both are measured first, and no micro-batch of 32 or more
+    without checkpointing is proposed again."""
+    from advisor.search.space import build_space
+    from advisor.settings import TuneSettings
+    from tests.conftest import CPU_PROFILE
+    from tests.search.test_space import TASK
+
+    settings = TuneSettings(spec="a.py:f", knobs="classic,amp", memory_budget="1GiB")
+    space = build_space(settings, CPU_PROFILE, TASK.model_copy(update={"repeated_block": "Block"}))
+    assert space.domains["activation_checkpointing"] == ("off", "Block")
+    ranking = Ranking(BATCH0, _noise(64.0))
+
+    def ran(number: int, config: TrialConfig) -> TrialRecord:
+        per_sample = 6 if config.activation_checkpointing != "off" else 30
+        peak = (400 + per_sample * config.batch_size * config.world_size) * 2**20
+        record = _record(number, config, _cpu(config), ranking)
+        over = "peak host memory > budget 1.0 GiB" if peak > 2**30 else None
+        return record.model_copy(update={"infeasible_reason": over})
+
+    records = [ran(0, space.baseline)]
+    for _ in range(5):
+        move = next_move(space, ranking, records, [], trials=20)
+        assert move is not None
+        records.append(ran(len(records), space.config_from_params(move.params)))
+    first, second = (r.result.config for r in records[1:3])
+    assert (first.batch_size, first.activation_checkpointing) == (32, "Block")
+    assert (second.batch_size, second.accumulation_steps, second.world_size) == (16, 2, 1)
+    unchecked = [
+        r.result.config for r in records[1:] if r.result.config.activation_checkpointing == "off"
+    ]
+    assert all(config.batch_size < 32 for config in unchecked)
