@@ -73,5 +73,8 @@ class MemoryBudget(BaseModel):
 
 
 def gib(size: int) -> str:
-    """A size in GiB, or MiB under one GiB."""
-    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
+    """A size in GiB to two decimals (one where the second is 0), or MiB under one GiB."""
+    if size < 2**30:
+        return f"{size / 2**20:.0f} MiB"
+    text = f"{size / 2**30:.2f}"
+    return f"{text[:-1] if text.endswith('0') else text} GiB"

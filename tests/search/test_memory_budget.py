@@ -133,7 +133,7 @@ def test_the_summary_names_what_went_over_and_what_checkpointing_bought():
     assert [number for number, _ in summary.over] == [0, 3]
     assert summary.statement == (
         "memory budget 1.0 GiB (the trial's processes together): 2 of 4 configurations that ran "
-        "went over it (peaks 1.1 GiB to 1.5 GiB); your configuration among them, at 1.5 GiB. "
+        "went over it (peaks 1.07 GiB to 1.46 GiB); your configuration among them, at 1.46 GiB. "
         "checkpointing: micro-batch 8 → 32 within 1.0 GiB, 1.50x samples/s at global batch 32"
     )
     slower = [
