@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from advisor.confirmation import Confirmation
 from advisor.convergence import (
     BatchSchedule,
     LossKind,
@@ -20,20 +21,17 @@ from advisor.convergence import (
     RaceCurve,
 )
 from advisor.knobs import BASE_GROUP, KNOBS, Knob, TrialConfig
-from advisor.memory_budget import gib
+from advisor.memory_limit import BudgetSummary
 from advisor.results import HardwareProfile, PrunedProposal, TaskSummary, TrialRecord, TrialResult
 from advisor.settings import Objective, TuneSettings
 
 __all__ = [
     "BatchEffort",
     "Bottleneck",
-    "BudgetSummary",
-    "Confirmation",
     "Efficiency",
     "FixedKnob",
     "KnobEffect",
     "LayoutBest",
-    "MemoryLimit",
     "RaceSummary",
     "Racer",
     "Recommendation",
@@ -235,103 +233,6 @@ class ScheduleSummary(_Frozen):
         if shipped is None or fixed is None or not fixed.time_to_target_s:
             return None
         return fixed.time_to_target_s / (shipped.time_to_target_s or math.inf)
-
-
-class Confirmation(_Frozen):
-    """Whether the re-runs support the speed-up claimed (`advisor.search.claims`): the paired
-    speed-ups of the recommendation over the baseline, one per round, and how busy the
-    machine was meanwhile."""
-
-    confirmed: bool
-    ratios: tuple[float, ...] = Field(description="recommendation ÷ baseline samples/s, by round")
-    low: float = Field(
-        description="the low end of the interval around their typical ratio (the Hodges-Lehmann "
-        "estimate on their logs, advisor.search.paired_ratio)"
-    )
-    high: float
-    claimed_speedup: float = Field(
-        description="the typical ratio where confirmed; else the lowest, the most the runs support"
-    )
-    outside_cores: float | None = Field(
-        default=None, description="the most CPU other programs used during a re-run, in cores"
-    )
-    cores: int | None = None
-    steal_share: float | None = Field(default=None, description="the most a hypervisor took")
-    gpu_processes: int | None = Field(default=None, description="other programs on the GPU")
-    why: str | None = Field(default=None, description="why unconfirmed, in a sentence")
-
-    @property
-    def statement(self) -> str:
-        """What the re-runs support, in a sentence."""
-        rounds = f"{len(self.ratios)} round{'s' if len(self.ratios) != 1 else ''}"
-        if self.confirmed:
-            load = ""
-            if self.outside_cores is not None and self.outside_cores >= 0.25 and self.cores:
-                load = (
-                    f", measured while other programs used {self.outside_cores:.1f} of "
-                    f"{self.cores} cores"
-                )
-            return (
-                f"confirmed: {rounds} of paired re-runs agree ({self.low:.2f}x to "
-                f"{self.high:.2f}x your baseline's samples/s){load}"
-            )
-        claim = (
-            f"it claims no more than {self.claimed_speedup:.2f}x, its lowest round"
-            if self.claimed_speedup >= 1
-            else "it claims no speed-up"
-        )
-        return (
-            f"unconfirmed: {self.why}; {claim}. Re-measure it (benchmarks/remeasure.py), or "
-            "tune again when the machine is quieter"
-        )
-
-
-class MemoryLimit(_Frozen):
-    """What a trial's peak may reach, and how to say it."""
-
-    bytes: int
-    budget: bool  # set by --memory-budget, else the device less the headroom
-    where: str  # "GPU" or "host"
-    capacity: int
-
-    def problem(self, peak: int) -> str | None:
-        """Why a trial with this peak does not fit, or None."""
-        if peak <= self.bytes:
-            return None
-        if self.budget:
-            return f"peak {self.where} memory {gib(peak)} > budget {gib(self.bytes)}"
-        return (
-            f"peak {self.where} memory {gib(peak)} leaves less than "
-            f"{1 - self.bytes / self.capacity:.0%} of {gib(self.capacity)} free"
-        )
-
-
-class BudgetSummary(_Frozen):
-    """How the configurations that ran stood against `--memory-budget`."""
-
-    limit: MemoryLimit
-    ran: int  # configurations that ran with a measured peak
-    over: tuple[tuple[int, int], ...]  # (trial, peak) of those over the budget
-    baseline_peak: int | None
-    checkpointing: str | None = None  # what activation checkpointing bought, in a sentence
-
-    @property
-    def baseline_over(self) -> bool:
-        return self.baseline_peak is not None and self.baseline_peak > self.limit.bytes
-
-    @property
-    def statement(self) -> str:
-        """The budget and what went over it, in a sentence."""
-        what = "each GPU's peak" if self.limit.where == "GPU" else "the trial's processes together"
-        text = f"memory budget {gib(self.limit.bytes)} ({what}): "
-        if not self.over:
-            return text + f"all {self.ran} configurations that ran kept within it"
-        peaks = sorted(peak for _, peak in self.over)
-        text += f"{len(self.over)} of {self.ran} configurations that ran went over it (peaks "
-        text += f"{gib(peaks[0])}" + (f" to {gib(peaks[-1])})" if len(peaks) > 1 else ")")
-        if self.baseline_over:
-            text += f"; your configuration among them, at {gib(self.baseline_peak or 0)}"
-        return text + (f". {self.checkpointing}" if self.checkpointing else "")
 
 
 class ThroughputPick(_Frozen):

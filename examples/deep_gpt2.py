@@ -19,8 +19,7 @@ samples/s"). Where small micro-batches leave the device idle (a GPU), the same t
 (docs/method.md, "Memory").
 """
 
-from hf_gpt2 import VOCAB, MarkovTokens
-from transformers import GPT2Config, GPT2LMHeadModel
+from hf_gpt2 import MarkovTokens, gpt2
 
 from advisor import TrainingTask
 
@@ -28,19 +27,8 @@ CONTEXT = 256
 
 
 def factory() -> TrainingTask:
-    config = GPT2Config(
-        vocab_size=VOCAB,
-        n_positions=CONTEXT,
-        n_embd=128,
-        n_layer=12,
-        n_head=4,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        use_cache=False,  # training: no key/value cache to keep
-    )
     return TrainingTask(
-        model=GPT2LMHeadModel(config),
+        model=gpt2(layers=12, context=CONTEXT, use_cache=False),  # no key/value cache to keep
         dataset=MarkovTokens(sequences=2048, context=CONTEXT),
         loss_fn=None,  # GPT2LMHeadModel returns .loss when given labels
         batch_size=32,

@@ -9,6 +9,8 @@ The model is built from a `GPT2Config` (nothing is downloaded). Batches are dict
 `TrainingArguments` keywords that apply it.
 """
 
+from typing import Any
+
 import torch
 from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -43,19 +45,26 @@ class MarkovTokens(Dataset):
         return {"input_ids": sequence, "labels": sequence}  # the model shifts the labels
 
 
-def factory() -> TrainingTask:
-    config = GPT2Config(
-        vocab_size=VOCAB,
-        n_positions=CONTEXT,
-        n_embd=128,
-        n_layer=2,
-        n_head=4,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
+def gpt2(layers: int = 2, context: int = CONTEXT, **config: Any) -> GPT2LMHeadModel:
+    """A GPT-2 of `layers` blocks, 128 wide, over `context` tokens, without dropout."""
+    return GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=VOCAB,
+            n_positions=context,
+            n_embd=128,
+            n_layer=layers,
+            n_head=4,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **config,
+        )
     )
+
+
+def factory() -> TrainingTask:
     return TrainingTask(
-        model=GPT2LMHeadModel(config),
+        model=gpt2(),
         dataset=MarkovTokens(),
         loss_fn=None,  # GPT2LMHeadModel returns .loss when given labels
         batch_size=16,  # the optimizer is advisor's default, AdamW(lr=1e-3)

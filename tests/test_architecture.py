@@ -23,6 +23,7 @@ LAYERS = (
     ("settings",),
     ("convergence", "noise_scale"),
     ("results", "task"),
+    ("memory_limit", "confirmation"),
     ("recommendation", "progress"),
     ("trial",),
     ("search",),

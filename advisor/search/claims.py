@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from advisor.recommendation import Confirmation
+from advisor.confirmation import Confirmation
 from advisor.results import MachineLoad, TrialRecord
 from advisor.search.context import SearchContext
 from advisor.search.paired_ratio import paired_ratio

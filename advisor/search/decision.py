@@ -14,11 +14,11 @@ from pathlib import Path
 
 import optuna
 
+from advisor.confirmation import Confirmation
 from advisor.convergence import BatchPrediction, LrPlan, NoiseScale
 from advisor.errors import NoFeasibleConfigError, StorageError
 from advisor.knobs import KNOBS, TrialConfig
 from advisor.recommendation import (
-    Confirmation,
     Efficiency,
     RaceSummary,
     Recommendation,

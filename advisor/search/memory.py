@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from advisor.knobs import TrialConfig
 from advisor.memory_budget import MemoryBudget, gib
-from advisor.recommendation import BudgetSummary, MemoryLimit
+from advisor.memory_limit import BudgetSummary, MemoryLimit
 from advisor.results import HardwareProfile, TrialRecord
 
 __all__ = ["budget_summary", "memory_limit"]
