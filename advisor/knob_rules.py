@@ -4,13 +4,15 @@ report shows; and the values some knobs search in these circumstances."""
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal, NamedTuple, get_args
 
 __all__ = [
+    "GRAD_OP",
     "NOT_SHARDABLE",
     "SLOW_PRECISION",
     "Device",
     "Facts",
+    "Layout",
     "ParallelMode",
     "Rule",
     "checkpoint_values",
@@ -30,7 +32,7 @@ __all__ = [
 ]
 
 Device = Literal["cpu", "cuda"]
-ParallelMode = Literal["none", "dp", "ddp"]
+ParallelMode = Literal["none", "dp", "ddp", "fsdp"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,20 +81,27 @@ NOT_SHARDABLE = (
 
 def layouts(facts: Facts) -> tuple[str, ...]:
     """One process, DataParallel, and DDP with N processes: every N up to the GPUs; on CPU
-    powers of two and all the cores."""
+    powers of two and all the cores. Under --memory-budget also FSDP2 with as many processes,
+    resharding the parameters after the forward pass (`fsdp-N`) or keeping them for the backward
+    pass (`fsdp-N-grad-op`): it saves memory at the cost of communication, so it is searched
+    only where memory binds."""
     limit = facts.world_limit
     if facts.device == "cuda":
         worlds = set(range(2, limit + 1))
     else:
         worlds = {2**k for k in range(1, limit.bit_length())} | {limit}
-    ddp = () if facts.iterable else tuple(f"ddp-{n}" for n in sorted(worlds) if 2 <= n <= limit)
-    return ("none", "dp", *ddp)
+    ranks = () if facts.iterable else tuple(n for n in sorted(worlds) if 2 <= n <= limit)
+    ddp = tuple(f"ddp-{n}" for n in ranks)
+    sharded = ranks if facts.memory_budget else ()
+    fsdp = tuple(f"fsdp-{n}{suffix}" for n in sharded for suffix in ("", GRAD_OP))
+    return ("none", "dp", *ddp, *fsdp)
 
 
-def layout_order(layout: str) -> tuple[int, int]:
-    """Where a layout stands: by parallel mode (one process, DataParallel, DDP), then ranks."""
-    mode, world = parse_parallel(layout)
-    return PARALLEL_MODES.index(mode), world
+def layout_order(layout: str) -> tuple[int, int, int]:
+    """Where a layout stands: by parallel mode (one process, DataParallel, DDP, FSDP), then
+    ranks, resharding before not."""
+    parsed = parse_parallel(layout)
+    return PARALLEL_MODES.index(parsed.mode), parsed.world, int(not parsed.reshard)
 
 
 def one_process(facts: Facts) -> str | None:
@@ -199,11 +208,27 @@ needs_cudnn = unless(
 )
 
 
-def parse_parallel(choice: str) -> tuple[ParallelMode, int]:
-    """`none` -> ("none", 1), `dp` -> ("dp", 1), `ddp-4` -> ("ddp", 4)."""
-    mode, _, ranks = choice.partition("-")
-    if mode in ("none", "dp") and not ranks:
-        return mode, 1  # type: ignore[return-value]
-    if mode == "ddp" and ranks.isdigit():
-        return "ddp", int(ranks)
-    raise ValueError(f"{choice!r} is not a parallel layout: use none, dp or ddp-N")
+GRAD_OP = "-grad-op"  # FSDP that keeps the gathered parameters from forward to backward
+
+
+class Layout(NamedTuple):
+    """A parallel layout's fields of `TrialConfig`."""
+
+    mode: ParallelMode
+    world: int
+    reshard: bool = True  # FSDP: free the gathered parameters after the forward pass
+
+
+def parse_parallel(choice: str) -> Layout:
+    """`none`, `dp`, `ddp-4`, `fsdp-2` or `fsdp-2-grad-op` as `TrialConfig` fields."""
+    mode, _, rest = choice.partition("-")
+    if mode in ("none", "dp") and not rest:
+        return Layout(mode, 1)  # type: ignore[arg-type]
+    if mode == "ddp" and rest.isdigit():
+        return Layout("ddp", int(rest))
+    ranks = rest.removesuffix(GRAD_OP)
+    if mode == "fsdp" and ranks.isdigit():
+        return Layout("fsdp", int(ranks), reshard=ranks == rest)
+    raise ValueError(
+        f"{choice!r} is not a parallel layout: use none, dp, ddp-N, fsdp-N or fsdp-N-grad-op"
+    )

@@ -52,6 +52,7 @@ from advisor.knob_row import (
     with_workers,
 )
 from advisor.knob_rules import (
+    GRAD_OP,
     Device,
     ParallelMode,
     checkpoint_values,
@@ -106,9 +107,12 @@ class TrialConfig(BaseModel):
         ParallelMode,
         Knob(
             group=BASE_GROUP,
-            title="parallel layout: one process, DataParallel, or DDP with N processes",
+            title=(
+                "parallel layout: one process, DataParallel, DDP with N processes, or FSDP2 "
+                "with N (under --memory-budget)"
+            ),
             name="parallel",
-            fields=("parallel_mode", "world_size"),
+            fields=("parallel_mode", "world_size", "reshard_after_forward"),
             values=layouts,
             order=layout_order,
             fixed_when=(one_process,),
@@ -129,7 +133,14 @@ class TrialConfig(BaseModel):
             },
         ),
     ] = "none"
-    world_size: int = Field(default=1, ge=1, description="DDP processes; 1 for none and dp")
+    world_size: int = Field(default=1, ge=1, description="DDP or FSDP processes; 1 for none and dp")
+    reshard_after_forward: bool = Field(
+        default=True,
+        description=(
+            "FSDP: free each block's gathered parameters after its forward pass and gather them "
+            "again for the backward pass; False keeps them (less communication, more memory)"
+        ),
+    )
     batch_size: Annotated[
         int,
         Knob(
@@ -394,10 +405,18 @@ class TrialConfig(BaseModel):
 
     @property
     def parallel(self) -> str:
-        """The parallel layout as one word: `none`, `dp` or `ddp-N` (N ranks)."""
+        """The parallel layout as one word: `none`, `dp`, `ddp-N` (N ranks), `fsdp-N`, or
+        `fsdp-N-grad-op` (FSDP keeping the gathered parameters for the backward pass)."""
         if self.parallel_mode == "ddp":
             return f"ddp-{self.world_size}"
+        if self.parallel_mode == "fsdp":
+            return f"fsdp-{self.world_size}{'' if self.reshard_after_forward else GRAD_OP}"
         return self.parallel_mode
+
+    @property
+    def distributed(self) -> bool:
+        """Whether it runs ranks of a process group (DDP or FSDP) under torchrun."""
+        return self.parallel_mode in ("ddp", "fsdp")
 
     def main_process_threads(self, cores: int) -> int:
         """Intra-op threads per training process: the cores its loader workers leave free,
@@ -433,6 +452,8 @@ def _combination_problems(config: TrialConfig) -> list[str]:
         problems.append("prefetch_factor needs num_workers > 0: leave it at 2")
     if config.parallel_mode == "ddp" and config.world_size < 2:
         problems.append("parallel_mode='ddp' needs world_size >= 2; use parallel_mode='none'")
+    if config.parallel_mode != "fsdp" and not config.reshard_after_forward:
+        problems.append("reshard_after_forward=False needs parallel_mode='fsdp': leave it True")
     if config.device == "cpu":
         for row in KNOBS:
             value = getattr(config, row.fields[0])

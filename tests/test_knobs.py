@@ -35,6 +35,7 @@ def test_trial_config_rejects_cpu_only_conflicts_naming_each():
         ({"parallel_mode": "ddp"}, "needs world_size >= 2"),
         ({"parallel_mode": "dp"}, "needs CUDA GPUs"),
         ({"cudnn_benchmark": True}, "no effect on CPU"),
+        ({"reshard_after_forward": False}, "needs parallel_mode='fsdp'"),
         ({"batch_size": 0}, "greater than or equal to 1"),
         ({"surprise": 1}, "Extra inputs are not permitted"),
     ],
@@ -286,3 +287,23 @@ def test_deterministic_cudnn_is_searched_only_where_cudnn_runs():
     assert build_space(settings, gpu, task).domains["cudnn_deterministic"] == (False, True)
     classic = build_space(TuneSettings(spec=f"{TINY}:conv"), gpu, task)
     assert "cudnn_deterministic" not in classic.domains
+
+
+def test_fsdp_layouts_are_searched_only_under_a_memory_budget():
+    """FSDP saves memory at the cost of communication: without a budget the layouts are as
+    before; with one, FSDP with as many ranks as DDP, resharding after the forward pass or
+    keeping the gathered parameters for the backward pass."""
+    task = validate(f"{TINY}:blocks").task
+    profile = CPU_PROFILE  # two cores
+    plain = build_space(TuneSettings(spec=f"{TINY}:blocks"), profile, task)
+    assert plain.domains["parallel"] == ("none", "ddp-2")
+    budget = TuneSettings(spec=f"{TINY}:blocks", memory_budget="2GiB")
+    layouts = build_space(budget, profile, task).domains["parallel"]
+    assert layouts == ("none", "ddp-2", "fsdp-2", "fsdp-2-grad-op")
+    configs = [build_space(budget, profile, task).config_from_params(
+        {"parallel": layout, "batch_size": 8}) for layout in layouts[2:]]  # fmt: skip
+    assert [(c.parallel_mode, c.world_size, c.reshard_after_forward) for c in configs] == [
+        ("fsdp", 2, True),
+        ("fsdp", 2, False),
+    ]
+    assert [c.parallel for c in configs] == list(layouts[2:])

@@ -99,6 +99,11 @@ class SearchSpace:
                 f"{total // (batch * world)} accumulation steps, not one of "
                 f"{list(self.accumulation_choices)}"
             )
+        if values.get("parallel_mode") == "fsdp" and values.get("compile", "off") != "off":
+            return (
+                "torch.compile with FSDP2 compiles each sharded block on its own (torchtitan's "
+                "way), which advisor does not do: FSDP layouts are measured uncompiled"
+            )
         if world > 1 and self.dataset_size is not None and batch * world > self.dataset_size:
             return (
                 f"each of {world} ranks reads {self.dataset_size // world} samples, "
@@ -132,7 +137,9 @@ class SearchSpace:
             if row.needs is not None and not values.get(row.needs):
                 values.update(dict.fromkeys(row.fields, row.default))
         if "parallel" in values:
-            values["parallel_mode"], values["world_size"] = parse_parallel(values.pop("parallel"))
+            layout = parse_parallel(values.pop("parallel"))
+            values["parallel_mode"], values["world_size"] = layout.mode, layout.world
+            values["reshard_after_forward"] = layout.reshard
         if self.global_batch_size is not None:
             per_step = values["batch_size"] * values.get("world_size", 1)
             values["accumulation_steps"] = max(1, self.global_batch_size // per_step)

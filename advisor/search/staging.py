@@ -261,9 +261,9 @@ def _memory_moves(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Where configurations at `start`'s global batch did not fit the memory without activation
     checkpointing, both sides of its trade: each retried with it (the largest micro-batch
-    first), and the one-process layouts without it, the largest micro-batch first (the walk
-    takes the first that may fit). A move of the knob alone, at a micro-batch that already
-    fits, would only cost compute."""
+    first) and each DDP one sharded by FSDP with as many ranks, then the one-process layouts
+    without it, the largest micro-batch first (the walk takes the first that may fit). A move
+    of a memory knob alone, at a micro-batch that already fits, would only cost compute."""
     batch = start.global_batch_size
     over = {
         r.result.config
@@ -281,6 +281,12 @@ def _memory_moves(
         if block is not None
         else []
     )
+    layouts = space.domains.get("parallel", ())
+    retries += [
+        {**space.params_of(config), "parallel": f"fsdp-{config.world_size}"}
+        for config in ordered
+        if config.parallel_mode == "ddp" and f"fsdp-{config.world_size}" in layouts
+    ]
     plain = {**space.params_of(start)}
     if "activation_checkpointing" in plain:
         plain["activation_checkpointing"] = "off"

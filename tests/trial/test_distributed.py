@@ -93,10 +93,11 @@ def test_ddp_reduces_gradients_only_on_the_last_micro_step(monkeypatch):
 def test_data_parallel_wraps_the_model_and_trains_on_cpu():
     """On CPU DataParallel just calls the module; the wrapping and training path still run."""
     model = nn.Linear(8, 2)
-    wrapped = wrap_model(model, "dp", torch.device("cpu"))
+    data_parallel = TrialConfig.model_construct(batch_size=4, parallel_mode="dp")  # CUDA's
+    wrapped = wrap_model(model, data_parallel, torch.device("cpu"))
     assert isinstance(wrapped, nn.DataParallel) and wrapped.module is model
     features = torch.randn(4, 8)
     assert torch.equal(wrapped(features), model(features))
     wrapped(features).sum().backward()
     assert model.weight.grad is not None
-    assert wrap_model(model, "none", torch.device("cpu")) is model
+    assert wrap_model(model, TrialConfig(batch_size=4), torch.device("cpu")) is model

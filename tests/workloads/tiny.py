@@ -516,3 +516,12 @@ def blocks() -> TrainingTask:
     return TrainingTask(
         model=Tower(), dataset=_data(), loss_fn=nn.CrossEntropyLoss(), batch_size=64
     )
+
+
+def parameter_heavy() -> TrainingTask:
+    """Eight blocks of 4M parameters (128 MiB in fp32; with their gradients and AdamW's two
+    moments, 512 MiB a copy) and few activations: what each DDP rank holds in full and FSDP
+    ranks share."""
+    return TrainingTask(
+        model=Tower(width=262144), dataset=_data(), loss_fn=nn.CrossEntropyLoss(), batch_size=16
+    )

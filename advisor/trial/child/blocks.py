@@ -1,10 +1,11 @@
-"""A model's repeated blocks, and activation checkpointing of them.
+"""A model's repeated blocks, and activation checkpointing and FSDP2 sharding of them.
 
 The block is the module class that repeats in a `ModuleList` or `Sequential` (a transformer's
 layer, a ResNet's bottleneck): of those, the one holding the most parameters. Checkpointing one
 keeps only its input for the backward pass and recomputes the rest there, trading compute for
 the memory of its activations (torch's `apply_activation_checkpointing`, non-reentrant, the
-random state kept so that dropout draws the same).
+random state kept so that dropout draws the same). Sharding one (`fully_shard`) makes it
+FSDP's unit: its parameters are gathered for its forward and backward passes only.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ from functools import partial
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl,
+    CheckpointWrapper,
     apply_activation_checkpointing,
     checkpoint_wrapper,
 )
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-__all__ = ["checkpoint_blocks", "repeated_block"]
+__all__ = ["checkpoint_blocks", "repeated_block", "shard_blocks"]
 
 
 def repeated_block(model: nn.Module) -> str | None:
@@ -52,3 +56,37 @@ def checkpoint_blocks(model: nn.Module, block: str) -> int:
         check_fn=lambda module: type(module).__name__ == block,
     )
     return len(wrapped)
+
+
+def shard_blocks(
+    model: nn.Module,
+    block: str | None,
+    mesh: DeviceMesh,
+    policy: MixedPrecisionPolicy,
+    *,
+    reshard_after_forward: bool,
+) -> int:
+    """Shard every `block` module of `model` (its checkpoint wrapper where it has one), then the
+    model itself, with FSDP2's `fully_shard` over `mesh`, in place, as torchtitan does; returns
+    how many blocks. Without a block the model is one unit. The root keeps its parameters
+    gathered after the forward pass: the backward pass starts with it."""
+    units = _outermost(model, block) if block else []
+    for unit in units:
+        fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+    return len(units)
+
+
+def _outermost(model: nn.Module, block: str) -> list[nn.Module]:
+    """The `block` modules of `model`, each as its checkpoint wrapper where it has one."""
+    units: list[nn.Module] = []
+    wrapped: set[int] = set()
+    for module in model.modules():  # a wrapper comes before the block it wraps
+        if isinstance(module, CheckpointWrapper):
+            inner = module._checkpoint_wrapped_module
+            if type(inner).__name__ == block:
+                units.append(module)
+                wrapped.add(id(inner))
+        elif type(module).__name__ == block and id(module) not in wrapped:
+            units.append(module)
+    return units

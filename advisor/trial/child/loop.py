@@ -11,6 +11,8 @@ from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
@@ -18,7 +20,7 @@ from torch.utils.data._utils import signal_handling
 
 from advisor.convergence import LrPlan
 from advisor.errors import ContractError
-from advisor.knobs import ParallelMode, TrialConfig
+from advisor.knobs import TrialConfig
 from advisor.task import TrainingTask
 from advisor.trial.child.batches import (
     BatchKind,
@@ -28,7 +30,7 @@ from advisor.trial.child.batches import (
     to_channels_last,
     to_device,
 )
-from advisor.trial.child.blocks import checkpoint_blocks
+from advisor.trial.child.blocks import checkpoint_blocks, repeated_block, shard_blocks
 from advisor.trial.child.probe import usable_cores
 
 __all__ = ["DivergedError", "Trainer", "apply_lr", "wrap_model"]
@@ -73,7 +75,7 @@ class Trainer:
             model = model.to(memory_format=torch.channels_last)
         model.train()
         self.module = model  # unwrapped and uncompiled, sharing the parameters
-        self.model = compiled(wrap_model(model, config.parallel_mode, device), config.compile)
+        self.model = compiled(wrap_model(model, config, device), config.compile)
         self.optimizer = (task.optimizer or default_optimizer(config))(model.parameters())
         self.lr = lr or LrPlan()
         self.scheduler = apply_lr(self.optimizer, self.lr)
@@ -195,11 +197,15 @@ class Trainer:
             torch.cuda.synchronize(self.device)
 
     def _gradient_sync(self, *, final: bool) -> contextlib.AbstractContextManager[Any]:
-        """DDP all-reduces gradients on the last micro-step of an optimizer step only."""
-        ddp = getattr(self.model, "_orig_mod", self.model)  # under torch.compile too
-        if final or not isinstance(ddp, DistributedDataParallel):
+        """DDP all-reduces, and FSDP reduce-scatters, gradients on the last micro-step of an
+        optimizer step only (FSDP keeps the others' unsharded until then)."""
+        wrapped = getattr(self.model, "_orig_mod", self.model)  # under torch.compile too
+        if isinstance(wrapped, FSDPModule):
+            wrapped.set_requires_gradient_sync(final)
             return contextlib.nullcontext()
-        return ddp.no_sync()
+        if final or not isinstance(wrapped, DistributedDataParallel):
+            return contextlib.nullcontext()
+        return wrapped.no_sync()
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.config.amp == "off":
@@ -296,12 +302,27 @@ def compiled(model: torch.nn.Module, mode: str) -> torch.nn.Module:
     return torch.compile(model, mode=None if mode == "default" else mode)  # type: ignore[return-value]
 
 
-def wrap_model(model: torch.nn.Module, mode: ParallelMode, device: torch.device) -> torch.nn.Module:
-    """The model as the parallel mode runs it; DDP needs an initialised process group."""
-    if mode == "ddp":
+def wrap_model(
+    model: torch.nn.Module, config: TrialConfig, device: torch.device
+) -> torch.nn.Module:
+    """The model as the parallel mode runs it; DDP and FSDP need an initialised process group.
+    FSDP shards the model in place (`advisor.trial.child.blocks.shard_blocks`)."""
+    if config.parallel_mode == "ddp":
         device_ids = [device.index] if device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids)
-    if mode == "dp":  # splits each batch over every visible GPU, gathers on the first
+    if config.parallel_mode == "fsdp":
+        dtype = AMP_DTYPES.get(config.amp)
+        shard_blocks(
+            model,
+            repeated_block(model),
+            init_device_mesh(device.type, (config.world_size,)),  # the device named: #132471
+            MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None),
+            reshard_after_forward=config.reshard_after_forward,
+        )
+        return model
+    if (
+        config.parallel_mode == "dp"
+    ):  # splits each batch over every visible GPU, gathers on the first
         return torch.nn.DataParallel(model)
     return model
 
@@ -309,12 +330,14 @@ def wrap_model(model: torch.nn.Module, mode: ParallelMode, device: torch.device)
 def _sampler(
     task: TrainingTask, config: TrialConfig, rank: int, seed: int
 ) -> DistributedSampler[Any] | None:
-    """Under DDP each rank reads its own shard: `len(dataset) // world_size` samples."""
-    if config.parallel_mode != "ddp":
+    """Under DDP and FSDP each rank reads its own shard: `len(dataset) // world_size`
+    samples."""
+    if not config.distributed:
         return None
     if isinstance(task.dataset, IterableDataset):
         raise ContractError(
-            "DDP needs a map-style dataset to shard; an IterableDataset has no index"
+            f"{config.parallel_mode.upper()} needs a map-style dataset to shard; an "
+            "IterableDataset has no index"
         )
     return DistributedSampler(
         task.dataset,

@@ -26,7 +26,7 @@ __all__ = ["exit_with_parent", "main", "run_request"]
 
 def run_request(request: TrialRequest) -> TrialResult:
     """Run one trial and return its result."""
-    if request.config.parallel_mode == "ddp":
+    if request.config.distributed:
         from advisor.trial.child.distributed import run_distributed
 
         return run_distributed(request)
