@@ -40,7 +40,8 @@ def render_training_script(recommendation: Recommendation, script_dir: Path) -> 
         script_path=script_path,
         launch=launch_command(config, script_path),
         launch_script=f"{script_dir.as_posix().rstrip('/')}/launch.sh",
-        ddp=config.parallel_mode == "ddp",
+        distributed=config.distributed,
+        shard_block=recommendation.task.repeated_block,
         cores=recommendation.hardware.cores,
         file_spec=is_file_spec(recommendation.spec),
         root_from_script=_relative_root(recommendation.workdir, script_dir),
@@ -63,7 +64,7 @@ def render_training_script(recommendation: Recommendation, script_dir: Path) -> 
 
 def launch_command(config: TrialConfig, script: str) -> str:
     """How to start the script as it was measured (without its own arguments)."""
-    if config.parallel_mode == "ddp":
+    if config.distributed:
         return f"torchrun --standalone --nproc_per_node={config.world_size} {shlex.quote(script)}"
     return f"python {shlex.quote(script)}"
 

@@ -257,11 +257,50 @@ def test_ddp_script_trains_under_torchrun_and_alone(tmp_path):
     assert "done: 3 steps; with warm-up" in alone.stdout
 
 
+FSDP_CONFIG = TrialConfig(
+    batch_size=16,
+    accumulation_steps=2,
+    parallel_mode="fsdp",
+    world_size=2,
+    activation_checkpointing="ResidualBlock",
+)
+
+
+def test_fsdp_script_reproduces_the_trials_losses_and_saves_whole_tensors(tmp_path):
+    rec = _recommendation(f"{TINY}:blocks", FSDP_CONFIG)
+    (tmp_path / "launch.sh").write_text(render_launch_script(rec))
+    script = tmp_path / "train.py"
+    script.write_text(render_training_script(rec, tmp_path))
+    assert 'SHARD_BLOCK = "ResidualBlock"' in script.read_text()
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    arguments = ("--max-steps", "3", "--checkpoint", "fsdp.pt", "--log-every", "1")
+    launched = subprocess.run(
+        ["sh", str(tmp_path / "launch.sh"), *arguments],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    # Rank 0's losses, as the FSDP trial's rank 0 recorded them from the same seed.
+    expected = _trial_losses(f"{TINY}:blocks", FSDP_CONFIG, tmp_path)
+    assert _logged_losses(launched.stdout) == pytest.approx(expected, abs=5e-5)
+    saved = torch.load(tmp_path / "fsdp.pt", weights_only=True)
+    model = build_task(f"{TINY}:blocks", ROOT)[0].model
+    assert {name: tensor.shape for name, tensor in saved["model"].items()} == {
+        name: tensor.shape for name, tensor in model.state_dict().items()
+    }  # whole tensors under your model's own names: it loads into it
+    model.load_state_dict(saved["model"])
+
+
 @pytest.mark.parametrize(
     "config",
     [
         TrialConfig(batch_size=64, amp="bf16"),
         DDP_CONFIG,
+        FSDP_CONFIG,
         TrialConfig(device="cuda", batch_size=64, amp="fp16", parallel_mode="dp", pin_memory=True),
         TrialConfig(
             device="cuda",
@@ -275,7 +314,7 @@ def test_ddp_script_trains_under_torchrun_and_alone(tmp_path):
             prefetch_factor=4,
         ),
     ],
-    ids=["single", "ddp", "dp", "beyond-classic"],
+    ids=["single", "ddp", "fsdp", "dp", "beyond-classic"],
 )
 def test_generated_script_is_lint_and_format_clean(config, tmp_path):
     rec = _recommendation(f"{TINY}:dict_task", config)

@@ -42,9 +42,7 @@ def test_fsdp_computes_the_losses_ddp_computes(tmp_path):
         assert fsdp.early_losses == pytest.approx(ddp.early_losses, rel=1e-5)
 
 
-def test_an_fsdp_trial_with_checkpointing_and_bf16_is_measured_over_both_ranks(
-    tmp_path, marked
-):
+def test_an_fsdp_trial_with_checkpointing_and_bf16_is_measured_over_both_ranks(tmp_path, marked):
     result = _run(tmp_path, activation_checkpointing="ResidualBlock", amp="bf16", **FSDP)
     assert result.config.parallel == "fsdp-2"
     assert [rank.rank for rank in result.ranks] == [0, 1]
