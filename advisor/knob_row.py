@@ -136,7 +136,12 @@ _DP_LIGHTNING = (
 _DP_ACCELERATE = (
     "DataParallel: accelerate has none; wrap the model in torch.nn.DataParallel yourself"
 )
-_ACCELERATE_DISTRIBUTED = {("ddp", "cpu"): "MULTI_CPU", ("ddp", "cuda"): "MULTI_GPU"}
+_ACCELERATE_DISTRIBUTED = {
+    ("ddp", "cpu"): "MULTI_CPU",
+    ("ddp", "cuda"): "MULTI_GPU",
+    ("fsdp", "cpu"): "FSDP",
+    ("fsdp", "cuda"): "FSDP",
+}
 # TrainingArguments.optim names advisor's default AdamW per implementation.
 _HF_OPTIM = {"default": "adamw_torch", "fused": "adamw_torch_fused"}
 _HF_FOREACH = (
@@ -146,7 +151,7 @@ _HF_FOREACH = (
 
 
 def lightning_layout(mode: str, config: Any) -> dict[str, Any]:
-    """Lightning's `devices`, and `strategy` under DDP."""
+    """Lightning's `devices`, and `strategy` under DDP (the export builds FSDP's strategy)."""
     return {"devices": config.world_size} | ({"strategy": "ddp"} if mode == "ddp" else {})
 
 

@@ -125,8 +125,8 @@ class TrialConfig(BaseModel):
             invalid_on_cpu={"dp": "needs CUDA GPUs; on CPU use 'none' or 'ddp'"},
             exports={
                 "hf": elsewhere(
-                    "the launch line: torchrun for DDP; Trainer wraps several visible GPUs in "
-                    "DataParallel on its own"
+                    "the launch line: torchrun for DDP and FSDP (FSDP's own: fsdp, fsdp_config); "
+                    "Trainer wraps several visible GPUs in DataParallel on its own"
                 ),
                 "lightning": setting(lightning_layout, by_hand=lightning_dp),
                 "accelerate": setting(accelerate_layout, by_hand=accelerate_dp),

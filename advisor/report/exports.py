@@ -20,6 +20,7 @@ from advisor.convergence import LrPlan
 from advisor.knob_row import FRAMEWORKS, Framework, Target
 from advisor.knobs import KNOBS
 from advisor.recommendation import Racer, Recommendation, ScheduleSummary
+from advisor.report.fsdp_export import CPU_NOTE, accelerate_fsdp, fsdp_export, hf_fsdp
 from advisor.report.templating import docstring_safe, template_environment
 
 __all__ = ["EXPORT_FILES", "render_export", "write_exports"]
@@ -112,8 +113,10 @@ def _advice(rec: Recommendation, by_hand: list[str]) -> _Advice:
             f"loss {rec.time_to_loss_speedup:.2f}x sooner."
         )
     headline.append("Evidence: report.md in the folder above this one.")
-    if config.device == "cpu" and config.parallel_mode == "ddp":
+    if config.device == "cpu" and config.distributed:
         by_hand = [*by_hand, GLOO_EXIT]
+    if config.device == "cpu" and config.parallel_mode == "fsdp":
+        by_hand = [*by_hand, CPU_NOTE]
     return _Advice(headline=headline, lr=_lr_advice(rec), by_hand=by_hand)
 
 
@@ -166,7 +169,7 @@ def _launch(rec: Recommendation, env: str = "") -> str:
     """How to start the user's script as measured: torchrun for DDP, else plain python."""
     config = rec.config
     prefix = _threads(rec) + env
-    if config.parallel_mode == "ddp":
+    if config.distributed:
         return f"{prefix}torchrun --standalone --nproc_per_node={config.world_size} {_SCRIPT}"
     if config.device == "cuda" and config.parallel_mode == "none" and len(rec.hardware.gpus) > 1:
         prefix += "CUDA_VISIBLE_DEVICES=0 "  # one device, as measured
@@ -184,6 +187,11 @@ def _hf(rec: Recommendation) -> str:
         args["ddp_find_unused_parameters"] = False
     if rec.lr.warmup_steps:
         args["warmup_steps"] = rec.lr.warmup_steps
+    fsdp = fsdp_export(rec)
+    if fsdp is not None:  # FSDP checkpoints the blocks itself; Trainer refuses both at once
+        args.pop("gradient_checkpointing", None)
+        by_hand = [line for line in by_hand if not line.startswith("gradient_checkpointing")]
+        args.update(hf_fsdp(fsdp))
     advice = _advice(rec, by_hand)
     document = {
         "about": advice.headline,
@@ -274,7 +282,11 @@ def _lightning(rec: Recommendation) -> dict[str, Any]:
     config = rec.config
     settings, by_hand = _knob_settings(rec, "lightning")
     trainer = {"accelerator": "gpu" if config.device == "cuda" else "cpu", **settings}
+    fsdp = fsdp_export(rec) if config.device == "cuda" else None  # Lightning's needs a GPU
+    if fsdp is not None:  # FSDPStrategy checkpoints the blocks itself
+        by_hand = [line for line in by_hand if not line.startswith("activation checkpointing")]
     return {
+        "fsdp": fsdp,
         "advice": _advice(rec, by_hand),
         "trainer": trainer,
         "loader": _knob_settings(rec, "loader")[0],
@@ -316,8 +328,12 @@ def _accelerate(rec: Recommendation) -> dict[str, Any]:
         f"{_SCRIPT}"
     )
     loader = _knob_settings(rec, "loader")[0]
+    fsdp = fsdp_export(rec)
+    if fsdp is not None:  # accelerate checkpoints the blocks itself
+        by_hand = [line for line in by_hand if not line.startswith("activation checkpointing")]
     return {
         **settings,
+        "fsdp_config": accelerate_fsdp(fsdp) if fsdp is not None else None,
         "advice": _advice(rec, by_hand),
         "loader_call": ", ".join(
             ["DataLoader(dataset", "shuffle=True"]

@@ -33,7 +33,18 @@ CUDA_DDP = TrialConfig(
 )  # fmt: skip
 CUDA_DP = TrialConfig(device="cuda", parallel_mode="dp", batch_size=128, amp="bf16")
 ONE_PROCESS = TrialConfig(batch_size=32)
-CONFIGS = {"cpu-ddp": CPU_DDP, "cuda-ddp": CUDA_DDP, "cuda-dp": CUDA_DP, "one": ONE_PROCESS}
+CPU_FSDP = TrialConfig(
+    parallel_mode="fsdp", world_size=2, batch_size=16, accumulation_steps=2, amp="bf16",
+    activation_checkpointing="GPT2Block",
+)  # fmt: skip
+CUDA_FSDP = TrialConfig(
+    device="cuda", parallel_mode="fsdp", world_size=2, batch_size=16, amp="bf16",
+    reshard_after_forward=False,
+)  # fmt: skip
+CONFIGS = {
+    "cpu-ddp": CPU_DDP, "cuda-ddp": CUDA_DDP, "cuda-dp": CUDA_DP, "one": ONE_PROCESS,
+    "cpu-fsdp": CPU_FSDP, "cuda-fsdp": CUDA_FSDP,
+}  # fmt: skip
 
 
 def _recommendation(config: TrialConfig, lr: LrPlan | None = None, **update) -> Recommendation:
@@ -52,7 +63,7 @@ def _recommendation(config: TrialConfig, lr: LrPlan | None = None, **update) -> 
             return_kind="tuple", model_class="MLP", num_parameters=1000, dataset_class="T",
             dataset_size=4096, iterable=False, batch_kind="pair", batch_description="?",
             loss_from_model=False, custom_optimizer=False, custom_collate=False,
-            user_batch_size=32,
+            user_batch_size=32, repeated_block="GPT2Block",
         ),
         storage="sqlite:///x.db", study_name="mlp-factory", created_at="2026-11-24T00:00:00",
     )  # fmt: skip
@@ -123,6 +134,38 @@ def test_checkpointed_blocks_are_hf_gradient_checkpointing_and_torchs_call_elsew
         assert "apply_activation_checkpointing(model" in text
         assert "check_fn=lambda m: type(m).__name__ == 'GPT2Block'" in text
     assert "gradient_checkpointing" not in _hf(_recommendation(ONE_PROCESS))["training_args"]
+
+
+def test_fsdp_is_each_frameworks_fsdp2_of_the_block_advisor_sharded():
+    """One FSDP unit per GPT2Block, checkpointed by FSDP's own setting (HF refuses it together
+    with gradient_checkpointing), resharding as measured, under torchrun."""
+    hf = _hf(_recommendation(CPU_FSDP))
+    args = hf["training_args"]
+    assert args["fsdp"] is True and "gradient_checkpointing" not in args
+    assert args["fsdp_config"] == {
+        "version": 2, "reshard_after_forward": True, "activation_checkpointing": True,
+        "transformer_layer_cls_to_wrap": ["GPT2Block"],
+    }  # fmt: skip
+    assert hf["launch"].endswith("torchrun --standalone --nproc_per_node=2 your_script.py")
+    assert any(line.startswith("FSDP on CPU") for line in hf["not_in_training_args"])
+    on_cpu = render_export(_recommendation(CPU_FSDP), "lightning")
+    assert "FSDPStrategy(" not in on_cpu  # it raises on accelerator="cpu": train.py instead
+    assert "FSDPStrategy refuses accelerator='cpu'" in " ".join(on_cpu.replace("#", " ").split())
+    full = {"reshard_after_forward": True, "activation_checkpointing": "GPT2Block"}
+    lightning = render_export(_recommendation(CUDA_FSDP.model_copy(update=full)), "lightning")
+    assert 'sharding_strategy="FULL_SHARD"' in lightning
+    assert "activation_checkpointing_policy=_is_block" in lightning
+    assert "apply_activation_checkpointing" not in lightning  # the strategy does it
+    accelerate = yaml.safe_load(render_export(_recommendation(CUDA_FSDP), "accelerate"))
+    assert accelerate["distributed_type"] == "FSDP"
+    assert accelerate["fsdp_config"] == {
+        "fsdp_version": 2, "fsdp_reshard_after_forward": False,
+        "fsdp_activation_checkpointing": False, "fsdp_state_dict_type": "FULL_STATE_DICT",
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_transformer_layer_cls_to_wrap": "GPT2Block",
+    }  # fmt: skip
+    cuda = render_export(_recommendation(CUDA_FSDP), "lightning")
+    assert 'sharding_strategy="SHARD_GRAD_OP"' in cuda and "FSDP on CPU" not in cuda
 
 
 def test_data_parallel_is_said_to_have_no_lightning_or_accelerate_counterpart():
