@@ -57,6 +57,13 @@ class Facts:
     memory_budget: bool = False  # --memory-budget is set
 
     @property
+    def memory_searched(self) -> bool:
+        """Whether the memory knobs (activation checkpointing, FSDP) are in the space: under a
+        budget; and on CUDA, where the search holds them back until a trial runs out of memory
+        or comes within the headroom (`advisor.search.memory.memory_gate`)."""
+        return self.memory_budget or self.device == "cuda"
+
+    @property
     def world_limit(self) -> int:
         """The most DDP processes: one per GPU (on CPU, per core), capped by --max-world-size."""
         available = self.gpus if self.device == "cuda" else self.cores
@@ -81,10 +88,10 @@ NOT_SHARDABLE = (
 
 def layouts(facts: Facts) -> tuple[str, ...]:
     """One process, DataParallel, and DDP with N processes: every N up to the GPUs; on CPU
-    powers of two and all the cores. Under --memory-budget also FSDP2 with as many processes,
-    resharding the parameters after the forward pass (`fsdp-N`) or keeping them for the backward
-    pass (`fsdp-N-grad-op`): it saves memory at the cost of communication, so it is searched
-    only where memory binds."""
+    powers of two and all the cores. Where memory can bind (`Facts.memory_searched`) also FSDP2
+    with as many processes, resharding the parameters after the forward pass (`fsdp-N`) or
+    keeping them for the backward pass (`fsdp-N-grad-op`): it saves memory at the cost of
+    communication."""
     limit = facts.world_limit
     if facts.device == "cuda":
         worlds = set(range(2, limit + 1))
@@ -92,7 +99,7 @@ def layouts(facts: Facts) -> tuple[str, ...]:
         worlds = {2**k for k in range(1, limit.bit_length())} | {limit}
     ranks = () if facts.iterable else tuple(n for n in sorted(worlds) if 2 <= n <= limit)
     ddp = tuple(f"ddp-{n}" for n in ranks)
-    sharded = ranks if facts.memory_budget else ()
+    sharded = ranks if facts.memory_searched else ()
     fsdp = tuple(f"fsdp-{n}{suffix}" for n in sharded for suffix in ("", GRAD_OP))
     return ("none", "dp", *ddp, *fsdp)
 
@@ -145,8 +152,9 @@ def no_repeated_block(facts: Facts) -> str | None:
 
 
 def memory_unbound(facts: Facts) -> str | None:
-    """Why the memory knobs cannot pay: nothing asked for less memory than the device has."""
-    if facts.memory_budget or "activation_checkpointing" in facts.forced:
+    """Why the memory knobs cannot pay: nothing asked for less memory than the host has (on
+    CUDA they are searched once memory binds)."""
+    if facts.memory_searched or "activation_checkpointing" in facts.forced:
         return None
     return (
         "memory does not bind: it trades compute for memory, so it is searched under "

@@ -25,6 +25,8 @@ CPU_NOTE = (
 
 @dataclass(frozen=True)
 class FsdpExport:
+    """How advisor sharded the model: what each framework's FSDP settings must say."""
+
     block: str | None  # the class sharded on its own; None: the model is one unit
     reshard_after_forward: bool
     checkpointing: bool  # the blocks were checkpointed too

@@ -9,12 +9,20 @@ they share the host.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from advisor.knobs import TrialConfig
 from advisor.memory_budget import MemoryBudget, gib
 from advisor.memory_limit import BudgetSummary, MemoryLimit
 from advisor.results import HardwareProfile, TrialRecord
 
-__all__ = ["budget_summary", "memory_limit"]
+__all__ = ["budget_summary", "memory_gate", "memory_limit", "over_memory", "uses_memory_knob"]
+
+MEMORY_GATE = (
+    "memory has not bound yet: activation checkpointing and FSDP trade speed for memory, so "
+    "without --memory-budget they are measured once a trial runs out of memory or comes within "
+    "--memory-headroom"
+)
 
 
 def memory_limit(
@@ -31,6 +39,28 @@ def memory_limit(
         )
     limit = budget.bytes if budget.bytes is not None else int((budget.fraction or 1) * capacity)
     return MemoryLimit(bytes=limit, budget=True, where=where, capacity=capacity)
+
+
+def over_memory(record: TrialRecord) -> bool:
+    """Whether a trial ran out of memory, or peaked over the budget or into the headroom."""
+    return record.result.status == "oom" or (
+        record.result.feasible
+        and record.infeasible_reason is not None
+        and "memory" in record.infeasible_reason
+    )
+
+
+def uses_memory_knob(config: TrialConfig) -> bool:
+    """Whether `config` trades speed for memory: checkpointed blocks, or FSDP."""
+    return config.activation_checkpointing != "off" or config.parallel_mode == "fsdp"
+
+
+def memory_gate(gated: bool, config: TrialConfig, records: Iterable[TrialRecord]) -> str | None:
+    """Why `config` is held back: the space is `gated` (CUDA without a budget), it uses a
+    memory knob, and no trial has yet run out of memory or into the headroom. None otherwise."""
+    if not gated or not uses_memory_knob(config) or any(map(over_memory, records)):
+        return None
+    return MEMORY_GATE
 
 
 def budget_summary(

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from advisor.errors import SettingsError
 from advisor.knob_rules import Device, Facts, parse_parallel
-from advisor.knobs import KNOB, KNOBS, Knob, TrialConfig
+from advisor.knobs import KNOB, KNOB_GROUPS, KNOBS, MEMORY_GROUP, Knob, TrialConfig
 from advisor.recommendation import FixedKnob
 from advisor.results import HardwareProfile, TaskSummary
 from advisor.settings import TuneSettings
@@ -49,6 +49,8 @@ class SearchSpace:
     global_batch_size: int | None = None
     accumulation_choices: tuple[int, ...] = (1,)
     dataset_size: int | None = None
+    # The memory knobs wait until memory binds (CUDA without --memory-budget): `memory_gate`.
+    memory_gated: bool = False
 
     @cached_property
     def size(self) -> int:
@@ -236,11 +238,14 @@ def build_space(
         "batch_size": lambda: _add_batch_sizes(settings, task, total, space),
         "accumulation_steps": lambda: _add_accumulation(settings, task, total, space),
     }
+    searched = settings.searched_knobs
+    if device == "cuda":  # held back until memory binds (`SearchSpace.memory_gated`)
+        searched |= frozenset(KNOB_GROUPS[MEMORY_GROUP])
     for row in KNOBS:
         if row.values is None:  # the global batch's shape comes from the settings
             from_settings[row.name]()
         else:
-            _add_knob(row, facts, settings.searched_knobs, space)
+            _add_knob(row, facts, searched, space)
     baseline = _baseline(settings, task, total, device, space.domains["batch_size"])
     return SearchSpace(
         device=device,
@@ -251,6 +256,7 @@ def build_space(
         global_batch_size=total,
         accumulation_choices=_accumulation_choices(settings),
         dataset_size=task.dataset_size,
+        memory_gated=device == "cuda" and settings.memory_budget is None,
     )
 
 

@@ -33,6 +33,7 @@ from advisor.knobs import KNOBS, TrialConfig
 from advisor.recommendation import Rejected
 from advisor.results import TrialRecord
 from advisor.search.checks import known_out_of_memory
+from advisor.search.memory import memory_gate, over_memory
 from advisor.search.race.plan import predict_batches, race_finalists
 from advisor.search.ranking import Ranking
 from advisor.search.siblings import ran_itself
@@ -201,7 +202,11 @@ def _moves(
         if space.problem(candidate) is not None:
             return False
         config = space.config_from_params(candidate)
-        return config not in known and known_out_of_memory(config, records) is None
+        return (
+            config not in known
+            and known_out_of_memory(config, records) is None
+            and memory_gate(space.memory_gated, config, records) is None
+        )
 
     retries, splits = _memory_moves(space, records, start)
     moves = [c for c in retries if proposable(c)] + [c for c in splits if proposable(c)][:1]
@@ -270,7 +275,7 @@ def _memory_moves(
         for r in records
         if r.result.config.global_batch_size == batch
         and r.result.config.activation_checkpointing == "off"
-        and (r.result.status == "oom" or "memory" in (r.infeasible_reason or ""))
+        and over_memory(r)
     }
     if not over:
         return [], []

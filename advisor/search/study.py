@@ -26,6 +26,7 @@ from advisor.results import TrialRecord
 from advisor.search.checks import known_out_of_memory, memory_problem
 from advisor.search.context import SearchContext
 from advisor.search.dominance import rejected_in_search
+from advisor.search.memory import memory_gate
 from advisor.search.proposals import enqueue_baseline, enqueue_next, staged
 from advisor.search.pruning import best_value, stop_reason
 from advisor.search.ranking import Ranking, measure_ranking, ranks_by_goodput
@@ -276,7 +277,8 @@ class _Objective:
             problem = self._cannot_win(config)
             if problem is not None:
                 return problem
-        return known_out_of_memory(config, self.measured.values())
+        held_back = memory_gate(self.context.space.memory_gated, config, self.measured.values())
+        return held_back or known_out_of_memory(config, self.measured.values())
 
     def _cannot_win(self, config: TrialConfig) -> str | None:
         """Why a sampled configuration's global batch cannot win the race: neither the user's

@@ -229,3 +229,52 @@ def test_under_a_budget_your_batch_over_it_is_retried_with_checkpointing_and_spl
         r.result.config for r in records[1:] if r.result.config.activation_checkpointing == "off"
     ]
     assert all(config.batch_size < 32 for config in unchecked)
+
+
+def test_on_cuda_without_a_budget_the_memory_knobs_wait_until_memory_binds():
+    """Two GPUs, no --memory-budget: checkpointing and FSDP are in the space but no move uses
+    them while everything fits; once your configuration runs out of memory, the first move is
+    its checkpointed retry, and a DDP layout that runs out too is retried checkpointed and
+    sharded next."""
+    from advisor.results import GpuInfo
+    from advisor.search.memory import MEMORY_GATE, memory_gate
+    from advisor.search.space import build_space
+    from advisor.settings import TuneSettings
+    from tests.conftest import CPU_PROFILE
+    from tests.search.test_space import TASK
+
+    gpu = GpuInfo(name="G", memory_bytes=2**34, capability="8.0", bf16=True)
+    two_gpus = CPU_PROFILE.model_copy(update={"cuda_version": "12.8", "gpus": (gpu, gpu)})
+    task = TASK.model_copy(update={"repeated_block": "Block"})
+    space = build_space(TuneSettings(spec="a.py:f", knobs="classic,amp"), two_gpus, task)
+    assert space.memory_gated and space.domains["activation_checkpointing"] == ("off", "Block")
+    assert {"fsdp-2", "fsdp-2-grad-op"} <= set(space.domains["parallel"])
+    ranking = Ranking(BATCH0, _noise(64.0))
+
+    def plan(baseline_status: str, ddp_status: str) -> list[TrialConfig]:
+        baseline = _record(0, space.baseline, 1000.0, ranking)
+        records = [baseline.model_copy(update={"result": baseline.result.model_copy(
+            update={"status": baseline_status})})]  # fmt: skip
+        for _ in range(10):
+            move = next_move(space, ranking, records, [], trials=20)
+            if move is None:
+                break
+            config = space.config_from_params(move.params)
+            status = ddp_status if config.parallel == "ddp-2" else "ok"
+            result = TrialResult(config=config, status=status, samples_per_s=900.0)
+            records.append(_record(len(records), config, 900.0, ranking).model_copy(
+                update={"result": result}))  # fmt: skip
+        return [r.result.config for r in records[1:]]
+
+    fitting = plan("ok", "ok")
+    assert fitting and not any(
+        c.activation_checkpointing != "off" or c.parallel_mode == "fsdp" for c in fitting
+    )
+    checkpointed = space.baseline.model_copy(update={"activation_checkpointing": "Block"})
+    assert memory_gate(True, checkpointed, []) == MEMORY_GATE
+    bound = plan("oom", "oom")
+    assert bound[0] == checkpointed
+    ddp = next(i for i, c in enumerate(bound) if c.parallel == "ddp-2")
+    retries = bound[ddp + 1 : ddp + 3]  # checkpointed, then sharded
+    assert bound[ddp].model_copy(update={"activation_checkpointing": "Block"}) in retries
+    assert bound[ddp].model_copy(update={"parallel_mode": "fsdp"}) in retries

@@ -1,4 +1,5 @@
-"""DDP trials: the trial child supervises `world_size` ranks and combines what they measured.
+"""DDP and FSDP trials: the trial child supervises `world_size` ranks and combines what they
+measured.
 
 The ranks are started with torch's own launcher (`torch.multiprocessing.start_processes`), which
 stops every rank as soon as one fails. They are forks of this supervisor, which has imported
@@ -55,7 +56,7 @@ class RankReport(BaseModel):
 
 
 def run_distributed(request: TrialRequest) -> TrialResult:
-    """Run one DDP trial: start the ranks, wait for all of them, combine their results."""
+    """Run one DDP or FSDP trial: start the ranks, wait for all of them, combine their results."""
     config = request.config
     with tempfile.TemporaryDirectory(prefix="advisor-ranks-") as scratch:
         reports = Path(scratch)
