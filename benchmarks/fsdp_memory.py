@@ -64,7 +64,7 @@ def main() -> None:
     print("|---|---|---|")
     for name in names:
         peak = int(statistics.median(peaks[name]))
-        print(f"| {name} | {statistics.median(rates[name]):,.1f} | {gib(peak)} GiB |")
+        print(f"| {name} | {statistics.median(rates[name]):,.1f} | {gib(peak)} |")
 
 
 if __name__ == "__main__":

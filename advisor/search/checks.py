@@ -70,6 +70,7 @@ def _explain(result: TrialResult, log_path: Path) -> BadInputError:
 # --- memory ------------------------------------------------------------------------------------
 # Knobs that do not change the memory one micro-batch needs: accumulation only repeats it.
 _MEMORY_NEUTRAL = {"batch_size", "accumulation_steps"}
+_LAYOUT = _MEMORY_NEUTRAL | {"parallel_mode", "world_size", "reshard_after_forward"}
 
 
 def memory_problem(
@@ -87,24 +88,39 @@ def known_out_of_memory(config: TrialConfig, records: Iterable[TrialRecord]) -> 
     """Why `config` cannot fit, known without running it: a trial with every other knob the
     same (accumulation aside) and a batch no larger ran out of memory or left too little free.
 
-    Peak memory grows with the micro-batch, so the larger batch needs at least as much.
+    Peak memory grows with the micro-batch, so the larger batch needs at least as much. On CPU
+    the ranks of a DDP or FSDP trial share the host and their peaks add up: each holds its own
+    micro-batch's activations and together at least one copy of the model's state, so N ranks
+    need at least the memory of one process at the same micro-batch (measured: 2.38 and 2.62
+    GiB for DDP and FSDP with two ranks, 1.06 GiB alone; `fsdp_memory` in docs/benchmarks.md).
     """
     for record in records:
         tried = record.result.config
-        if tried.batch_size > config.batch_size or not _same_but_batch(tried, config):
+        if tried.batch_size > config.batch_size or not _no_smaller(tried, config):
             continue
+        which = f"batch {tried.batch_size}" + (
+            " in one process" if tried.world_size < config.world_size else ""
+        )
         if record.result.status == "oom":
             return (
-                f"batch {config.batch_size} needs at least the memory of batch "
-                f"{tried.batch_size}, which ran out of memory in trial {record.number} "
-                "with the same other knobs"
+                f"batch {config.batch_size} needs at least the memory of {which}, which ran "
+                f"out of memory in trial {record.number} with the same other knobs"
             )
         if record.infeasible_reason is not None:
             return (
-                f"batch {config.batch_size} needs at least the memory of batch "
-                f"{tried.batch_size}, whose {record.infeasible_reason} in trial {record.number}"
+                f"batch {config.batch_size} needs at least the memory of {which}, whose "
+                f"{record.infeasible_reason} in trial {record.number}"
             )
     return None
+
+
+def _no_smaller(tried: TrialConfig, config: TrialConfig) -> bool:
+    """Whether `config` needs at least `tried`'s memory at a micro-batch no smaller: the same
+    other knobs, and the same layout or, on CPU, `tried` one process and `config` ranks."""
+    if _same_but_batch(tried, config):
+        return True
+    spread = config.device == "cpu" and tried.world_size == 1 and config.distributed
+    return spread and tried.model_dump(exclude=_LAYOUT) == config.model_dump(exclude=_LAYOUT)
 
 
 def _same_but_batch(first: TrialConfig, second: TrialConfig) -> bool:

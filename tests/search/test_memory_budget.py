@@ -143,3 +143,24 @@ def test_the_summary_names_what_went_over_and_what_checkpointing_bought():
     said = budget_summary(budget, 0.1, slower, HOST, global_batch=32)
     assert said is not None and "checkpointing did not pay: micro-batch 8 → 32" in said.statement
     assert budget_summary(None, 0.1, trials, HOST, global_batch=32) is None
+
+
+def test_on_cpu_ranks_are_known_not_to_fit_where_one_process_did_not():
+    """The ranks' peaks add up on the host: two DDP or FSDP ranks at a micro-batch need at least
+    one process's memory at it, so they are not run where that went over; smaller micro-batches,
+    other knobs and a GPU's own memory are no inference."""
+    from advisor.search.checks import known_out_of_memory
+
+    over = _ran(3, TrialConfig(batch_size=16), 10.0, peak_mib=1500)
+    sharded = TrialConfig(batch_size=32, parallel_mode="fsdp", world_size=2)
+    assert known_out_of_memory(sharded, [over]) == (
+        "batch 32 needs at least the memory of batch 16 in one process, whose peak host memory "
+        "> budget in trial 3"
+    )
+    ddp = TrialConfig(batch_size=16, parallel_mode="ddp", world_size=2, accumulation_steps=2)
+    assert known_out_of_memory(ddp, [over]) is not None
+    assert known_out_of_memory(sharded.model_copy(update={"batch_size": 8}), [over]) is None
+    checkpointed = sharded.model_copy(update={"activation_checkpointing": "Block"})
+    assert known_out_of_memory(checkpointed, [over]) is None
+    on_gpus = _ran(3, TrialConfig(device="cuda", batch_size=16), 10.0, peak_mib=1500)
+    assert known_out_of_memory(sharded.model_copy(update={"device": "cuda"}), [on_gpus]) is None
