@@ -16,7 +16,8 @@ checkpointing doubles the micro-batch that fits (8 to 16), but on a CPU a larger
 nothing here (the step is compute-bound from micro-batch 8 on), so it does not pay, and the
 report says so ("checkpointing did not pay: micro-batch 8 → 16 within 1.25 GiB, 0.81x
 samples/s"). Where small micro-batches leave the device idle (a GPU), the same trade can pay
-(docs/method.md, "Memory").
+(docs/method.md, "Memory"). FSDP with two ranks is searched too: on this CPU their peaks add up
+above the budget, sharded or not (docs/benchmarks.md, "fsdp_memory").
 """
 
 from hf_gpt2 import MarkovTokens, gpt2
