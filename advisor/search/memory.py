@@ -71,7 +71,8 @@ def budget_summary(
     global_batch: int,
 ) -> BudgetSummary | None:
     """The budget's summary over `trials`, and what checkpointing bought at `global_batch`
-    (the recommendation's); None without `--memory-budget`."""
+    (the recommendation's), or where nothing was checkpointed there at your global batch; None
+    without `--memory-budget`."""
     measured = [
         t
         for t in trials
@@ -82,8 +83,11 @@ def budget_summary(
         return None
     limit = memory_limit(budget, headroom, measured[0].result.config, hardware)
     baseline = next((t for t in measured if t.role == "baseline"), None)
+    trade = _checkpointing_trade(measured, global_batch, limit)
+    if trade is None and baseline is not None:  # nothing checkpointed there: at your batch
+        trade = _checkpointing_trade(measured, baseline.result.config.global_batch_size, limit)
     return BudgetSummary(
-        checkpointing=_checkpointing_trade(measured, global_batch, limit),
+        checkpointing=trade,
         limit=limit,
         ran=len(measured),
         over=tuple(

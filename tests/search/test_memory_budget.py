@@ -143,6 +143,8 @@ def test_the_summary_names_what_went_over_and_what_checkpointing_bought():
     said = budget_summary(budget, 0.1, slower, HOST, global_batch=32)
     assert said is not None and "checkpointing did not pay: micro-batch 8 → 32" in said.statement
     assert budget_summary(None, 0.1, trials, HOST, global_batch=32) is None
+    smaller = budget_summary(budget, 0.1, slower, HOST, global_batch=16)  # the race's choice
+    assert smaller is not None and smaller.statement.endswith("at global batch 32")  # yours
 
 
 def test_on_cpu_ranks_are_known_not_to_fit_where_one_process_did_not():

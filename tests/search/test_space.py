@@ -103,12 +103,16 @@ def test_multi_gpu_space_searches_fp16_bf16_pinning_and_benchmark():
     assert space.domains["pin_memory"] == (False, True)
     assert space.domains["cudnn_benchmark"] == (False, True)
     assert space.domains["num_workers"] == (0, 1, 2, 4, 8, 16, 32)
-    assert space.domains["parallel"] == ("none", "dp", "ddp-2", "ddp-3", "ddp-4")
+    sharded = tuple(f"fsdp-{n}{tail}" for n in (2, 3, 4) for tail in ("", "-grad-op"))
+    assert space.domains["parallel"] == ("none", "dp", "ddp-2", "ddp-3", "ddp-4", *sharded)
+    assert space.memory_gated  # FSDP waits until memory binds (test_staging)
     assert "parallel_mode" not in _fixed(space)
     configs = space.all_configs()
     assert all(config.device == "cuda" for config in configs)
     layouts = {(c.parallel_mode, c.world_size) for c in configs}
-    assert layouts == {("none", 1), ("dp", 1), ("ddp", 2), ("ddp", 3), ("ddp", 4)}
+    assert layouts == {("none", 1), ("dp", 1)} | {
+        (mode, n) for mode in ("ddp", "fsdp") for n in (2, 3, 4)
+    }
     assert any(c.parallel_mode == "ddp" and c.amp == "fp16" for c in configs)
 
 
