@@ -214,6 +214,23 @@ def test_script_outside_the_project_uses_an_absolute_root_and_runs_epochs(tmp_pa
     assert f'FACTORY_ROOT = Path("{ROOT}")' in (tmp_path / "train.py").read_text()
 
 
+def _launch(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    """`sh launch.sh ARGS` in `folder`, with this interpreter's torchrun on the PATH; it must
+    succeed."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    launched = subprocess.run(
+        ["sh", str(folder / "launch.sh"), *args],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    return launched
+
+
 DDP_CONFIG = TrialConfig(batch_size=32, accumulation_steps=2, parallel_mode="ddp", world_size=2)
 
 
@@ -223,26 +240,7 @@ def test_ddp_script_trains_under_torchrun_and_alone(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(render_training_script(rec, tmp_path))
     assert f"torchrun --standalone --nproc_per_node=2 {script}" in script.read_text()
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    launched = subprocess.run(
-        [
-            "sh",
-            str(tmp_path / "launch.sh"),
-            "--epochs",
-            "2",
-            "--checkpoint",
-            "ddp.pt",
-            "--log-every",
-            "1",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert launched.returncode == 0, launched.stderr[-3000:]
+    launched = _launch(tmp_path, "--epochs", "2", "--checkpoint", "ddp.pt", "--log-every", "1")
     # Rank 0's losses, as the DDP trial's rank 0 recorded them from the same seed.
     expected = _trial_losses(f"{TINY}:factory", DDP_CONFIG, tmp_path)
     assert _logged_losses(launched.stdout)[:3] == pytest.approx(expected, abs=5e-5)
@@ -272,18 +270,7 @@ def test_fsdp_script_reproduces_the_trials_losses_and_saves_whole_tensors(tmp_pa
     script = tmp_path / "train.py"
     script.write_text(render_training_script(rec, tmp_path))
     assert 'SHARD_BLOCK = "ResidualBlock"' in script.read_text()
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    arguments = ("--max-steps", "3", "--checkpoint", "fsdp.pt", "--log-every", "1")
-    launched = subprocess.run(
-        ["sh", str(tmp_path / "launch.sh"), *arguments],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert launched.returncode == 0, launched.stderr[-3000:]
+    launched = _launch(tmp_path, "--max-steps", "3", "--checkpoint", "fsdp.pt", "--log-every", "1")
     # Rank 0's losses, as the FSDP trial's rank 0 recorded them from the same seed.
     expected = _trial_losses(f"{TINY}:blocks", FSDP_CONFIG, tmp_path)
     assert _logged_losses(launched.stdout) == pytest.approx(expected, abs=5e-5)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from advisor.knobs import TrialConfig
-from advisor.task import TrainingTask
 from advisor.trial.child.loop import Trainer
 from advisor.trial.parent.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY, survivors
@@ -51,17 +51,25 @@ def test_an_fsdp_trial_with_checkpointing_and_bf16_is_measured_over_both_ranks(t
     assert survivors(marked) == []
 
 
-def test_fsdp_makes_each_block_a_unit_and_the_optimizer_steps_the_shards():
-    """In a group of one: every repeated block is an FSDP unit of its own and the root one
-    more; the parameters are sharded DTensors, and a step changes them."""
+@pytest.mark.parametrize("checkpointing", ["off", "ResidualBlock"])
+def test_fsdp_makes_each_block_a_unit_and_the_optimizer_steps_the_shards(checkpointing):
+    """In a group of one: every repeated block is an FSDP unit of its own (its checkpoint
+    wrapper, where checkpointed) and the root one more; the parameters are sharded DTensors,
+    and a step changes them."""
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        model, dataset, loss_fn = blocks().model, blocks().dataset, blocks().loss_fn
-        task = TrainingTask(model=model, dataset=dataset, loss_fn=loss_fn, batch_size=8)
-        config = TrialConfig(batch_size=8, parallel_mode="fsdp", world_size=1)
+        task = blocks()
+        config = TrialConfig(
+            batch_size=8,
+            parallel_mode="fsdp",
+            world_size=1,
+            activation_checkpointing=checkpointing,
+        )
         trainer = Trainer(task, config, torch.device("cpu"))
         units = [m for m in trainer.module.modules() if isinstance(m, FSDPModule)]
         assert len(units) == 8 + 1  # the eight ResidualBlocks and the root
+        wrapped = sum(isinstance(unit, CheckpointWrapper) for unit in units)
+        assert wrapped == (8 if checkpointing != "off" else 0)
         assert all(isinstance(p, DTensor) for p in trainer.module.parameters())
         before = trainer.module.head.weight.full_tensor().clone()
         trainer.step()

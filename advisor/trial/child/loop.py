@@ -69,13 +69,14 @@ class Trainer:
         torch.backends.cudnn.deterministic = config.cudnn_deterministic
         torch.set_float32_matmul_precision(config.matmul_precision)
         model = task.model.to(device)
+        block = repeated_block(model)  # before checkpointing wraps it
         if config.activation_checkpointing != "off":
             checkpoint_blocks(model, config.activation_checkpointing)
         if config.channels_last:
             model = model.to(memory_format=torch.channels_last)
         model.train()
         self.module = model  # unwrapped and uncompiled, sharing the parameters
-        self.model = compiled(wrap_model(model, config, device), config.compile)
+        self.model = compiled(wrap_model(model, config, device, block), config.compile)
         self.optimizer = (task.optimizer or default_optimizer(config))(model.parameters())
         self.lr = lr or LrPlan()
         self.scheduler = apply_lr(self.optimizer, self.lr)
@@ -303,10 +304,11 @@ def compiled(model: torch.nn.Module, mode: str) -> torch.nn.Module:
 
 
 def wrap_model(
-    model: torch.nn.Module, config: TrialConfig, device: torch.device
+    model: torch.nn.Module, config: TrialConfig, device: torch.device, block: str | None = None
 ) -> torch.nn.Module:
     """The model as the parallel mode runs it; DDP and FSDP need an initialised process group.
-    FSDP shards the model in place (`advisor.trial.child.blocks.shard_blocks`)."""
+    FSDP shards the model in place, each `block` (the model's repeated block, found before any
+    checkpoint wrapper hid it) a unit of its own (`advisor.trial.child.blocks.shard_blocks`)."""
     if config.parallel_mode == "ddp":
         device_ids = [device.index] if device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids)
@@ -314,7 +316,7 @@ def wrap_model(
         dtype = AMP_DTYPES.get(config.amp)
         shard_blocks(
             model,
-            repeated_block(model),
+            block,
             init_device_mesh(device.type, (config.world_size,)),  # the device named: #132471
             MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None),
             reshard_after_forward=config.reshard_after_forward,
