@@ -126,9 +126,12 @@ def _enqueue_seed(
 
 
 def enqueue_baseline(study: optuna.Study, space: SearchSpace) -> None:
-    """Queue the user's configuration first, unless the study has (or waits for) it already."""
+    """Queue the user's configuration first, unless the study has it, waits for it, or another
+    worker is measuring it now (a second worker starting then ran it again: a clean-clone CI
+    run on PostgreSQL caught the two workers measuring it twice)."""
     params = space.params_of(space.baseline)
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.WAITING)):
+    states = (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
+    for trial in study.get_trials(deepcopy=False, states=states):
         if planned_params(trial) == params:
             return
     study.enqueue_trial(params, user_attrs={TrialKey.ROLE: "baseline"})

@@ -232,3 +232,20 @@ def _selection_context(
 
 def _measured(config: TrialConfig, rate: float) -> TrialResult:
     return TrialResult(config=config, status="ok", samples_per_s=rate, peak_memory_bytes=2**20)
+
+
+def test_a_second_worker_does_not_queue_the_baseline_another_is_measuring():
+    """The first worker took the queued baseline and measures it; a second starting now must
+    not queue it again (it would run twice: the baseline skips the duplicate check)."""
+    from optuna.trial import TrialState
+
+    from advisor.search.proposals import enqueue_baseline
+
+    task = validate(f"{TINY}:factory").task
+    space = build_space(TuneSettings(spec=f"{TINY}:factory"), CPU_PROFILE, task)
+    study = optuna.create_study(direction="maximize")
+    enqueue_baseline(study, space)
+    taken = study.ask()  # the first worker's: RUNNING
+    assert taken.number == 0 and study.trials[0].state == TrialState.RUNNING
+    enqueue_baseline(study, space)
+    assert not study.get_trials(states=(TrialState.WAITING,))

@@ -69,7 +69,8 @@ class Trainer:
         torch.backends.cudnn.deterministic = config.cudnn_deterministic
         torch.set_float32_matmul_precision(config.matmul_precision)
         model = task.model.to(device)
-        block = repeated_block(model)  # before checkpointing wraps it
+        # FSDP's unit, found before checkpointing wraps it
+        block = repeated_block(model) if config.parallel_mode == "fsdp" else None
         if config.activation_checkpointing != "off":
             checkpoint_blocks(model, config.activation_checkpointing)
         if config.channels_last:
