@@ -29,6 +29,7 @@ __all__ = [
     "Knob",
     "Target",
     "accelerate_accumulation",
+    "accelerate_checkpointing",
     "accelerate_dp",
     "accelerate_layout",
     "by_hand",
@@ -42,6 +43,7 @@ __all__ = [
     "hf_optimizer",
     "in_loader",
     "key",
+    "lightning_checkpointing",
     "lightning_dp",
     "lightning_layout",
     "loader_with_workers",
@@ -195,20 +197,34 @@ def matmul_by_hand(precision: str, _: Any) -> str | None:
     return f'torch.set_float32_matmul_precision("{precision}")'
 
 
-def hf_checkpointing(block: str, _: Any) -> dict[str, Any]:
-    """`gradient_checkpointing` where blocks are checkpointed."""
-    return {"gradient_checkpointing": True} if block != "off" else {}
+def hf_checkpointing(block: str, config: Any) -> dict[str, Any]:
+    """`gradient_checkpointing` where blocks are checkpointed; under FSDP its `fsdp_config`
+    says it instead (`advisor.report.fsdp_export`: Trainer refuses both at once)."""
+    if block == "off" or config.parallel_mode == "fsdp":
+        return {}
+    return {"gradient_checkpointing": True}
 
 
-def hf_checkpointing_note(block: str, _: Any) -> str | None:
+def hf_checkpointing_note(block: str, config: Any) -> str | None:
     """What Trainer's `gradient_checkpointing` needs of the model, and the way without it."""
-    if block == "off":
+    if block == "off" or config.parallel_mode == "fsdp":
         return None
     return (
         "gradient_checkpointing: Trainer turns it on through your model's "
         "gradient_checkpointing_enable(), which transformers models have; for another model, "
         f"leave it false and apply {checkpointing_by_hand(block, None)}"
     )
+
+
+def lightning_checkpointing(block: str, config: Any) -> str | None:
+    """Checkpointing by hand, unless Lightning's FSDPStrategy (CUDA only) does it."""
+    fsdp = config.parallel_mode == "fsdp" and config.device == "cuda"
+    return None if fsdp else checkpointing_by_hand(block, config)
+
+
+def accelerate_checkpointing(block: str, config: Any) -> str | None:
+    """Checkpointing by hand, unless accelerate's `fsdp_config` does it."""
+    return None if config.parallel_mode == "fsdp" else checkpointing_by_hand(block, config)
 
 
 def checkpointing_by_hand(block: str, _: Any) -> str | None:

@@ -188,9 +188,7 @@ def _hf(rec: Recommendation) -> str:
     if rec.lr.warmup_steps:
         args["warmup_steps"] = rec.lr.warmup_steps
     fsdp = fsdp_export(rec)
-    if fsdp is not None:  # FSDP checkpoints the blocks itself; Trainer refuses both at once
-        args.pop("gradient_checkpointing", None)
-        by_hand = [line for line in by_hand if not line.startswith("gradient_checkpointing")]
+    if fsdp is not None:
         args.update(hf_fsdp(fsdp))
     advice = _advice(rec, by_hand)
     document = {
@@ -282,11 +280,8 @@ def _lightning(rec: Recommendation) -> dict[str, Any]:
     config = rec.config
     settings, by_hand = _knob_settings(rec, "lightning")
     trainer = {"accelerator": "gpu" if config.device == "cuda" else "cpu", **settings}
-    fsdp = fsdp_export(rec) if config.device == "cuda" else None  # Lightning's needs a GPU
-    if fsdp is not None:  # FSDPStrategy checkpoints the blocks itself
-        by_hand = [line for line in by_hand if not line.startswith("activation checkpointing")]
     return {
-        "fsdp": fsdp,
+        "fsdp": fsdp_export(rec) if config.device == "cuda" else None,  # Lightning's needs a GPU
         "advice": _advice(rec, by_hand),
         "trainer": trainer,
         "loader": _knob_settings(rec, "loader")[0],
@@ -329,8 +324,6 @@ def _accelerate(rec: Recommendation) -> dict[str, Any]:
     )
     loader = _knob_settings(rec, "loader")[0]
     fsdp = fsdp_export(rec)
-    if fsdp is not None:  # accelerate checkpoints the blocks itself
-        by_hand = [line for line in by_hand if not line.startswith("activation checkpointing")]
     return {
         **settings,
         "fsdp_config": accelerate_fsdp(fsdp) if fsdp is not None else None,

@@ -2,8 +2,9 @@
 advisor sharded (the model's repeated block), whether it resharded after the forward pass, and
 whether the blocks were also checkpointed.
 
-Each framework applies FSDP's checkpointing of the blocks itself, so the exports that do drop the
-generic checkpointing setting or line (`advisor.knob_row`): HF refuses both at once.
+Each framework applies FSDP's checkpointing of the blocks itself, so under FSDP the knob table's
+generic checkpointing setting and line say nothing there (`advisor.knob_row`): HF refuses both
+at once.
 """
 
 from __future__ import annotations
