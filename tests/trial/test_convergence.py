@@ -171,8 +171,10 @@ def test_a_tracked_race_sees_the_noise_scale_grow_as_the_loss_falls(tmp_path):
     """On a noisy regression started far from its optimum, phi is about 17 at the start and
     grows past 100 as the weights approach w* (`noise_grows`): the track must show it grow
     beyond its intervals, at the run's own positions, and the probes must not count as
-    training time."""
-    launch = _launch(f"{CONVERGENCE}:noise_grows", 2.0)
+    training time. 3 s of training: on a loaded machine 2 s got the weights only just close
+    enough (phi 47.95 against 3 x 16.09)."""
+    seconds = 3.0
+    launch = _launch(f"{CONVERGENCE}:noise_grows", seconds)
     config = TrialConfig(batch_size=32)
     result = run_trial(launch, config, tmp_path / "track.log", mode="race", track_noise=True)
     assert result.status == "ok", result.reason
@@ -185,7 +187,7 @@ def test_a_tracked_race_sees_the_noise_scale_grow_as_the_loss_falls(tmp_path):
     assert curve.points[-1].loss < curve.points[0].loss / 10
     assert track.grew, track
     assert max(point.low or 0.0 for point in track.points) > 3 * first.value
-    assert curve.points[-1].seconds < 2.0 * 1.2  # the probes are not training time
+    assert curve.points[-1].seconds < seconds * 1.2  # the probes are not training time
 
 
 def test_an_untracked_race_measures_no_noise(tmp_path):
