@@ -104,16 +104,15 @@ def select_winner(
     for extra in extra_finalists or []:
         if extra.eligible and extra not in finalists:
             finalists.append(extra)
-    # A race may recommend any of its entrants, and the best at your global batch: each keeps
-    # every round of re-runs.
+    # A race may recommend any of its entrants, and the best at your global batch: each entrant
+    # keeps every round of re-runs, and so does a finalist at your batch while it can still be
+    # the best there.
     entrants = extra_finalists or []
     batch0 = baseline.result.config.global_batch_size if baseline is not None else None
-    keep = frozenset(
-        r.number
-        for r in finalists
-        if racing and (r in entrants or r.result.config.global_batch_size == batch0)
+    keep = frozenset(r.number for r in finalists if racing and r in entrants)
+    reruns = _confirm_adaptively(
+        finalists, baseline, context, keep, batch0=batch0 if racing else None
     )
-    reruns = _confirm_adaptively(finalists, baseline, context, keep)
     confirmed = [r for r in finalists if all(c.eligible for c in reruns[r.number])]
     if not confirmed:
         failed = [c for runs in reruns.values() for c in runs if not c.eligible]
@@ -145,24 +144,35 @@ def _confirm_adaptively(
     baseline: TrialRecord | None,
     context: SearchContext,
     keep: frozenset[int] = frozenset(),
+    batch0: int | None = None,
 ) -> dict[int, list[TrialRecord]]:
     """Re-run every finalist once, then for the remaining `confirm_repeats - 1` rounds only
-    those that can still win, the baseline (the reference for the speed-up) and those `keep`
-    names (the race's entrants)."""
+    those that can still win, overall or, with `batch0`, among the finalists at that global
+    batch (the race's pick there); the baseline (the reference for the speed-up) and those
+    `keep` names (the race's entrants)."""
     repeats = context.settings.confirm_repeats
     reruns = _confirm(finalists, context, 1, label=f"re-run round 1/{repeats},")
     for round_index in range(1, repeats):
         usable = [r for r in finalists if all(c.eligible for c in reruns[r.number])]
-        leader = max((_median(reruns[r.number]) for r in usable), default=0.0)
+        leader = _leader(usable, reruns)
+        at_batch0 = [r for r in usable if r.result.config.global_batch_size == batch0]
+        leader0 = _leader(at_batch0, reruns)
         contenders = [
             r
             for r in finalists
-            if r is baseline or r.number in keep or _can_win(reruns[r.number], leader)
+            if r is baseline
+            or r.number in keep
+            or _can_win(reruns[r.number], leader)
+            or (r in at_batch0 and _can_win(reruns[r.number], leader0))
         ]
         label = f"re-run round {round_index + 1}/{repeats},"
         for number, runs in _confirm(contenders, context, 1, round_index, label).items():
             reruns[number].extend(runs)
     return reruns
+
+
+def _leader(finalists: list[TrialRecord], reruns: dict[int, list[TrialRecord]]) -> float:
+    return max((_median(reruns[r.number]) for r in finalists), default=0.0)
 
 
 def _can_win(runs: list[TrialRecord], leader: float) -> bool:

@@ -215,6 +215,22 @@ def test_a_finalist_clearly_behind_after_its_first_re_run_is_not_re_run_again(tm
     assert selection.winner.number == 0 and selection.close_call is None
 
 
+@pytest.mark.slow
+def test_under_a_race_a_finalist_at_your_batch_clearly_behind_is_not_re_run_again(tmp_path):
+    """The race needs every round of its entrants and of the best at your batch, but not of a
+    finalist there that is clearly slower than the best (a slow layout kept for the report)."""
+    context = _selection_context("slow_with_bf16", 3, tmp_path)
+    baseline, bf16 = TrialConfig(batch_size=32), TrialConfig(batch_size=32, amp="bf16")
+    records = [
+        TrialRecord(number=0, role="baseline", result=_measured(baseline, 1600.0)),
+        TrialRecord(number=1, role="search", result=_measured(bf16, 1700.0)),
+    ]
+    selection = select_winner(records, context, [records[0]], racing=True)
+    runs = {n: [c for c in selection.confirmations if c.number == n] for n in (0, 1)}
+    assert (len(runs[0]), len(runs[1])) == (3, 1)
+    assert selection.confirmed_rates[0] > 2 * selection.confirmed_rates[1]
+
+
 def _selection_context(
     workload: str, repeats: int, tmp_path, trial_seconds: float = 0.5
 ) -> SearchContext:
