@@ -1,7 +1,7 @@
 """Time to the baseline's loss over a horizon longer than the race, for each pick a tune makes.
 
     python benchmarks/convergence.py [--specs examples/mlp.py:factory ...] [--seconds 60]
-                                     [--repeats 3] [--trials 20] [--schedule]
+                                     [--repeats 3] [--trials 20] [--evaluations 20] [--schedule]
 
 For each example, one default `advisor.tune` (objective time-to-loss) names four configurations:
 
@@ -18,9 +18,10 @@ of the two the tune raced, marked "not shipped"), trained as train.py trains it.
 
 Each then trains `--repeats` times in fresh processes, from the same initial weights, for
 `--seconds` of training time (at least six race lengths), with advisor's race loss (held-out
-slice, fp32, eval mode) over time. Configurations that coincide share their runs. The target is
-the median over the baseline's repeats of its lowest loss; each row gives the time each repeat
-first reached it. Results: benchmarks/results/convergence.json and .md.
+slice, fp32, eval mode) at `--evaluations` evenly spaced points. Configurations that coincide
+share their runs. The target is the median over the baseline's repeats of its lowest loss; each
+row gives the time each repeat first reached it. Results: benchmarks/results/convergence.json
+and .md.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from advisor.knobs import TrialConfig
 from advisor.recommendation import TuneResult
 from advisor.search.race.verdict import time_to_loss
 from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.protocol import RACE_EVALUATIONS
 
 RESULTS = Path(__file__).parent / "results"
 EXAMPLES = (
@@ -57,6 +59,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="training time per run")
     parser.add_argument("--repeats", type=int, default=3, help="fresh runs per configuration")
     parser.add_argument("--trials", type=int, default=20, help="the tune's --trials")
+    parser.add_argument(
+        "--evaluations",
+        type=int,
+        default=RACE_EVALUATIONS,
+        help="loss points per run (more for a model whose loss bottoms out within seconds)",
+    )
     parser.add_argument("--schedule", action="store_true", help="tune and train the schedule")
     parser.add_argument(
         "--schedule-seconds", type=float, help="the tune's --schedule-seconds (default --seconds)"
@@ -69,7 +77,7 @@ def main() -> None:
         name += f"-{horizon:g}s-tuned"
     for spec in args.specs:
         tune = _tune_settings(args.trials, horizon if args.schedule else None)
-        rows.append(_example(spec, args.seconds, args.repeats, tune))
+        rows.append(_example(spec, args.seconds, args.repeats, tune, args.evaluations))
         _write(rows, args.seconds, name)  # each example's figures as soon as it has them
 
 
@@ -119,7 +127,7 @@ def _schedule_picks(result: TuneResult) -> dict[str, Pick]:
 
 
 def _example(
-    spec: str, seconds: float, repeats: int, settings: dict[str, Any]
+    spec: str, seconds: float, repeats: int, settings: dict[str, Any], evaluations: int
 ) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as out:
         started = time.perf_counter()
@@ -128,7 +136,9 @@ def _example(
         picks = _schedule_picks(result) if "schedule" in settings else _picks(result)
         curves: dict[Pick, list[RaceCurve | None]] = {}
         for pick in dict.fromkeys(picks.values()):
-            curves[pick] = [_train(spec, *pick, seconds, Path(out)) for _ in range(repeats)]
+            curves[pick] = [
+                _train(spec, *pick, seconds, evaluations, Path(out)) for _ in range(repeats)
+            ]
     rec, effort = result.recommendation, result.effort
     bests = [c.best_loss for c in curves[picks["baseline"]] if c is not None]
     target = statistics.median(bests) if bests else None
@@ -170,6 +180,7 @@ def _train(
     lr: LrPlan,
     schedule: BatchSchedule | None,
     seconds: float,
+    evaluations: int,
     out: Path,
 ) -> RaceCurve | None:
     launch = TrialLaunch(
@@ -179,7 +190,15 @@ def _train(
         trial_seconds=seconds,
         timeout_s=3 * seconds + 300,
     )
-    result = run_trial(launch, config, out / "run.log", mode="race", lr=lr, schedule=schedule)
+    result = run_trial(
+        launch,
+        config,
+        out / "run.log",
+        mode="race",
+        lr=lr,
+        schedule=schedule,
+        evaluations=evaluations,
+    )
     if result.race is None:
         print(f"{spec} {config.label()}: {result.status} {result.reason}", flush=True)
     return result.race

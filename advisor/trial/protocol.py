@@ -15,6 +15,7 @@ __all__ = [
     "EARLY_STEPS",
     "PRECISE_AFTER_FRACTION",
     "PROGRESS_INTERVAL_S",
+    "RACE_EVALUATIONS",
     "TRACK_POINTS",
     "TrialRequest",
     "died_without_result",
@@ -28,6 +29,8 @@ PRECISE_AFTER_FRACTION = 0.125
 EARLY_STEPS = 3
 # Noise-scale probes along a tracked race, besides the one at its start (trial.child.racing).
 TRACK_POINTS = 5
+# Loss points a race records by default, evenly spaced in training time (trial.child.racing).
+RACE_EVALUATIONS = 20
 # A search trial tells the parent how far it got at most this often (at micro-step ends).
 PROGRESS_INTERVAL_S = 0.1
 
@@ -52,6 +55,12 @@ class TrialRequest(BaseModel):
     )
     track_noise: bool = Field(
         default=False, description="race: measure gradient norms for phi along the run"
+    )
+    evaluations: int = Field(
+        default=RACE_EVALUATIONS,
+        ge=TRACK_POINTS,
+        description="race: loss points over the training time, evenly spaced (a benchmark "
+        "that trains a fast-converging model long asks for more)",
     )
     warmup_steps: int = Field(default=3, ge=1)
     whole_cycles: bool = Field(

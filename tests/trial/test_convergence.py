@@ -137,6 +137,21 @@ def test_a_race_evaluates_evenly_in_training_time_until_its_time():
     assert all(point.samples == point.steps * 16 for point in curve.points)
 
 
+def test_a_race_records_the_evaluations_it_is_asked_for(tmp_path):
+    """A benchmark training a fast-converging model for a minute asks for more loss points
+    than a race's 20; the request carries the count to the trial process."""
+    result = run_trial(
+        _launch(f"{TINY}:factory", 0.8),
+        TrialConfig(batch_size=16),
+        tmp_path / "race.log",
+        mode="race",
+        evaluations=8,
+    )
+    assert result.status == "ok", result.reason
+    assert len(result.race.points) == 1 + 8  # the initial point, then 8 in training time
+    assert result.race.points[-1].seconds >= 0.8
+
+
 def test_a_race_trains_with_the_planned_learning_rate(tmp_path):
     spec = f"{CONVERGENCE}:big_batch_wins"
     unchanged = _race(tmp_path, spec, batch_size=8).race

@@ -220,6 +220,7 @@ def _converged(
                 request.race_target,
                 schedule=request.schedule,
                 track_noise=request.track_noise,
+                evaluations=request.evaluations,
             )
             update: dict[str, Any] = {"race": curve}
         else:

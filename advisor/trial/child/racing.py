@@ -39,7 +39,7 @@ from advisor.task import TrainingTask
 from advisor.trial.child.batches import compute_loss, to_device
 from advisor.trial.child.loop import DivergedError, Trainer
 from advisor.trial.child.window import Clock
-from advisor.trial.protocol import TRACK_POINTS
+from advisor.trial.protocol import RACE_EVALUATIONS, TRACK_POINTS
 
 __all__ = [
     "EVALUATIONS",
@@ -55,7 +55,7 @@ HELD_OUT_MAX = 1024  # samples; enough for a loss within a percent or so, cheap 
 HELD_OUT_FRACTION = 0.1
 HELD_OUT_SEED = 2018  # fixed, so that every racer is evaluated on the same samples
 EVAL_BATCH = 256
-EVALUATIONS = 20  # loss points per race, evenly spaced in training time
+EVALUATIONS = RACE_EVALUATIONS  # loss points per race, evenly spaced in training time
 NOISE_MIN_STEPS = 10
 PROBE_MICRO = 8  # micro-batches in a probe's big batch
 PROBE_MIN_GROUPS = 8  # gradient pairs a probe averages at least,
@@ -89,10 +89,11 @@ def train_racer(
     *,
     schedule: BatchSchedule | None = None,
     track_noise: bool = False,
+    evaluations: int = EVALUATIONS,
     clock: Clock = time.perf_counter,
 ) -> RaceCurve:
     """Train for `seconds` of training time, or until the loss reaches `target`; the loss at
-    `EVALUATIONS` evenly spaced points. The trainer applies the learning-rate plan
+    `evaluations` evenly spaced points. The trainer applies the learning-rate plan
     (`Trainer.lr`) and, with a `schedule`, each stage from its step on. With `track_noise`,
     the noise scale is measured at the start and at `TRACK_POINTS` evaluations, out of the
     training time (`probe_noise`). Time is read from `clock`."""
@@ -101,7 +102,7 @@ def train_racer(
     probe_s = max(PROBE_SHARE * seconds, PROBE_MIN_S)
     track = [_noise_probe(trainer, points[0] if points else None, probe_s)] if track_noise else []
     stage = enter_stage(trainer, schedule, 0, None)
-    interval = seconds / EVALUATIONS
+    interval = seconds / evaluations
     trained_s, steps, samples, losses = 0.0, 0, 0, []
     trainer.synchronize()
     started = clock()
@@ -119,8 +120,8 @@ def train_racer(
         losses = []
         loss = evaluate() if evaluate else train_loss
         points.append(RacePoint(seconds=trained_s, samples=samples, steps=steps, loss=loss))
-        evaluations = len(points) - (evaluate is not None)  # the initial one left out
-        if track_noise and evaluations % (EVALUATIONS // TRACK_POINTS) == 0:
+        evaluated = len(points) - (evaluate is not None)  # the initial one left out
+        if track_noise and evaluated % (evaluations // TRACK_POINTS) == 0:
             track.append(_noise_probe(trainer, points[-1], probe_s))
         reached = target is not None and loss <= target
         if _rank_zero_says(trained_s >= seconds or reached, trainer):

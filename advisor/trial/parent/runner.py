@@ -37,7 +37,12 @@ from advisor.trial.parent.launcher import (
 )
 from advisor.trial.parent.load import LoadMeter
 from advisor.trial.parent.preload import installed_imports
-from advisor.trial.protocol import PROGRESS_INTERVAL_S, TrialRequest, died_without_result
+from advisor.trial.protocol import (
+    PROGRESS_INTERVAL_S,
+    RACE_EVALUATIONS,
+    TrialRequest,
+    died_without_result,
+)
 
 __all__ = ["ProgressCallback", "ProgressReader", "TrialLaunch", "run_trial"]
 
@@ -103,6 +108,7 @@ def run_trial(
     race_target: float | None = None,
     schedule: BatchSchedule | None = None,
     track_noise: bool = False,
+    evaluations: int = RACE_EVALUATIONS,
     whole_cycles: bool = False,
     precise_window: bool = False,
     beat_samples_per_s: float | None = None,
@@ -130,6 +136,7 @@ def run_trial(
             race_target=race_target,
             schedule=schedule,
             track_noise=track_noise,
+            evaluations=evaluations,
             warmup_steps=launch.warmup_steps,
             whole_cycles=whole_cycles,
             precise_window=precise_window,
