@@ -148,6 +148,11 @@ class Racer(_Frozen):
     race_seconds: float
     samples_per_s: float | None = Field(default=None, description="its throughput measurement")
     result: TrialResult
+    state: str | None = Field(
+        default=None,
+        description="where its training state was saved at its end, for the race to go on "
+        "from (None: not saved, or the racer already went on)",
+    )
     time_to_target_s: float | None = Field(
         default=None, description="training time until its loss first reached the target"
     )
@@ -195,6 +200,14 @@ class RaceSummary(_Frozen):
         "is kept"
     )
     verdict: str = Field(description="why the winner won, or why nothing could, in a sentence")
+    went_on_from: float | None = Field(
+        default=None,
+        description="the race's length before its finalists went on to `seconds` "
+        "(advisor.search.race.extend); None where it did not go on",
+    )
+    first_verdict: str | None = Field(
+        default=None, description="the verdict after `went_on_from` seconds, before it went on"
+    )
 
 
 class ScheduleSummary(_Frozen):

@@ -132,6 +132,13 @@ class TuneSettings(BaseModel):
         description="training time of each racer; 0: no race, and only configurations at your "
         "global batch are searched (no race could show that another reaches your loss sooner)",
     )
+    race_continue: float = Field(
+        default=3.0,
+        ge=1,
+        description="where the race kept your global batch and another raced, the baseline, the "
+        "best at your batch and the nearest other batch go on from where they stopped to this "
+        "many race lengths, to judge later in training; 1: they do not",
+    )
     schedule: Literal["off", "auto"] = Field(
         default="off",
         description="auto: after the race, track the noise scale along a longer run of your "

@@ -64,6 +64,8 @@ class RaceView:
     noise_text: str | None
     predictions: tuple[PredictionRow, ...]
     kept: tuple[str, str] | None  # why your configuration stays: (lead, the rest)
+    raced_s: float | None  # each racer's training time before the race went on
+    went_on: str | None  # how the race went on for its finalists
 
 
 def race_view(rec: Recommendation) -> RaceView:
@@ -80,6 +82,23 @@ def race_view(rec: Recommendation) -> RaceView:
         noise_text=_noise_text(rec.noise_scale) if rec.noise_scale else None,
         predictions=_prediction_rows(rec),
         kept=baseline_kept(rec),
+        raced_s=(race.went_on_from or race.seconds) if race else None,
+        went_on=went_on_text(race) if race else None,
+    )
+
+
+def went_on_text(race: RaceSummary) -> str | None:
+    """How the race went on for its finalists, and what it said before; None where it did
+    not go on."""
+    if race.went_on_from is None:
+        return None
+    went = [r.label for r in race.racers if r.race_seconds > race.went_on_from]
+    return (
+        f"after {race.went_on_from:g} s, {race.first_verdict or 'the race kept your global batch'}"
+        f". A race that short sees only the start of training, where the smallest batch does "
+        f"best, so {', '.join(went) or 'its finalists'} went on from where they stopped, each "
+        f"from its saved weights and optimizer state, to {race.seconds:g} s of training, and "
+        "the verdict above was decided there"
     )
 
 
@@ -171,7 +190,7 @@ def _rows(race: RaceSummary) -> tuple[RaceRow, ...]:
             lr=racer.lr.label,
             samples_per_s=racer.samples_per_s,
             final_loss=f"{racer.curve.final_loss:.4g}" if racer.curve else _failed(racer),
-            reaches=_reaches(racer) if race.target_loss is not None else "–",
+            reaches=_reaches(racer, race.seconds) if race.target_loss is not None else "–",
             sooner=_sooner(racer, reference),
             startup=f"{racer.result.startup_s:.2f} s" if racer.result.startup_s else "–",
             winner=index == race.winner,
@@ -184,9 +203,11 @@ def _failed(racer: Racer) -> str:
     return f"{racer.result.status}: {racer.result.reason or ''}".strip(": ")
 
 
-def _reaches(racer: Racer) -> str:
+def _reaches(racer: Racer, seconds: float) -> str:
     if racer.curve is None:
         return "–"
+    if racer.time_to_target_s is None and racer.race_seconds < seconds:
+        return f"not within its {racer.race_seconds:g} s (it did not go on)"
     if racer.time_to_target_s is None:
         return "not within the race"
     return f"{racer.time_to_target_s:.1f} s"

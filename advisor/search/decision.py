@@ -8,6 +8,7 @@ The reports render what is decided here and decide nothing themselves."""
 
 from __future__ import annotations
 
+import shutil
 import statistics
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,6 +42,7 @@ from advisor.search.context import SearchContext
 from advisor.search.dominance import rejected_in_search
 from advisor.search.memory import budget_summary
 from advisor.search.paired_ratio import paired_ratio
+from advisor.search.race.extend import go_on
 from advisor.search.race.noise import measure_noise_scale
 from advisor.search.race.plan import plan_racers, predict_batches, race_finalists
 from advisor.search.race.run import run_race
@@ -52,6 +54,7 @@ from advisor.search.storage import load_study
 from advisor.settings import TuneSettings, mask_url
 
 __all__ = [
+    "RACE_STATES",
     "conclude",
     "confirmed_recommendation",
     "efficiency",
@@ -61,6 +64,8 @@ __all__ = [
     "stored_result",
     "tune_result",
 ]
+
+RACE_STATES = ".race-states"  # in the output folder: the racers' training states, while racing
 
 
 def conclude(
@@ -83,7 +88,11 @@ def conclude(
             f"racing {len(plans)} configurations for {settings.race_seconds:g} s of training "
             "each, from the same initial weights, to your loss"
         )
-        race = decide_race(run_race(study, search, plans), settings.race_seconds)
+        states = settings.out_dir / RACE_STATES if settings.race_continue > 1 else None
+        race = decide_race(run_race(study, search, plans, states=states), settings.race_seconds)
+        race = go_on(study, search, race)
+        if states is not None:  # kept on an interrupt: a resumed tune goes on from them
+            shutil.rmtree(states, ignore_errors=True)
     winner = selection.winner
     if settings.objective == "time-to-loss":
         winner, _ = race_choice(selection, race, context.baseline_config)

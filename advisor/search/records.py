@@ -86,6 +86,7 @@ class StudyKey:
     NOISE: Final = "advisor_noise_trial"  # the noise-scale trial's TrialResult
     RACERS: Final = "advisor_racers"  # every finished race trial, as it finished
     SCHEDULE_RACERS: Final = "advisor_schedule_racers"  # the schedule race's, likewise
+    RACERS_WENT_ON: Final = "advisor_racers_went_on"  # the race's finalists that went on
     SCHEDULE_OPTIONS: Final = "advisor_schedule_options"  # its stages' throughput trials
 
 

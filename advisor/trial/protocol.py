@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.convergence import BatchSchedule, LrPlan
+from advisor.convergence import BatchSchedule, LrPlan, RaceCurve
 from advisor.knobs import TrialConfig
 from advisor.results import TrialResult
 
@@ -55,6 +55,15 @@ class TrialRequest(BaseModel):
     )
     track_noise: bool = Field(
         default=False, description="race: measure gradient norms for phi along the run"
+    )
+    race_state: str | None = Field(
+        default=None,
+        description="race: where the racer's training state is saved at its end, or, with "
+        "`continues`, loaded from at its start (advisor.trial.child.racer_state)",
+    )
+    continues: RaceCurve | None = Field(
+        default=None,
+        description="race: the curve of the race this one goes on from, to `trial_seconds` in all",
     )
     evaluations: int = Field(
         default=RACE_EVALUATIONS,

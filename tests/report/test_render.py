@@ -252,3 +252,23 @@ def test_a_throughput_pick_is_judged_by_the_lr_that_ended_lower_as_the_verdict_j
     assert "with lr x4 (sqrt rule) it reached it after 1.0 s but ended at 3, above 1.9" in report
     assert "the recommendation reached it after 4.0 s" in report
     assert "the recommendation was sooner" not in report
+
+
+def test_a_race_that_went_on_says_so_and_which_racers_did_not():
+    """The baseline went on from 10 s to 30 s; the candidate stopped at 10 s."""
+    small, big = TrialConfig(batch_size=32), TrialConfig(batch_size=64)
+    longer = [2.3 - 0.03 * i for i in range(31)]
+    baseline = _racer("baseline", small, longer)
+    candidate = _racer("candidate", big, [2.3 - 0.04 * i for i in range(11)])  # 1.9 at 10 s
+    race = decide_race([baseline, candidate], 30).model_copy(
+        update={"went_on_from": 10.0, "first_verdict": "the best at your global batch 32 won"}
+    )
+
+    markdown = _with_race(race, small)
+
+    assert "Each racer trained for 10 s of training time" in markdown
+    assert "The race went on: after 10 s, the best at your global batch 32 won." in markdown
+    assert "bs=32 acc=1 amp=off workers=0, your lr went on from where they stopped" in markdown
+    assert "to 30 s of training" in markdown
+    assert "not within its 10 s (it did not go on)" in markdown
+    assert "The race went on: after 10 s" in _with_race(race, small, html=True)

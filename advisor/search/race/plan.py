@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from advisor.convergence import BatchPrediction, LrPlan, NoiseScale
 from advisor.knobs import TrialConfig
+from advisor.recommendation import Racer
 from advisor.results import TrialRecord
 from advisor.search.race.noise import optimistic_ratio, samples_ratio
 from advisor.search.selection import Selection
@@ -122,13 +123,15 @@ def lr_rule(optimizer_class: str | None, batch0: int, batch: int) -> LrPlan:
 
 @dataclass(frozen=True)
 class RacePlan:
-    """A racer before it runs: which finalist, in which role, with which learning rate."""
+    """A racer before it runs: which finalist, in which role, with which learning rate; one
+    that `resumes` an earlier racer goes on from its saved state (`advisor.search.race.extend`)."""
 
     role: str
-    trial: int
+    trial: int | None
     config: TrialConfig
     lr: LrPlan
     samples_per_s: float | None
+    resumes: Racer | None = None
 
 
 def plan_racers(

@@ -28,26 +28,42 @@ does not race it again.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import optuna
 
+from advisor.convergence import RaceCurve
 from advisor.recommendation import Racer, did_not_fall, reference_racer
 from advisor.search.context import SearchContext
 from advisor.search.race.plan import RacePlan
 from advisor.search.race.verdict import RACE_MARGIN, pick_at_batch0, time_to_loss
-from advisor.search.records import read_racers, write_racer
+from advisor.search.records import StudyKey, read_racers, write_racer
 from advisor.trial.parent.runner import run_trial
+from advisor.trial.protocol import RACE_EVALUATIONS, TRACK_POINTS
 
 __all__ = ["run_race"]
 
+WENT_ON_EVALUATIONS = 10  # loss points over the time the race goes on for
 SHORTEST_RACE = 0.05  # of the race time: one of its twenty evaluation intervals
 
 
-def run_race(study: optuna.Study, context: SearchContext, plans: Sequence[RacePlan]) -> list[Racer]:
-    """Race each plan in a fresh trial process; a racer the study holds already (same
-    configuration, learning rate and race time) is not raced again."""
-    seconds = context.settings.race_seconds
-    stored = read_racers(study)
+def run_race(
+    study: optuna.Study,
+    context: SearchContext,
+    plans: Sequence[RacePlan],
+    seconds: float | None = None,
+    *,
+    states: Path | None = None,
+    key: str = StudyKey.RACERS,
+) -> list[Racer]:
+    """Race each plan in a fresh trial process for `seconds` of training in all (the race
+    time, unless given), saving each racer's training state in `states` if given; a plan that
+    `resumes` a racer goes on from its saved state. A racer the study holds under `key`
+    already (same configuration, learning rate and race time) is not raced again."""
+    seconds = seconds or context.settings.race_seconds
+    if states is not None:
+        states.mkdir(parents=True, exist_ok=True)
+    stored = read_racers(study, key)
     racers: list[Racer] = []
     for index, plan in enumerate(plans):
         if did_not_fall(racers):
@@ -67,33 +83,75 @@ def run_race(study: optuna.Study, context: SearchContext, plans: Sequence[RacePl
         if earlier is not None:
             racers.append(earlier.model_copy(update={"role": plan.role, "trial": plan.trial}))
             continue
-        context.progress.trial_started(
-            f"race {index + 1}/{len(plans)}, {plan.lr.label}", plan.config
-        )
-        target = _target(racers)
-        result = run_trial(
-            context.launch.lasting(_horizon(plan.role, racers, target, seconds)),
-            plan.config,
-            context.logs_dir / f"race-{plan.trial}-{index + 1}.log",
-            mode="race",
-            lr=plan.lr,
-            # A candidate's two learning rates train equally long: the one that ends lower ships.
-            race_target=target if plan.role == "your batch" else None,
-            on_phase=context.progress.trial_phase,
-        )
-        racer = Racer(
-            role=plan.role,  # type: ignore[arg-type]
-            trial=plan.trial,
-            config=plan.config,
-            lr=plan.lr,
-            race_seconds=seconds,
-            samples_per_s=plan.samples_per_s,
-            result=result,
-        )
-        write_racer(study, racer)  # at once: an interrupt keeps every finished racer
+        racer = _race_one(context, plan, racers, seconds, states, f"{index + 1}/{len(plans)}")
+        write_racer(study, racer, key)  # at once: an interrupt keeps every finished racer
         context.progress.racer_finished(racer)
         racers.append(racer)
     return racers
+
+
+def _race_one(
+    context: SearchContext,
+    plan: RacePlan,
+    racers: Sequence[Racer],
+    seconds: float,
+    states: Path | None,
+    count: str,
+) -> Racer:
+    """Train one racer in a fresh trial process, as long as it can still win."""
+    target = _target(racers)
+    horizon = _horizon(plan.role, racers, target, seconds)
+    name = f"race-{plan.trial}-{count.split('/')[0]}"
+    resumes = plan.resumes.curve if plan.resumes is not None else None
+    if plan.resumes is not None and not _may_go_on(resumes, horizon, target):
+        return plan.resumes.model_copy(update={"state": None, "race_seconds": seconds})
+    went_on = resumes is not None
+    state = plan.resumes.state if plan.resumes else (states / f"{name}.pt" if states else None)
+    context.progress.trial_started(f"race {count}, {plan.lr.label}", plan.config)
+    result = run_trial(
+        context.launch.lasting(horizon),  # in all: one that goes on starts at its last point
+        plan.config,
+        context.logs_dir / f"{name}{'-went-on' if went_on else ''}.log",
+        mode="race",
+        lr=plan.lr,
+        # A candidate's two learning rates train equally long: the one that ends lower ships.
+        # Only one of them goes on.
+        race_target=target if plan.role == "your batch" or went_on else None,
+        race_state=Path(state) if state else None,
+        continues=resumes,
+        evaluations=_evaluations(plan.resumes, horizon, seconds),
+        on_phase=context.progress.trial_phase,
+    )
+    saved = state is not None and not went_on and Path(state).exists()
+    return Racer(
+        role=plan.role,  # type: ignore[arg-type]
+        trial=plan.trial,
+        config=plan.config,
+        lr=plan.lr,
+        race_seconds=seconds,
+        samples_per_s=plan.samples_per_s,
+        result=result,
+        state=str(state) if saved else None,
+    )
+
+
+def _evaluations(resumes: Racer | None, horizon: float, seconds: float) -> int:
+    """Loss points over a racer's `horizon`: the race's; for one that goes on, as many as
+    space `WENT_ON_EVALUATIONS` over the time the race went on for (a held-out evaluation of
+    examples/hf_gpt2.py takes about 0.4 s)."""
+    if resumes is None:
+        return RACE_EVALUATIONS
+    interval = (seconds - resumes.race_seconds) / WENT_ON_EVALUATIONS
+    return max(TRACK_POINTS, round(horizon / interval))
+
+
+def _may_go_on(curve: RaceCurve | None, horizon: float, target: float | None) -> bool:
+    """Whether a racer going on from `curve` can still win: it has not reached the target
+    already, and has not trained as long as it may."""
+    if curve is None or not curve.points:
+        return False
+    reached = target is not None and time_to_loss(curve, target) is not None
+    return not reached and curve.points[-1].seconds < horizon
 
 
 def _target(racers: Sequence[Racer]) -> float | None:

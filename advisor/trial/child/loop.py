@@ -96,7 +96,8 @@ class Trainer:
         self._cycle_loss = torch.zeros((), device=device)  # of the micro-batches in the gradients
         self._cycle_micro = 0  # those micro-batches
         self._iterator: Iterator[Any] | None = None  # over the loader's current epoch
-        self._epochs = 0  # begun: a new loader (`regroup`) goes on from the next
+        # of the loader's shuffle: a new loader (`regroup`) goes on from the next
+        self.epochs_begun = 0
         self._batches = self._endless_batches()
 
     def step(self, on_backward: Callable[[int], None] | None = None) -> torch.Tensor:
@@ -218,8 +219,8 @@ class Trainer:
         non_blocking = self.config.pin_memory
         while True:
             if self.sampler is not None:  # a new shuffle per epoch, the same on every rank
-                self.sampler.set_epoch(self._epochs)
-            self._epochs += 1
+                self.sampler.set_epoch(self.epochs_begun)
+            self.epochs_begun += 1
             yielded = False
             iterator = self._iterator = iter(self.loader)
             while True:

@@ -40,6 +40,7 @@ from advisor.trial.child.budget import (
 )
 from advisor.trial.child.loop import DivergedError, Trainer
 from advisor.trial.child.memory import PeakMemory
+from advisor.trial.child.racer_state import load_racer, save_racer
 from advisor.trial.child.racing import held_out_split, measure_gradient_norms, train_racer
 from advisor.trial.child.warmup import FirstStep
 from advisor.trial.child.window import Bounds, Clock, Window, run_window
@@ -212,6 +213,9 @@ def _converged(
     state.startup_s = time.time() - request.launched_at
     try:
         if request.mode == "race":
+            saved = Path(request.race_state) if request.race_state else None
+            if saved is not None and request.continues is not None:
+                load_racer(trainer, saved, request.seed)
             curve = train_racer(
                 trainer,
                 task,
@@ -221,7 +225,10 @@ def _converged(
                 schedule=request.schedule,
                 track_noise=request.track_noise,
                 evaluations=request.evaluations,
+                continues=request.continues,
             )
+            if saved is not None and request.continues is None:
+                save_racer(trainer, saved)
             update: dict[str, Any] = {"race": curve}
         else:
             norms = measure_gradient_norms(

@@ -90,20 +90,28 @@ def train_racer(
     schedule: BatchSchedule | None = None,
     track_noise: bool = False,
     evaluations: int = EVALUATIONS,
+    continues: RaceCurve | None = None,
     clock: Clock = time.perf_counter,
 ) -> RaceCurve:
-    """Train for `seconds` of training time, or until the loss reaches `target`; the loss at
+    """Train until `seconds` of training time, or until the loss reaches `target`; the loss at
     `evaluations` evenly spaced points. The trainer applies the learning-rate plan
     (`Trainer.lr`) and, with a `schedule`, each stage from its step on. With `track_noise`,
     the noise scale is measured at the start and at `TRACK_POINTS` evaluations, out of the
-    training time (`probe_noise`). Time is read from `clock`."""
+    training time (`probe_noise`). A racer that `continues` an earlier race's curve (its
+    state loaded, `advisor.trial.child.racer_state`) goes on from its last point, and returns
+    the whole curve. Time is read from `clock`."""
     evaluate = _HeldOut(trainer, task, held_out) if held_out is not None else None
-    points = [RacePoint(seconds=0.0, samples=0, steps=0, loss=evaluate())] if evaluate else []
+    points = list(continues.points) if continues is not None else []
+    if evaluate and not points:
+        points.append(RacePoint(seconds=0.0, samples=0, steps=0, loss=evaluate()))
     probe_s = max(PROBE_SHARE * seconds, PROBE_MIN_S)
     track = [_noise_probe(trainer, points[0] if points else None, probe_s)] if track_noise else []
-    stage = enter_stage(trainer, schedule, 0, None)
+    last = points[-1] if continues is not None and points else None
+    stage = enter_stage(trainer, schedule, last.steps if last else 0, None)
     interval = seconds / evaluations
-    trained_s, steps, samples, losses = 0.0, 0, 0, []
+    trained_s, steps, samples = (last.seconds, last.steps, last.samples) if last else (0.0, 0, 0)
+    next_at = (math.floor(trained_s / interval) + 1) * interval
+    losses: list[torch.Tensor] = []
     trainer.synchronize()
     started = clock()
     while True:
@@ -111,7 +119,6 @@ def train_racer(
         steps += 1
         samples += trainer.config.global_batch_size
         stage = enter_stage(trainer, schedule, steps, stage)
-        next_at = interval * (len(points) + (evaluate is None))  # the initial point counts
         if not _rank_zero_says(trained_s + clock() - started >= next_at, trainer):
             continue
         trainer.synchronize()
@@ -120,6 +127,7 @@ def train_racer(
         losses = []
         loss = evaluate() if evaluate else train_loss
         points.append(RacePoint(seconds=trained_s, samples=samples, steps=steps, loss=loss))
+        next_at = (math.floor(trained_s / interval) + 1) * interval
         evaluated = len(points) - (evaluate is not None)  # the initial one left out
         if track_noise and evaluated % (evaluations // TRACK_POINTS) == 0:
             track.append(_noise_probe(trainer, points[-1], probe_s))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast, get_args
 
-from advisor.convergence import BatchSchedule, LrPlan
+from advisor.convergence import BatchSchedule, LrPlan, RaceCurve
 from advisor.knobs import TrialConfig
 from advisor.results import FailurePhase, MachineLoad, TrialResult
 from advisor.trial.parent.group import GRACE_S, TrialChild, kill_group, signal_group
@@ -109,6 +109,8 @@ def run_trial(
     schedule: BatchSchedule | None = None,
     track_noise: bool = False,
     evaluations: int = RACE_EVALUATIONS,
+    race_state: Path | None = None,
+    continues: RaceCurve | None = None,
     whole_cycles: bool = False,
     precise_window: bool = False,
     beat_samples_per_s: float | None = None,
@@ -123,7 +125,9 @@ def run_trial(
     status is `stopped`, with the projection as its samples/s. Either way `reason` says why.
     With `precise_window`, the window ends once its rate is precise, or clearly below
     `beat_samples_per_s` (then the result says `below_best`). With `sibling_accumulation`,
-    where the window times a cycle's parts, the result also gives their samples/s.
+    where the window times a cycle's parts, the result also gives their samples/s. A race
+    saves its training state at `race_state`, or, where it `continues` an earlier race's curve,
+    goes on from the state saved there.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="advisor-trial-") as scratch:
@@ -137,6 +141,8 @@ def run_trial(
             schedule=schedule,
             track_noise=track_noise,
             evaluations=evaluations,
+            race_state=str(race_state) if race_state is not None else None,
+            continues=continues,
             warmup_steps=launch.warmup_steps,
             whole_cycles=whole_cycles,
             precise_window=precise_window,

@@ -1,0 +1,126 @@
+"""The race goes on for its finalists where it kept the user's global batch: real race trials
+save their state and go on from it; the rule for when it goes on, on described racers."""
+
+from pathlib import Path
+
+import optuna
+
+from advisor.api import validate
+from advisor.convergence import LrPlan, RaceCurve, RacePoint
+from advisor.knobs import TrialConfig
+from advisor.recommendation import Racer
+from advisor.results import TrialResult
+from advisor.search.context import SearchContext
+from advisor.search.race.extend import go_on, going_on, why_not_go_on
+from advisor.search.race.plan import RacePlan, lr_rule
+from advisor.search.race.run import run_race
+from advisor.search.race.verdict import decide_race
+from advisor.search.records import StudyKey, read_racers
+from advisor.search.space import build_space
+from advisor.settings import TuneSettings
+from advisor.trial.parent.runner import TrialLaunch
+from tests.conftest import CPU_PROFILE, ROOT
+from tests.search.interrupts import StopAfterFirstRacer
+
+CONVERGENCE = "tests/workloads/convergence.py"
+SMALL = TrialConfig(batch_size=8)
+BIG = TrialConfig(batch_size=256)
+RACE_S = 1.5
+
+
+def _context(tmp_path: Path, progress: StopAfterFirstRacer) -> SearchContext:
+    settings = TuneSettings(
+        spec=f"{CONVERGENCE}:big_batch_loses",
+        race_seconds=RACE_S,
+        race_continue=2.0,
+        max_world_size=1,
+    )
+    space = build_space(settings, CPU_PROFILE, validate(settings.spec).task)
+    launch = TrialLaunch(
+        spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=1.0, timeout_s=120
+    )
+    return SearchContext(settings, space, CPU_PROFILE, launch, tmp_path, progress)
+
+
+def _never_stop() -> StopAfterFirstRacer:
+    progress = StopAfterFirstRacer()
+    progress.started.append("(never stop)")
+    return progress
+
+
+def test_a_race_that_kept_your_batch_goes_on_from_where_its_finalists_stopped(tmp_path):
+    """Batch 256 loses (exact labels, samples/s flat in the batch): the race keeps 8, then the
+    baseline and the nearer of 256's two learning rates go on to twice the race time, each
+    from its saved state, and the verdict is decided again there."""
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/study.db", study_name="race")
+    progress = _never_stop()
+    context = _context(tmp_path, progress)
+    plans = [
+        RacePlan("baseline", 0, SMALL, LrPlan(), 1000.0),
+        RacePlan("candidate", 1, BIG, LrPlan(), 1000.0),
+        RacePlan("candidate", 1, BIG, lr_rule("SGD", 8, 256), 1000.0),
+    ]
+    race = decide_race(run_race(study, context, plans, states=tmp_path / "states"), RACE_S)
+    assert race.racers[race.winner].config == SMALL, race.verdict
+    assert why_not_go_on(race, 2.0) is None
+    nearest = going_on(race)[-1]
+    assert [r.role for r in going_on(race)] == ["baseline", "candidate"]
+    started = len(progress.started)
+
+    went = go_on(study, context, race)
+
+    assert (went.seconds, went.went_on_from, went.first_verdict) == (
+        2 * RACE_S,
+        RACE_S,
+        race.verdict,
+    )
+    assert went.racers[went.winner].config == SMALL, went.verdict
+    baseline = went.racers[0]
+    first = race.racers[0].curve.points
+    assert baseline.curve.points[: len(first)] == first
+    assert baseline.curve.points[-1].seconds >= 2 * RACE_S
+    assert went.target_loss < race.target_loss  # the baseline's lowest over the longer run
+    other = next(r for r in went.racers[1:] if r.lr != nearest.lr)
+    raced = next(r for r in race.racers[1:] if r.lr == other.lr)
+    assert other.curve == raced.curve  # it did not go on
+    assert len(progress.started) <= started + 2  # at most the two that went on
+    stored = read_racers(study, StudyKey.RACERS_WENT_ON)
+    assert [r.role for r in stored] == ["baseline", "candidate"]
+
+    resumed = _never_stop()  # a resumed tune finds them stored, and trains none again
+    again = go_on(study, _context(tmp_path, resumed), race)
+    assert len(resumed.started) == 1 and again.racers == went.racers
+
+
+def _racer(role: str, config: TrialConfig, losses: list[float], state: Path | None) -> Racer:
+    points = tuple(
+        RacePoint(seconds=float(i), samples=i * 8, steps=i, loss=loss)
+        for i, loss in enumerate(losses)
+    )
+    result = TrialResult(
+        config=config, status="ok", race=RaceCurve(loss_kind="held-out", points=points)
+    )
+    if state is not None:
+        state.write_bytes(b"saved")
+    return Racer(
+        role=role,  # type: ignore[arg-type]
+        config=config,
+        lr=LrPlan(),
+        race_seconds=len(losses) - 1,
+        result=result,
+        state=str(state) if state else None,
+    )
+
+
+def test_the_race_goes_on_only_where_it_kept_your_batch_against_another(tmp_path):
+    baseline = _racer("baseline", SMALL, [4, 3, 2, 1.5, 1.2, 1.0], tmp_path / "b.pt")
+    slower = _racer("candidate", BIG, [4, 3.5, 3, 2.5, 2.0, 1.8], tmp_path / "c.pt")
+    sooner = _racer("candidate", BIG, [4, 1.0, 0.5, 0.4, 0.3, 0.2], tmp_path / "d.pt")
+
+    kept = decide_race([baseline, slower], 5)
+    assert why_not_go_on(kept, 3.0) is None
+    assert "--race-continue 1" in (why_not_go_on(kept, 1.0) or "")
+    assert "already" in (why_not_go_on(decide_race([baseline, sooner], 5), 3.0) or "")
+    assert "no other global batch" in (why_not_go_on(decide_race([baseline], 5), 3.0) or "")
+    Path(baseline.state or "").unlink()  # e.g. a resumed tune whose states were cleaned up
+    assert "not saved" in (why_not_go_on(kept, 3.0) or "")
