@@ -181,6 +181,11 @@ class TrialResult(_Frozen):
     gradient_norms: GradientNorms | None = Field(
         default=None, description="a noise trial's squared gradient norms"
     )
+    eval_s_per_sample: float | None = Field(
+        default=None,
+        description="noise trial: seconds a held-out evaluation takes per sample (fp32, eval "
+        "mode, one batch of up to 256); None for an IterableDataset, which has no held-out slice",
+    )
     wall_s: float | None = Field(default=None, description="whole trial as the parent saw it")
     load: MachineLoad | None = Field(
         default=None, description="what else the machine ran meanwhile, as the parent saw it"

@@ -13,6 +13,7 @@ from advisor.results import TrialResult
 
 __all__ = [
     "EARLY_STEPS",
+    "HELD_OUT_MAX",
     "PRECISE_AFTER_FRACTION",
     "PROGRESS_INTERVAL_S",
     "RACE_EVALUATIONS",
@@ -31,6 +32,8 @@ EARLY_STEPS = 3
 TRACK_POINTS = 5
 # Loss points a race records by default, evenly spaced in training time (trial.child.racing).
 RACE_EVALUATIONS = 20
+# Samples of a race's held-out slice at most: enough for a loss within a percent or so.
+HELD_OUT_MAX = 1024
 # A search trial tells the parent how far it got at most this often (at micro-step ends).
 PROGRESS_INTERVAL_S = 0.1
 
@@ -55,6 +58,12 @@ class TrialRequest(BaseModel):
     )
     track_noise: bool = Field(
         default=False, description="race: measure gradient norms for phi along the run"
+    )
+    held_out: int = Field(
+        default=HELD_OUT_MAX,
+        ge=1,
+        le=HELD_OUT_MAX,
+        description="race: samples of the held-out slice at most (every racer of a race the same)",
     )
     race_state: str | None = Field(
         default=None,

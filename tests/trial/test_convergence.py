@@ -9,12 +9,14 @@ import torch
 from advisor.convergence import LrPlan
 from advisor.knobs import TrialConfig
 from advisor.search.race.noise import NoiseScaleEstimate, estimate_noise_scale, noise_track
+from advisor.search.race.run import held_out_size
 from advisor.task import build_task
 from advisor.trial.child.loop import Trainer, apply_lr
 from advisor.trial.child.racing import (
     EVALUATIONS,
     TRACK_POINTS,
     held_out_split,
+    time_evaluation,
     train_racer,
 )
 from advisor.trial.parent.runner import TrialLaunch, run_trial
@@ -40,6 +42,7 @@ def _noise_scale(tmp_path: Path, **config) -> NoiseScaleEstimate:
     )  # fmt: skip
     result = run_trial(launch, TrialConfig(**config), tmp_path / "noise.log", mode="noise")
     assert result.status == "ok", result.reason
+    assert result.eval_s_per_sample is not None and result.eval_s_per_sample > 0
     norms = result.gradient_norms
     assert len(norms.big_sq) == NOISE_STEPS
     estimate = estimate_noise_scale(
@@ -208,3 +211,31 @@ def test_a_tracked_race_sees_the_noise_scale_grow_as_the_loss_falls(tmp_path):
 def test_an_untracked_race_measures_no_noise(tmp_path):
     result = _race(tmp_path, f"{CONVERGENCE}:noise_grows", seconds=0.5, batch_size=8)
     assert result.race.noise_probes == () and noise_track(result.race) is None
+
+
+def test_an_evaluation_is_timed_per_sample_warm_and_sizes_the_race_slice():
+    """The noise trial times a held-out evaluation; the race's slice is what one evaluation can
+    take in a quarter of an evaluation interval, within 256-1,024 samples."""
+    task, _ = build_task(f"{TINY}:factory")
+    trainer = Trainer(task, TrialConfig(batch_size=16), torch.device("cpu"))
+    clock = FakeClock()
+    forward = trainer.module.forward
+    calls = []
+
+    def slow_forward(*args, **kwargs):
+        calls.append(trainer.module.training)
+        clock.advance(0.5 if len(calls) == 1 else 0.128)  # the first, cold, is left out
+        return forward(*args, **kwargs)
+
+    trainer.module.forward = slow_forward  # type: ignore[method-assign]
+    per_sample = time_evaluation(trainer, task, clock=clock)
+    trainer.close()
+    assert calls == [False, False]  # one batch, in eval mode, twice
+    count = min(256, len(task.dataset))
+    assert per_sample == pytest.approx(0.128 / count)
+
+    # A 10-s race evaluates every 0.5 s: an evaluation may take 0.125 s.
+    assert held_out_size(0.46 / 1024, 10.0) == 278  # examples/hf_gpt2.py's cost
+    assert held_out_size(1e-6, 10.0) == 1024  # cheap: the whole slice
+    assert held_out_size(0.01, 10.0) == 256  # never below
+    assert held_out_size(None, 10.0) == 1024  # not timed (an IterableDataset)

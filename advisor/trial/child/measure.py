@@ -41,7 +41,12 @@ from advisor.trial.child.budget import (
 from advisor.trial.child.loop import DivergedError, Trainer
 from advisor.trial.child.memory import PeakMemory
 from advisor.trial.child.racer_state import load_racer, save_racer
-from advisor.trial.child.racing import held_out_split, measure_gradient_norms, train_racer
+from advisor.trial.child.racing import (
+    held_out_split,
+    measure_gradient_norms,
+    time_evaluation,
+    train_racer,
+)
 from advisor.trial.child.warmup import FirstStep
 from advisor.trial.child.window import Bounds, Clock, Window, run_window
 from advisor.trial.protocol import EARLY_STEPS, TrialRequest
@@ -127,7 +132,7 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
     memory.start()
     held_out = None
     if request.mode == "race":  # before the loader is built: no racer trains on the slice
-        task, held_out = held_out_split(task)
+        task, held_out = held_out_split(task, request.held_out)
     trainer = Trainer(task, config, device, rank=rank, seed=request.seed, lr=request.lr)
     if request.mode in ("race", "noise"):
         return _converged(request, task, kind, trainer, held_out, memory, phase, state)
@@ -234,7 +239,8 @@ def _converged(
             norms = measure_gradient_norms(
                 trainer, request.trial_seconds, max_steps=request.max_measure_steps
             )
-            update = {"gradient_norms": norms}
+            # What a held-out evaluation costs, so that the race's slice is affordable.
+            update = {"gradient_norms": norms, "eval_s_per_sample": time_evaluation(trainer, task)}
     finally:  # the batch the first step saw explains a failure
         state.summary = _summarise(task, kind, trainer)
     trainer.close()

@@ -39,7 +39,7 @@ from advisor.task import TrainingTask
 from advisor.trial.child.batches import compute_loss, to_device
 from advisor.trial.child.loop import DivergedError, Trainer
 from advisor.trial.child.window import Clock
-from advisor.trial.protocol import RACE_EVALUATIONS, TRACK_POINTS
+from advisor.trial.protocol import HELD_OUT_MAX, RACE_EVALUATIONS, TRACK_POINTS
 
 __all__ = [
     "EVALUATIONS",
@@ -48,10 +48,10 @@ __all__ = [
     "held_out_split",
     "measure_gradient_norms",
     "probe_noise",
+    "time_evaluation",
     "train_racer",
 ]
 
-HELD_OUT_MAX = 1024  # samples; enough for a loss within a percent or so, cheap to evaluate
 HELD_OUT_FRACTION = 0.1
 HELD_OUT_SEED = 2018  # fixed, so that every racer is evaluated on the same samples
 EVAL_BATCH = 256
@@ -65,14 +65,17 @@ PROBE_SHARE = 0.05  # or the probe took this share of the race's training time,
 PROBE_MIN_S = 1.0  # or this long if that is more
 
 
-def held_out_split(task: TrainingTask) -> tuple[TrainingTask, Dataset[Any] | None]:
-    """The task training on all but a fixed slice of a map-style dataset, and that slice;
-    an IterableDataset (no index) comes back whole, with None."""
+def held_out_split(
+    task: TrainingTask, most: int = HELD_OUT_MAX
+) -> tuple[TrainingTask, Dataset[Any] | None]:
+    """The task training on all but a fixed slice of a map-style dataset (a tenth, `most`
+    samples at most), and that slice; an IterableDataset (no index) comes back whole, with
+    None."""
     dataset = task.dataset
     if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
         return task, None
     size = len(dataset)
-    count = min(HELD_OUT_MAX, int(size * HELD_OUT_FRACTION))
+    count = min(most, int(size * HELD_OUT_FRACTION))
     if count < 1:
         return task, None
     order = torch.randperm(size, generator=torch.Generator().manual_seed(HELD_OUT_SEED))
@@ -142,6 +145,24 @@ def train_racer(
         points=tuple(points),
         noise_probes=tuple(track),
     )
+
+
+def time_evaluation(
+    trainer: Trainer, task: TrainingTask, clock: Clock = time.perf_counter
+) -> float | None:
+    """Seconds a held-out evaluation takes per sample, timed on the dataset's first batch of
+    up to `EVAL_BATCH` samples, warm (its second run); None for an IterableDataset."""
+    dataset = task.dataset
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        return None
+    count = min(EVAL_BATCH, len(dataset))
+    evaluate = _HeldOut(trainer, task, Subset(dataset, range(count)))
+    evaluate()
+    trainer.synchronize()
+    started = clock()
+    evaluate()
+    trainer.synchronize()
+    return (clock() - started) / count
 
 
 def enter_stage(

@@ -38,6 +38,7 @@ from advisor.trial.parent.launcher import (
 from advisor.trial.parent.load import LoadMeter
 from advisor.trial.parent.preload import installed_imports
 from advisor.trial.protocol import (
+    HELD_OUT_MAX,
     PROGRESS_INTERVAL_S,
     RACE_EVALUATIONS,
     TrialRequest,
@@ -109,6 +110,7 @@ def run_trial(
     schedule: BatchSchedule | None = None,
     track_noise: bool = False,
     evaluations: int = RACE_EVALUATIONS,
+    held_out: int = HELD_OUT_MAX,
     race_state: Path | None = None,
     continues: RaceCurve | None = None,
     whole_cycles: bool = False,
@@ -141,6 +143,7 @@ def run_trial(
             schedule=schedule,
             track_noise=track_noise,
             evaluations=evaluations,
+            held_out=held_out,
             race_state=str(race_state) if race_state is not None else None,
             continues=continues,
             warmup_steps=launch.warmup_steps,
