@@ -23,6 +23,11 @@ it has trained so long that it can no longer win (`_horizon`), and the best at t
 also once it reaches the target, so a race costs little more than the baseline's own. Each
 racer is stored in the study as it finishes, so an interrupted tune keeps it and a resumed one
 does not race it again.
+
+Every racer evaluates the same held-out slice, as large as one evaluation can afford
+(`held_out_size`). Each saves its training state at its end where the race may go on
+(`advisor.search.race.extend`); a racer that goes on loads it, trains on to the longer horizon,
+and evaluates `WENT_ON_EVALUATIONS` times over the added time.
 """
 
 from __future__ import annotations
@@ -158,8 +163,7 @@ def held_out_size(eval_s_per_sample: float | None, race_seconds: float) -> int:
 
 def _evaluations(resumes: Racer | None, horizon: float, seconds: float) -> int:
     """Loss points over a racer's `horizon`: the race's; for one that goes on, as many as
-    space `WENT_ON_EVALUATIONS` over the time the race went on for (a held-out evaluation of
-    examples/hf_gpt2.py takes about 0.4 s)."""
+    space `WENT_ON_EVALUATIONS` over the time the race went on for."""
     if resumes is None:
         return RACE_EVALUATIONS
     interval = (seconds - resumes.race_seconds) / WENT_ON_EVALUATIONS
