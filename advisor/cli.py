@@ -36,7 +36,7 @@ from advisor.console import (
 from advisor.errors import AdvisorError, BadInputError, SettingsError
 from advisor.knob_row import FRAMEWORKS, Framework
 from advisor.report.codegen import launch_command
-from advisor.report.race import baseline_kept, went_on_text
+from advisor.report.race import baseline_kept, went_on_brief
 from advisor.report.render import effort_summary, reproduce_command
 from advisor.settings import TuneSettings, mask_url, read_settings_file, setting_help
 
@@ -125,7 +125,7 @@ def tune(spec: str | None, config: Path | None, as_json: bool, quiet: bool, **fl
         out.print(f"memory: {rec.memory_budget.statement}", highlight=False, soft_wrap=True)
     if rec.race is not None:
         out.print(f"race: {escape(rec.race.verdict)}", highlight=False, soft_wrap=True)
-        if (went_on := went_on_text(rec.race)) is not None:
+        if (went_on := went_on_brief(rec.race)) is not None:
             out.print(f"  ({escape(went_on)})", highlight=False, soft_wrap=True)
     if rec.schedule is not None:
         verdict = escape(rec.schedule.verdict)

@@ -87,6 +87,18 @@ def race_view(rec: Recommendation) -> RaceView:
     )
 
 
+def went_on_brief(race: RaceSummary) -> str | None:
+    """That the race went on, in a line for the console; None where it did not."""
+    if race.went_on_from is None:
+        return None
+    count = sum(r.race_seconds > race.went_on_from for r in race.racers)
+    return (
+        f"it kept your global batch after {race.went_on_from:g} s, so {count} finalists went on "
+        f"from where they stopped to {race.seconds:g} s: a race from initialisation favours the "
+        "smallest batch; report.md has both verdicts"
+    )
+
+
 def went_on_text(race: RaceSummary) -> str | None:
     """How the race went on for its finalists, and what it said before; None where it did
     not go on."""
