@@ -14,7 +14,15 @@ from advisor.recommendation import (
     reference_racer,
 )
 
-__all__ = ["PredictionRow", "RaceRow", "RaceView", "baseline_kept", "race_view"]
+__all__ = [
+    "PredictionRow",
+    "RaceRow",
+    "RaceView",
+    "baseline_kept",
+    "race_view",
+    "went_on_brief",
+    "went_on_text",
+]
 
 ROLES = {
     "baseline": "your configuration",
