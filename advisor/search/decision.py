@@ -8,7 +8,6 @@ The reports render what is decided here and decide nothing themselves."""
 
 from __future__ import annotations
 
-import shutil
 import statistics
 from datetime import datetime, timezone
 from pathlib import Path
@@ -42,19 +41,17 @@ from advisor.search.context import SearchContext
 from advisor.search.dominance import rejected_in_search
 from advisor.search.memory import budget_summary
 from advisor.search.paired_ratio import paired_ratio
-from advisor.search.race.extend import go_on
+from advisor.search.race.extend import race_to_loss
 from advisor.search.race.noise import measure_noise_scale
 from advisor.search.race.plan import plan_racers, predict_batches, race_finalists
-from advisor.search.race.run import run_race
 from advisor.search.race.schedule import GOODPUT_RULE, schedule_bound, tune_schedule
-from advisor.search.race.verdict import decide_race, pick_at_batch0
+from advisor.search.race.verdict import pick_at_batch0
 from advisor.search.records import read_study, records_of
 from advisor.search.selection import Selection, failure_summary, select_winner
 from advisor.search.storage import load_study
 from advisor.settings import TuneSettings, mask_url
 
 __all__ = [
-    "RACE_STATES",
     "conclude",
     "confirmed_recommendation",
     "efficiency",
@@ -64,8 +61,6 @@ __all__ = [
     "stored_result",
     "tune_result",
 ]
-
-RACE_STATES = ".race-states"  # in the output folder: the racers' training states, while racing
 
 
 def conclude(
@@ -88,11 +83,7 @@ def conclude(
             f"racing {len(plans)} configurations for {settings.race_seconds:g} s of training "
             "each, from the same initial weights, to your loss"
         )
-        states = settings.out_dir / RACE_STATES if settings.race_continue > 1 else None
-        race = decide_race(run_race(study, search, plans, states=states), settings.race_seconds)
-        race = go_on(study, search, race)
-        if states is not None:  # kept on an interrupt: a resumed tune goes on from them
-            shutil.rmtree(states, ignore_errors=True)
+        race = race_to_loss(study, search, plans)
     winner = selection.winner
     if settings.objective == "time-to-loss":
         winner, _ = race_choice(selection, race, context.baseline_config)

@@ -53,6 +53,20 @@ class FakeClock:
         self.now += seconds
 
 
+def steps_on(trainer: object, step_s: float) -> FakeClock:
+    """A fake clock on which each of `trainer`'s optimizer steps (a real `Trainer`'s) takes
+    `step_s`."""
+    clock = FakeClock()
+    step = trainer.step  # type: ignore[attr-defined]
+
+    def timed_step(on_backward=None):  # type: ignore[no-untyped-def]
+        clock.advance(step_s)
+        return step(on_backward)
+
+    trainer.step = timed_step  # type: ignore[attr-defined]
+    return clock
+
+
 class Loader:
     """A DataLoader's workers on a `FakeClock`, as `ScriptedTrainer(wait_s=...)`: `workers`
     processes, each building every `workers`-th batch in `batch_s`, at most `prefetch` of its

@@ -21,7 +21,7 @@ from advisor.trial.child.racing import (
 )
 from advisor.trial.parent.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY
-from tests.trial.scripted import FakeClock
+from tests.trial.scripted import FakeClock, steps_on
 from tests.workloads.convergence import KNOWN_NOISE_SCALE
 
 CONVERGENCE = "tests/workloads/convergence.py"
@@ -119,14 +119,7 @@ def test_a_race_evaluates_evenly_in_training_time_until_its_time():
     task, _ = build_task(f"{TINY}:factory")
     task, held_out = held_out_split(task)
     trainer = Trainer(task, TrialConfig(batch_size=16), torch.device("cpu"))
-    clock = FakeClock()
-    step = trainer.step
-
-    def timed_step(on_backward=None):
-        clock.advance(STEP_S)
-        return step(on_backward)
-
-    trainer.step = timed_step  # type: ignore[method-assign]
+    clock = steps_on(trainer, STEP_S)
     seconds = EVALUATIONS * 4 * STEP_S  # an evaluation every fourth step
 
     curve = train_racer(trainer, task, held_out, seconds, clock=clock)

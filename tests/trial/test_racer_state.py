@@ -12,7 +12,7 @@ from advisor.trial.child.racer_state import load_racer, save_racer
 from advisor.trial.child.racing import held_out_split, train_racer
 from advisor.trial.parent.runner import TrialLaunch, run_trial
 from tests.conftest import ROOT, TINY
-from tests.trial.scripted import FakeClock
+from tests.trial.scripted import steps_on
 
 STEP_S = 1 / 64  # of training time, on a fake clock: exact in binary
 WARM_UP = LrPlan(scale=2.0, warmup_steps=100, rule="linear")  # still ramping when saved
@@ -29,22 +29,10 @@ def _trainer(spec: str = f"{TINY}:factory") -> tuple[Trainer, object, object]:
     )
 
 
-def _on_fake_clock(trainer: Trainer) -> FakeClock:
-    clock = FakeClock()
-    step = trainer.step
-
-    def timed_step(on_backward=None):
-        clock.advance(STEP_S)
-        return step(on_backward)
-
-    trainer.step = timed_step  # type: ignore[method-assign]
-    return clock
-
-
 def test_a_racer_that_goes_on_continues_its_training_and_its_curve(tmp_path):
     first, task, held_out = _trainer()
     curve = train_racer(
-        first, task, held_out, 40 * STEP_S, evaluations=10, clock=_on_fake_clock(first)
+        first, task, held_out, 40 * STEP_S, evaluations=10, clock=steps_on(first, STEP_S)
     )
     save_racer(first, tmp_path / "state.pt")
 
@@ -65,7 +53,7 @@ def test_a_racer_that_goes_on_continues_its_training_and_its_curve(tmp_path):
         80 * STEP_S,
         evaluations=10,  # one every 8 steps from the 40 the first race took
         continues=curve,
-        clock=_on_fake_clock(going_on),
+        clock=steps_on(going_on, STEP_S),
     )
     first.close()
     going_on.close()

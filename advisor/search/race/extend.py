@@ -17,6 +17,7 @@ that loss within them.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,9 +30,25 @@ from advisor.search.race.run import run_race
 from advisor.search.race.verdict import decide_race
 from advisor.search.records import StudyKey
 
-__all__ = ["go_on", "going_on", "why_not_go_on"]
+__all__ = ["RACE_STATES", "go_on", "going_on", "race_to_loss", "why_not_go_on"]
 
 AT_BATCH0 = ("baseline", "your batch")
+RACE_STATES = ".race-states"  # in the output folder: the racers' training states, while racing
+
+
+def race_to_loss(
+    study: optuna.Study, context: SearchContext, plans: Sequence[RacePlan]
+) -> RaceSummary:
+    """Race the plans, decide, and go on where the race kept the user's global batch; the
+    racers' training states lie in the output folder's `RACE_STATES` meanwhile (kept on an
+    interrupt: a resumed tune goes on from them)."""
+    settings = context.settings
+    states = settings.out_dir / RACE_STATES if settings.race_continue > 1 else None
+    race = decide_race(run_race(study, context, plans, states=states), settings.race_seconds)
+    race = go_on(study, context, race)
+    if states is not None:
+        shutil.rmtree(states, ignore_errors=True)
+    return race
 
 
 def why_not_go_on(race: RaceSummary, factor: float) -> str | None:
