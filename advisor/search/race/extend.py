@@ -80,6 +80,8 @@ def go_on(study: optuna.Study, context: SearchContext, race: RaceSummary) -> Rac
     factor = context.settings.race_continue
     why = why_not_go_on(race, factor)
     if why is not None:
+        if race.winner is not None and race.racers[race.winner].role in AT_BATCH0:
+            context.progress.stage(f"the race kept your global batch and does not go on: {why}")
         return race
     racers = going_on(race)
     horizon = factor * race.seconds
