@@ -124,3 +124,40 @@ def test_the_race_goes_on_only_where_it_kept_your_batch_against_another(tmp_path
     assert "no other global batch" in (why_not_go_on(decide_race([baseline], 5), 3.0) or "")
     Path(baseline.state or "").unlink()  # e.g. a resumed tune whose states were cleaned up
     assert "not saved" in (why_not_go_on(kept, 3.0) or "")
+
+
+def test_where_the_race_went_on_a_larger_batch_level_with_yours_wins_the_tie():
+    """Level at the longer horizon, a larger batch is ahead after it (phi grows as the loss
+    falls): it wins once the race went on, never in the first race, and a smaller batch or a
+    later one never does."""
+    curve = [4, 3, 2, 1.5, 1.2, 1.0]
+    baseline = _racer("baseline", SMALL, curve, None)
+    level = _racer("candidate", BIG, curve, None)
+    later = _racer("candidate", BIG, [4, 3.2, 2.4, 1.8, 1.3, 1.05, 1.0], None)
+    smaller = _racer("candidate", TrialConfig(batch_size=4), curve, None)
+
+    first = decide_race([baseline, level], 5)
+    went_on = decide_race([baseline, level], 5, went_on=True)
+
+    assert first.racers[first.winner].config == SMALL
+    assert went_on.racers[went_on.winner].config == BIG, went_on.verdict
+    assert "no later than the best at your global batch 8" in went_on.verdict
+    for other in (later, smaller):
+        kept = decide_race([baseline, other], 6, went_on=True)
+        assert kept.racers[kept.winner].config == SMALL, kept.verdict
+
+
+def test_a_larger_batch_going_on_trains_until_it_can_no_longer_be_level():
+    """In the first race a candidate stops once it can no longer beat the pick at your batch by
+    the margin; going on, a larger batch trains until the pick's time, where it can still be
+    level."""
+    from advisor.search.race.run import _horizon
+    from advisor.search.race.verdict import RACE_MARGIN
+
+    baseline = _racer("baseline", SMALL, [4, 3, 2, 1.5, 1.2, 1.0], None)
+    target = 1.0  # the baseline reached it after 5 s
+    first = RacePlan("candidate", 1, BIG, LrPlan(), 1000.0)
+    going = RacePlan("candidate", 1, BIG, LrPlan(), 1000.0, resumes=baseline)
+
+    assert _horizon(first, [baseline], target, 10) == 5 * (1 - RACE_MARGIN)
+    assert _horizon(going, [baseline], target, 10) == 5

@@ -11,8 +11,10 @@ and the other global batch that came nearest to winning. Each loads the training
 (`advisor.trial.child.racer_state`), so only the added seconds cost, and each stops as soon as
 it can no longer win (`advisor.search.race.run`). The verdict is then decided again
 (`decide_race`) at the baseline's lowest loss over the longer horizon, with the same margin and
-noise band; the racers that did not go on keep their curves, and win only where they reached
-that loss within them.
+noise band, but for a tie: a larger global batch level with the pick at the user's batch wins
+(`levels`: the horizon is still shorter than the user's run, and a larger batch gains as
+training goes on). The racers that did not go on keep their curves, and win only where they
+reached that loss within them.
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ def go_on(study: optuna.Study, context: SearchContext, race: RaceSummary) -> Rac
     plans = [RacePlan(r.role, r.trial, r.config, r.lr, r.samples_per_s, resumes=r) for r in racers]
     went_on = run_race(study, context, plans, horizon, key=StudyKey.RACERS_WENT_ON)
     merged = [_after(racer, went_on) for racer in race.racers]
-    decided = decide_race(merged, horizon)
+    decided = decide_race(merged, horizon, went_on=True)
     return decided.model_copy(update={"went_on_from": race.seconds, "first_verdict": race.verdict})
 
 

@@ -113,7 +113,7 @@ def _race_one(
     the race's training time and its held-out slice's samples at most."""
     seconds, held_out = lengths
     target = _target(racers)
-    horizon = _horizon(plan.role, racers, target, seconds)
+    horizon = _horizon(plan, racers, target, seconds)
     name = f"race-{plan.trial}-{count.split('/')[0]}"
     resumes = plan.resumes.curve if plan.resumes is not None else None
     if plan.resumes is not None and not _may_go_on(resumes, horizon, target):
@@ -187,12 +187,16 @@ def _target(racers: Sequence[Racer]) -> float | None:
     return reference.curve.best_loss if reference is not None and reference.curve else None
 
 
-def _horizon(role: str, racers: Sequence[Racer], target: float | None, seconds: float) -> float:
+def _horizon(
+    plan: RacePlan, racers: Sequence[Racer], target: float | None, seconds: float
+) -> float:
     """How long a racer trains: the whole race until the target is set; after, only as long
     as it can still win. The best at the user's batch loses to the baseline once it is past the
-    baseline's time by the margin; another batch must beat the pick at the user's batch by it."""
+    baseline's time by the margin; another batch must beat the pick at the user's batch by it,
+    or, a larger one going on, be level with it (`levels`)."""
     if target is None:
         return seconds
+    role = plan.role
     timed = [
         r.model_copy(update={"time_to_target_s": time_to_loss(r.curve, target)})
         for r in racers
@@ -203,6 +207,12 @@ def _horizon(role: str, racers: Sequence[Racer], target: float | None, seconds: 
         rival = next((r.time_to_target_s for r in at_batch0 if r.role == "baseline"), None)
         limit = rival / (1 - RACE_MARGIN) if rival is not None else seconds
     else:
-        rival = timed[pick_at_batch0(timed)].time_to_target_s if at_batch0 else None
-        limit = rival * (1 - RACE_MARGIN) if rival is not None else seconds
+        pick = timed[pick_at_batch0(timed)] if at_batch0 else None
+        rival = pick.time_to_target_s if pick is not None else None
+        level = (
+            plan.resumes is not None
+            and pick is not None
+            and plan.config.global_batch_size > pick.config.global_batch_size
+        )
+        limit = rival * (1 if level else 1 - RACE_MARGIN) if rival is not None else seconds
     return max(min(seconds, limit), SHORTEST_RACE * seconds)

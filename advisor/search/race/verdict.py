@@ -8,7 +8,10 @@ fastest configuration at the user's global batch B0 is kept, unless it reached t
 clearly later than the baseline (its numerics cost more than its speed gains). Where the
 baseline's evaluations are noisy, the verdict must also hold at that loss plus twice their
 noise (`RaceCurve.target_losses`), and the smaller claim is the one made, unless the winner at
-the lowest loss ended the race settled below it by more than that band. Pure functions
+the lowest loss ended the race settled below it by more than that band. A race that went on
+(`advisor.search.race.extend`) breaks a tie the other way: a larger global batch that reached
+every target no later than the pick at B0 wins (`levels`), since the horizon is still shorter
+than the user's run and a larger batch gains as training goes on. Pure functions
 of the racers, so the race (`advisor.search.race.run`) can also ask, while it runs, how long a
 racer may still train before it can no longer win.
 """
@@ -28,6 +31,7 @@ __all__ = [
     "RACE_MARGIN",
     "beats",
     "decide_race",
+    "levels",
     "pick_at_batch0",
     "time_to_loss",
     "timed_to",
@@ -52,8 +56,9 @@ def time_to_loss(curve: RaceCurve, target: float) -> float | None:
     return None
 
 
-def decide_race(racers: Sequence[Racer], seconds: float) -> RaceSummary:
-    """Time each racer to the baseline's target loss and choose (see the module's doc)."""
+def decide_race(racers: Sequence[Racer], seconds: float, *, went_on: bool = False) -> RaceSummary:
+    """Time each racer to the baseline's target loss and choose (see the module's doc); a race
+    that `went_on` gives a tie to the larger global batch (`levels`)."""
     reference = reference_racer(racers)
     if reference is None or reference.curve is None:
         failed = next((r for r in racers if r.role in ("baseline", "your batch")), None)
@@ -75,7 +80,7 @@ def decide_race(racers: Sequence[Racer], seconds: float) -> RaceSummary:
             winner=None,
             verdict=_no_fall_verdict(reference.curve, seconds),
         )
-    verdicts = [_verdict_at(racers, target) for target in reference.curve.target_losses]
+    verdicts = [_verdict_at(racers, target, went_on) for target in reference.curve.target_losses]
     # It must hold at every target: kept if kept at one, else the smallest claim; unless the
     # winner at the lowest loss settled below the band (`_settled_win`).
     chosen = _settled_win(verdicts)
@@ -111,14 +116,18 @@ class _Verdict(NamedTuple):
     text: str
 
 
-def _verdict_at(racers: Sequence[Racer], target: float) -> _Verdict:
+def _verdict_at(racers: Sequence[Racer], target: float, went_on: bool = False) -> _Verdict:
     """Time each racer to `target` and choose: the candidate that reached it soonest, if it beat
-    the pick at the user's batch by the margin; else that pick."""
+    the pick at the user's batch by the margin (or, in a race that `went_on`, `levels` it);
+    else that pick."""
     timed = timed_to(racers, target)
     at_batch0 = pick_at_batch0(timed)
     best = _best_candidate(timed)
     if best is not None and beats(timed[best], timed[at_batch0]):
         text = _won_verdict(timed, best, at_batch0, target)
+        return _Verdict(target, timed, best, at_batch0, text)
+    if best is not None and went_on and levels(timed[best], timed[at_batch0]):
+        text = _level_verdict(timed, best, at_batch0, target)
         return _Verdict(target, timed, best, at_batch0, text)
     text = _kept_verdict(timed, at_batch0, best, target)
     return _Verdict(target, timed, at_batch0, at_batch0, text)
@@ -200,12 +209,35 @@ def beats(first: Racer, second: Racer) -> bool:
     return first.time_to_target_s < second.time_to_target_s * (1 - RACE_MARGIN)
 
 
+def levels(candidate: Racer, pick: Racer) -> bool:
+    """Whether `candidate`, of a larger global batch than `pick`, reached the target no later.
+    Judged only where the race went on: the race's horizon is still shorter than the user's
+    run, and the gradient noise scale grows as the loss falls (McCandlish et al. 2018), so a
+    larger batch that is level at the horizon is ahead after it. A smaller batch is not."""
+    if candidate.config.global_batch_size <= pick.config.global_batch_size:
+        return False
+    if candidate.time_to_target_s is None:
+        return False
+    return pick.time_to_target_s is None or candidate.time_to_target_s <= pick.time_to_target_s
+
+
 def _won_verdict(racers: Sequence[Racer], winner: int, kept: int, target: float) -> str:
     won, other = racers[winner], racers[kept]
     return (
         f"{won.label} (global batch {won.config.global_batch_size}) reached your race "
         f"loss {target:.4g} after {won.time_to_target_s:.1f} s of training, against "
         f"{_seconds(other)} for the best at your global batch {other.config.global_batch_size}"
+    )
+
+
+def _level_verdict(racers: Sequence[Racer], winner: int, kept: int, target: float) -> str:
+    won, other = racers[winner], racers[kept]
+    return (
+        f"{won.label} (global batch {won.config.global_batch_size}) reached your race "
+        f"loss {target:.4g} after {won.time_to_target_s:.1f} s of training, no later than the "
+        f"best at your global batch {other.config.global_batch_size} ({_seconds(other)}), "
+        f"though by less than {RACE_MARGIN:.0%}: a larger batch gains as training goes on, so "
+        "level here it is ahead over a run longer than the race"
     )
 
 
