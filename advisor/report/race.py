@@ -170,7 +170,8 @@ def baseline_kept(rec: Recommendation) -> tuple[str, str] | None:
         )
     return (
         "Your configuration reached your loss soonest",
-        "the configurations with more samples/s did not reach it sooner in the race",
+        "no configuration with more samples/s reached it more than 15 % sooner in the race "
+        "(see its verdict)",
     )
 
 

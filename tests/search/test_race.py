@@ -303,6 +303,32 @@ def test_a_faster_config_at_your_batch_that_learns_worse_gives_way_to_yours():
     assert race.winner == 0
 
 
+def test_a_change_of_precision_at_your_batch_must_earn_its_place_by_the_margin():
+    """bf16 that wins by less than the margin, in the race and in samples/s, gives way to your
+    precision; by the margin in either, it stands. A knob that keeps the precision needs no
+    margin: it trains the same steps."""
+    bf16 = TrialConfig(batch_size=8, amp="bf16")
+    baseline = _racer("baseline", SMALL, [4, 3, 2, 1.5, 1.2, 1.0]).model_copy(
+        update={"samples_per_s": 100.0}
+    )
+    level = _racer("your batch", bf16, [4, 2.9, 1.9, 1.4, 1.1, 1.0, 0.9])  # 1.0 at 5 s
+
+    def kept(faster: Racer, rate: float) -> TrialConfig:
+        racers = [baseline, faster.model_copy(update={"samples_per_s": rate})]
+        race = decide_race(racers, 5)
+        return race.racers[race.winner].config
+
+    assert kept(level, 110.0) == SMALL
+    assert "your precision is kept" in decide_race(
+        [baseline, level.model_copy(update={"samples_per_s": 110.0})], 5
+    ).verdict
+    assert kept(level, 120.0) == bf16  # 1.2x the samples/s
+    sooner = _racer("your batch", bf16, [4, 2, 1.2, 1.0, 0.9, 0.8])  # 1.0 at 3 s
+    assert kept(sooner, 103.0) == bf16
+    workers = level.model_copy(update={"config": TrialConfig(batch_size=8, num_workers=1)})
+    assert kept(workers, 103.0) == workers.config
+
+
 def _record(number: int, batch: int, rate: float) -> TrialRecord:
     config = TrialConfig(batch_size=batch)
     result = TrialResult(config=config, status="ok", samples_per_s=rate)

@@ -35,6 +35,7 @@ __all__ = [
     "pick_at_batch0",
     "time_to_loss",
     "timed_to",
+    "unearned_precision",
 ]
 
 # A racer must reach the loss this much sooner than the best at the user's batch to win:
@@ -161,14 +162,33 @@ def _speedup(verdict: _Verdict) -> float:
 
 def pick_at_batch0(racers: Sequence[Racer]) -> int:
     """The fastest configuration at the user's batch, unless it reached the loss clearly later
-    than the baseline (its numerics cost more than its speed gains): then the baseline."""
+    than the baseline (its numerics cost more than its speed gains), or it changes the
+    precision and earned that by neither margin (`unearned_precision`): then the baseline."""
     baseline = next(i for i, r in enumerate(racers) if r.role in ("baseline", "your batch"))
     faster = next((i for i, r in enumerate(racers) if r.role == "your batch"), None)
     if faster is None or racers[baseline].role != "baseline":
         return faster if faster is not None else baseline
     if beats(racers[baseline], racers[faster]):
         return baseline
+    if unearned_precision(racers[faster], racers[baseline]):
+        return baseline
     return faster
+
+
+def unearned_precision(faster: Racer, baseline: Racer) -> bool:
+    """Whether `faster` trains in another precision (amp) than the baseline without earning it:
+    it ran less than `RACE_MARGIN` more samples/s and did not reach the loss more than the
+    margin sooner. Lower precision can leave the loss a little higher late in a run, where the
+    race does not look: on examples/hf_gpt2.py bf16 ran 1.03x the samples/s at batch 16, won its
+    10-s race by less than the margin, and reached fp32's lowest 60-s loss in none of 3 runs
+    against 2 of 3 (docs/benchmarks.md, "convergence"). A change of batch must win the race by
+    the margin; a change of precision must win by it too, in the race or in samples/s."""
+    if faster.config.amp == baseline.config.amp:
+        return False
+    rates = (faster.samples_per_s, baseline.samples_per_s)
+    if rates[0] and rates[1] and rates[0] >= rates[1] * (1 + RACE_MARGIN):
+        return False
+    return not beats(faster, baseline)
 
 
 def _best_candidate(racers: Sequence[Racer]) -> int | None:
@@ -246,13 +266,32 @@ def _kept_verdict(racers: Sequence[Racer], kept: int, best: int | None, target: 
     text = (
         f"the best at your global batch {chosen.config.global_batch_size} ({chosen.label}) "
         f"reached your race loss {target:.4g} after {_seconds(chosen)}"
-    )
+    ) + _precision_kept(racers, kept)
     if best is None:
         return text + "; no other global batch reached it"
     other = racers[best]
     return (
         f"{text}; no other global batch did more than {RACE_MARGIN:.0%} sooner (best: "
         f"{other.label}, {_seconds(other)})"
+    )
+
+
+def _precision_kept(racers: Sequence[Racer], kept: int) -> str:
+    """Why the baseline stands for the user's batch where a faster racer there changed the
+    precision without earning it; empty otherwise."""
+    faster = next((r for r in racers if r.role == "your batch"), None)
+    chosen = racers[kept]
+    if faster is None or chosen.role != "baseline" or not unearned_precision(faster, chosen):
+        return ""
+    rate = (
+        f"{faster.samples_per_s / chosen.samples_per_s:.2f}x your samples/s, "
+        if faster.samples_per_s and chosen.samples_per_s
+        else ""
+    )
+    return (
+        f" (with amp={faster.config.amp}, {faster.label} ran {rate}reached it after "
+        f"{_seconds(faster)}: a change of precision must earn its place by {RACE_MARGIN:.0%}, in "
+        "samples/s or in the race, so your precision is kept)"
     )
 
 
