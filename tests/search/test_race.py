@@ -319,9 +319,10 @@ def test_a_change_of_precision_at_your_batch_must_earn_its_place_by_the_margin()
         return race.racers[race.winner].config
 
     assert kept(level, 110.0) == SMALL
-    assert "your precision is kept" in decide_race(
-        [baseline, level.model_copy(update={"samples_per_s": 110.0})], 5
-    ).verdict
+    assert (
+        "your precision is kept"
+        in decide_race([baseline, level.model_copy(update={"samples_per_s": 110.0})], 5).verdict
+    )
     assert kept(level, 120.0) == bf16  # 1.2x the samples/s
     sooner = _racer("your batch", bf16, [4, 2, 1.2, 1.0, 0.9, 0.8])  # 1.0 at 3 s
     assert kept(sooner, 103.0) == bf16
