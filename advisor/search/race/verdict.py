@@ -128,7 +128,7 @@ def _verdict_at(racers: Sequence[Racer], target: float, went_on: bool = False) -
         text = _won_verdict(timed, best, at_batch0, target)
         return _Verdict(target, timed, best, at_batch0, text)
     if best is not None and went_on and levels(timed[best], timed[at_batch0]):
-        text = _level_verdict(timed, best, at_batch0, target)
+        text = _won_verdict(timed, best, at_batch0, target, level=True)
         return _Verdict(target, timed, best, at_batch0, text)
     text = _kept_verdict(timed, at_batch0, best, target)
     return _Verdict(target, timed, at_batch0, at_batch0, text)
@@ -241,23 +241,24 @@ def levels(candidate: Racer, pick: Racer) -> bool:
     return pick.time_to_target_s is None or candidate.time_to_target_s <= pick.time_to_target_s
 
 
-def _won_verdict(racers: Sequence[Racer], winner: int, kept: int, target: float) -> str:
+def _won_verdict(
+    racers: Sequence[Racer], winner: int, kept: int, target: float, level: bool = False
+) -> str:
+    """The verdict for a candidate that won: by the margin, or `level` in a race that went on."""
     won, other = racers[winner], racers[kept]
-    return (
+    text = (
         f"{won.label} (global batch {won.config.global_batch_size}) reached your race "
-        f"loss {target:.4g} after {won.time_to_target_s:.1f} s of training, against "
-        f"{_seconds(other)} for the best at your global batch {other.config.global_batch_size}"
+        f"loss {target:.4g} after {won.time_to_target_s:.1f} s of training, "
     )
-
-
-def _level_verdict(racers: Sequence[Racer], winner: int, kept: int, target: float) -> str:
-    won, other = racers[winner], racers[kept]
-    return (
-        f"{won.label} (global batch {won.config.global_batch_size}) reached your race "
-        f"loss {target:.4g} after {won.time_to_target_s:.1f} s of training, no later than the "
-        f"best at your global batch {other.config.global_batch_size} ({_seconds(other)}), "
-        f"though by less than {RACE_MARGIN:.0%}: a larger batch gains as training goes on, so "
-        "level here it is ahead over a run longer than the race"
+    if not level:
+        return text + (
+            f"against {_seconds(other)} for the best at your global batch "
+            f"{other.config.global_batch_size}"
+        )
+    return text + (
+        f"no later than the best at your global batch {other.config.global_batch_size} "
+        f"({_seconds(other)}), though by less than {RACE_MARGIN:.0%}: a larger batch gains as "
+        "training goes on, so level here it is ahead over a run longer than the race"
     )
 
 
