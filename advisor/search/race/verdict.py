@@ -264,9 +264,14 @@ def _won_verdict(
 
 def _kept_verdict(racers: Sequence[Racer], kept: int, best: int | None, target: float) -> str:
     chosen = racers[kept]
+    batch = chosen.config.global_batch_size
+    who = (
+        "your configuration"
+        if chosen.role == "baseline"
+        else f"the best at your global batch {batch}"
+    )
     text = (
-        f"the best at your global batch {chosen.config.global_batch_size} ({chosen.label}) "
-        f"reached your race loss {target:.4g} after {_seconds(chosen)}"
+        f"{who} ({chosen.label}) reached your race loss {target:.4g} after {_seconds(chosen)}"
     ) + _precision_kept(racers, kept)
     if best is None:
         return text + "; no other global batch reached it"
