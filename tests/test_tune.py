@@ -20,6 +20,7 @@ import advisor
 from advisor import TuneResult
 from advisor.recommendation import Recommendation
 from advisor.report.render import render_html
+from advisor.search.race.verdict import pick_at_batch0
 from tests.browser import needs_chromium, rendered_dom, screenshot
 from tests.conftest import ROOT, TINY, run_advisor, trials_counted
 
@@ -404,7 +405,8 @@ def test_a_one_trial_study_reports_the_baseline_without_claims_it_cannot_back(tm
 def test_a_race_from_the_same_weights_decides_and_the_reports_show_it(first_run):
     rec = first_run.recommendation
     race = rec.race
-    assert rec.objective == "time-to-loss" and race is not None and race.seconds == 1.0
+    assert rec.objective == "time-to-loss" and race is not None
+    assert (race.went_on_from or race.seconds) == 1.0  # 3 s if it kept your batch and went on
     baseline = race.racers[0]
     assert baseline.role == "baseline" and baseline.config == rec.baseline_config
     curves = [r.curve for r in race.racers if r.curve]
@@ -412,8 +414,11 @@ def test_a_race_from_the_same_weights_decides_and_the_reports_show_it(first_run)
     assert race.target_loss in baseline.curve.target_losses  # its lowest, or that plus the noise
     winner = race.racers[race.winner]
     assert (winner.config, winner.lr) == (rec.config, rec.lr)
-    if rec.global_batch_changed:  # a changed batch must have won the race by the margin
+    if rec.global_batch_changed and race.went_on_from is None:  # won by the margin
         assert winner.time_to_target_s < 0.85 * baseline.time_to_target_s
+    elif rec.global_batch_changed:  # where the race went on, level with the pick is enough
+        pick = race.racers[pick_at_batch0(race.racers)]
+        assert winner.time_to_target_s <= pick.time_to_target_s
     assert rec.noise_scale is not None and rec.noise_scale.big_batch == 8 * 32
     # An earlier test resumed this study with more trials: the files hold that tune's race.
     stored = Recommendation.model_validate_json(

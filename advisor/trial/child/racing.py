@@ -131,8 +131,10 @@ def train_racer(
         loss = evaluate() if evaluate else train_loss
         points.append(RacePoint(seconds=trained_s, samples=samples, steps=steps, loss=loss))
         next_at = (math.floor(trained_s / interval) + 1) * interval
-        evaluated = len(points) - (evaluate is not None)  # the initial one left out
-        if track_noise and evaluated % (evaluations // TRACK_POINTS) == 0:
+        # At the first evaluation at or past each of TRACK_POINTS even shares of the run (half
+        # an interval's grace for rounding): a step longer than an interval skips a point of the
+        # grid, never a probe.
+        if track_noise and trained_s >= len(track) * seconds / TRACK_POINTS - interval / 2:
             track.append(_noise_probe(trainer, points[-1], probe_s))
         reached = target is not None and loss <= target
         if _rank_zero_says(trained_s >= seconds or reached, trainer):
