@@ -144,7 +144,12 @@ def recommendation_table(rec: Recommendation) -> Table:
         str(rec.config.global_batch_size),
         str(rec.baseline_config.global_batch_size),
     )
-    base = f"{rec.baseline_samples_per_s:,.0f}" if rec.baseline_samples_per_s else "failed"
+    if rec.baseline_samples_per_s:
+        base = f"{rec.baseline_samples_per_s:,.0f}"
+    elif rec.memory_budget is not None and rec.memory_budget.baseline_over:
+        base = "over budget"
+    else:
+        base = "failed"
     table.add_row("samples/s", f"{rec.samples_per_s:,.0f}", base)
     return table
 
@@ -157,7 +162,7 @@ def hardware_table(hardware: HardwareProfile) -> Table:
     cpu = escape(hardware.cpu_model)
     table.add_row("CPU", f"{cpu}, {hardware.cores} cores, {hardware.cpu_capability}")
     table.add_row("CPU bf16", "native (AVX512-BF16/AMX)" if hardware.cpu_bf16 else "emulated")
-    table.add_row("memory", f"{hardware.memory_bytes / 2**30:.1f} GiB")
+    table.add_row("memory", f"{hardware.memory_bytes / 2**30:.1f} GiB, {hardware.allocator}")
     if hardware.cpu_peak_flops:
         table.add_row("CPU matmul peak", _peaks(hardware.cpu_peak_flops))
     table.add_row("Python / torch", f"{hardware.python_version} / {hardware.torch_version}")

@@ -43,6 +43,7 @@ class BudgetSummary(_Frozen):
     over: tuple[tuple[int, int], ...]  # (trial, peak) of those over the budget
     baseline_peak: int | None
     checkpointing: str | None = None  # what activation checkpointing bought, in a sentence
+    allocator_note: str | None = None  # where the host's allocator keeps freed memory
 
     @property
     def baseline_over(self) -> bool:
@@ -60,4 +61,5 @@ class BudgetSummary(_Frozen):
         text += f"{gib(peaks[0])}" + (f" to {gib(peaks[-1])})" if len(peaks) > 1 else ")")
         if self.baseline_over:
             text += f"; your configuration among them, at {gib(self.baseline_peak or 0)}"
-        return text + (f". {self.checkpointing}" if self.checkpointing else "")
+        text += f". {self.checkpointing}" if self.checkpointing else ""
+        return text + (f" ({self.allocator_note})" if self.allocator_note else "")

@@ -66,6 +66,12 @@ class HardwareProfile(_Frozen):
     cpu_peak_flops: dict[str, float] = Field(
         default_factory=dict, description="measured matmul FLOP/s on all usable cores, by dtype"
     )
+    allocator: str = Field(
+        "glibc", description="the malloc trials ran under: glibc, or a preloaded mimalloc, ..."
+    )
+    allocator_preload: str | None = Field(
+        None, description="the allocator library in LD_PRELOAD, which a run must preload too"
+    )
 
     @property
     def has_cuda(self) -> bool:

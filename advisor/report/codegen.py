@@ -78,6 +78,7 @@ def render_launch_script(recommendation: Recommendation) -> str:
         .render(
             config=config,
             threads=config.main_process_threads(recommendation.hardware.cores),
+            preload=recommendation.hardware.allocator_preload,
         )
     )
 

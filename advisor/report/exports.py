@@ -11,6 +11,7 @@ the device, the learning rate, the launch line.
 from __future__ import annotations
 
 import json
+import shlex
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,10 +166,16 @@ def _threads(rec: Recommendation) -> str:
     return f"OMP_NUM_THREADS={rec.config.main_process_threads(rec.hardware.cores)} "
 
 
+def _preload(rec: Recommendation) -> str:
+    """The launch line's allocator, where advisor measured under a preloaded one."""
+    preload = rec.hardware.allocator_preload
+    return f"LD_PRELOAD={shlex.quote(preload)} " if preload else ""
+
+
 def _launch(rec: Recommendation, env: str = "") -> str:
     """How to start the user's script as measured: torchrun for DDP, else plain python."""
     config = rec.config
-    prefix = _threads(rec) + env
+    prefix = _threads(rec) + _preload(rec) + env
     if config.distributed:
         return f"{prefix}torchrun --standalone --nproc_per_node={config.world_size} {_SCRIPT}"
     if config.device == "cuda" and config.parallel_mode == "none" and len(rec.hardware.gpus) > 1:

@@ -221,6 +221,7 @@ def confirmed_recommendation(
                 rec.baseline_samples_per_s,
                 settings,
                 race,
+                baseline_over=rec.memory_budget is not None and rec.memory_budget.baseline_over,
             ),
         }
     )
@@ -298,6 +299,13 @@ def _recommendation(
 ) -> Recommendation:
     config, baseline = winner.result.config, context.baseline_config
     effects = knob_effects(trials)
+    memory = budget_summary(
+        settings.memory_budget,
+        settings.memory_headroom,
+        trials,
+        context.hardware,
+        config.global_batch_size,
+    )
     return Recommendation(
         provisional=provisional,
         advisor_version=context.advisor_version,
@@ -314,7 +322,11 @@ def _recommendation(
         baseline_runs=baseline_runs,
         global_batch_changed=config.global_batch_size != baseline.global_batch_size,
         warnings=_warnings(
-            config.global_batch_size, baseline.global_batch_size, baseline_samples_per_s, settings
+            config.global_batch_size,
+            baseline.global_batch_size,
+            baseline_samples_per_s,
+            settings,
+            baseline_over=memory is not None and memory.baseline_over,
         ),
         fixed_knobs=context.fixed_knobs,
         parallel_best=best_by_layout(trials, confirmations),
@@ -322,13 +334,7 @@ def _recommendation(
         rejected_values=rejected_values(trials),
         bottleneck=diagnose(winner, effects),
         efficiency=efficiency(config, samples_per_s, context.task, context.hardware),
-        memory_budget=budget_summary(
-            settings.memory_budget,
-            settings.memory_headroom,
-            trials,
-            context.hardware,
-            config.global_batch_size,
-        ),
+        memory_budget=memory,
         hardware=context.hardware,
         task=context.task,
         storage=mask_url(settings.storage_url),
@@ -343,6 +349,7 @@ def _warnings(
     baseline_rate: float | None,
     settings: TuneSettings,
     race: RaceSummary | None = None,
+    baseline_over: bool = False,
 ) -> tuple[str, ...]:
     warnings = []
     if batch != baseline_batch and race is None:
@@ -365,7 +372,12 @@ def _warnings(
             "and races a batch that grows with it"
         )
     if baseline_rate is None:
-        warnings.append("the baseline configuration failed: no speed-up can be stated")
+        warnings.append(
+            "your configuration does not fit the memory budget: no speed-up over it can be "
+            "stated; the memory line says what fits"
+            if baseline_over
+            else "the baseline configuration failed: no speed-up can be stated"
+        )
     return tuple(warnings)
 
 

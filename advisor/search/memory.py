@@ -16,12 +16,26 @@ from advisor.memory_budget import MemoryBudget, gib
 from advisor.memory_limit import BudgetSummary, MemoryLimit
 from advisor.results import HardwareProfile, TrialRecord
 
-__all__ = ["budget_summary", "memory_gate", "memory_limit", "over_memory", "uses_memory_knob"]
+__all__ = [
+    "GLIBC_NOTE",
+    "budget_summary",
+    "memory_gate",
+    "memory_limit",
+    "over_memory",
+    "uses_memory_knob",
+]
 
 MEMORY_GATE = (
     "memory has not bound yet: activation checkpointing and FSDP trade speed for memory, so "
     "without --memory-budget they are measured once a trial runs out of memory or comes within "
     "--memory-headroom"
+)
+
+# Measured: docs/method.md, "Memory".
+GLIBC_NOTE = (
+    "under glibc's malloc, which keeps freed buffers in its heaps, checkpointing lowers a CPU "
+    "trial's resident peak far less than what its tensors need; preload mimalloc to measure "
+    "under an allocator that reuses them: LD_PRELOAD=$(python -m advisor.allocator)"
 )
 
 
@@ -88,6 +102,7 @@ def budget_summary(
         trade = _checkpointing_trade(measured, baseline.result.config.global_batch_size, limit)
     return BudgetSummary(
         checkpointing=trade,
+        allocator_note=GLIBC_NOTE if trade and _under_glibc(limit, hardware) else None,
         limit=limit,
         ran=len(measured),
         over=tuple(
@@ -97,6 +112,11 @@ def budget_summary(
         ),
         baseline_peak=baseline.result.peak_memory_bytes if baseline else None,
     )
+
+
+def _under_glibc(limit: MemoryLimit, hardware: HardwareProfile) -> bool:
+    """Whether the peaks are resident memory under glibc's malloc (see `GLIBC_NOTE`)."""
+    return limit.where == "host" and hardware.allocator == "glibc"
 
 
 def _checkpointing_trade(

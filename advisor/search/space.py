@@ -329,10 +329,7 @@ def _add_batch_sizes(
             )
         space.search("batch_size", tuple(micro))
         return
-    user = task.user_batch_size
-    wanted = settings.batch_sizes or tuple(
-        sorted({max(1, user * 2**k if k >= 0 else user >> -k) for k in BATCH_SCALES})
-    )
+    wanted = settings.batch_sizes or _batch_sizes_around(settings, task.user_batch_size)
     sizes = tuple(b for b in wanted if b <= limit)
     if not sizes:
         raise SettingsError(
@@ -340,6 +337,16 @@ def _add_batch_sizes(
             "pass smaller --batch-sizes"
         )
     space.search("batch_size", sizes)
+
+
+def _batch_sizes_around(settings: TuneSettings, user: int) -> tuple[int, ...]:
+    """Powers of two around the user's batch size; under `--memory-budget` also each split of it
+    by an accumulation choice, so that your global batch can be kept without a memory knob
+    where your micro-batch does not fit (8 x 4 for your 32, 4 x 8 too)."""
+    sizes = {max(1, user * 2**k if k >= 0 else user >> -k) for k in BATCH_SCALES}
+    if settings.memory_budget is not None:
+        sizes |= {user // a for a in settings.accumulation_steps if user % a == 0}
+    return tuple(sorted(sizes))
 
 
 def _accumulation_choices(settings: TuneSettings) -> tuple[int, ...]:

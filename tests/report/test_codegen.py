@@ -14,10 +14,12 @@ import numpy
 import pytest
 import torch
 
+from advisor.allocator import mimalloc_library
 from advisor.convergence import BatchSchedule, LrPlan, ScheduleStage
 from advisor.knobs import TrialConfig
 from advisor.recommendation import Racer, Recommendation, ScheduleSummary
 from advisor.report.codegen import render_launch_script, render_training_script
+from advisor.report.exports import render_export
 from advisor.results import HardwareProfile, TrialResult
 from advisor.search.checks import preflight
 from advisor.task import build_task
@@ -331,3 +333,24 @@ def test_user_strings_become_inert_python_literals(tmp_path):
     source = render_training_script(hostile, tmp_path)
     module = compile(source, "train.py", "exec")
     assert "killpg" not in module.co_names  # the payload stayed inside the docstring
+
+
+def test_launch_sh_and_the_exports_start_the_run_under_the_allocator_measured(tmp_path):
+    rec = _recommendation(f"{TINY}:factory", TrialConfig(batch_size=64))
+    glibc = rec.hardware.model_copy(update={"allocator": "glibc", "allocator_preload": None})
+    assert "LD_PRELOAD" not in render_launch_script(rec.model_copy(update={"hardware": glibc}))
+    library = mimalloc_library()
+    if library is None:
+        pytest.skip("cmeel-mimalloc is not installed")
+    measured = glibc.model_copy(update={"allocator": "mimalloc", "allocator_preload": str(library)})
+    rec = rec.model_copy(update={"hardware": measured})
+    (tmp_path / "launch.sh").write_text(render_launch_script(rec))
+    # A stand-in train.py that says what it runs under: launch.sh starts it as it would yours.
+    (tmp_path / "train.py").write_text(
+        "from advisor.allocator import running_allocator\nprint(running_allocator())\n"
+    )
+    env_free = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "environ", env_free)
+        assert _launch(tmp_path).stdout.strip() == "mimalloc"
+    assert f"LD_PRELOAD={library} " in render_export(rec, "hf")

@@ -211,6 +211,17 @@ def test_batch_sizes_are_capped_by_the_dataset_and_explicit_lists_win():
         build_space(TuneSettings(spec="a.py:f", batch_sizes="128,256"), CPU, small)
 
 
+def test_under_a_budget_your_batch_can_be_split_by_every_accumulation_choice():
+    # Your 32 over the budget can be kept as 4 x 8 without a memory knob: 4 is in the space.
+    # Without a budget the space is unchanged.
+    budget = TuneSettings(spec="a.py:f", memory_budget="1GiB")
+    assert build_space(budget, CPU, TASK).domains["batch_size"] == (
+        4, 8, 16, 32, 64, 128, 256, 512, 1024,
+    )  # fmt: skip
+    three = TuneSettings(spec="a.py:f", memory_budget="1GiB", accumulation_steps=(1, 2, 3))
+    assert build_space(three, CPU, TASK).domains["batch_size"][0] == 8  # 32 / 3 is no split
+
+
 def test_iterable_dataset_keeps_num_workers_at_zero_with_reason():
     stream = TASK.model_copy(update={"iterable": True, "dataset_size": None})
     space = build_space(TuneSettings(spec="a.py:f"), CPU, stream)

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 import psutil
 import torch
 
+from advisor.allocator import preloaded_allocator, running_allocator
 from advisor.results import GpuInfo, HardwareProfile
 
 __all__ = ["matmul_flops", "probe", "usable_cores", "write_profile"]
@@ -55,6 +56,8 @@ def probe() -> HardwareProfile:
         cudnn_version=torch.backends.cudnn.version() if cuda else None,
         gpus=tuple(_gpu(index) for index in range(torch.cuda.device_count())) if cuda else (),
         cpu_peak_flops=matmul_flops(torch.device("cpu"), (torch.float32, torch.bfloat16)),
+        allocator=running_allocator(),
+        allocator_preload=preloaded_allocator(),
     )
 
 
