@@ -2,11 +2,14 @@
 recommendation against the fastest configuration without the knob that kept within the budget.
 
     python -m benchmarks.memory_budget examples/deep_gpt2.py:factory --budget 1.5GiB
+    LD_PRELOAD=$(python -m advisor.allocator) python -m benchmarks.memory_budget \\
+        examples/narrow_gpt2.py:factory --budget 460MiB --global-batch-size 64
 
-`advisor tune` (default settings, `--trials`) in a fresh process; then, as fresh isolated trials
-after the tune, interleaved (`remeasure.py`), `--repeats` pairs of the recommendation and of the
-search's fastest configuration at the same global batch with activation checkpointing off and
-a peak within the budget. Prints one Markdown row: both configurations, their re-measured
+`advisor tune` (default settings, `--trials`, and any option this script does not know) in a
+fresh process; then, as fresh isolated trials after the tune, interleaved (`remeasure.py`),
+`--repeats` pairs of the recommendation and of the search's fastest configuration at the same
+global batch with activation checkpointing off and a peak within the budget. Prints the
+allocator, the race's verdict and one Markdown row: both configurations, their re-measured
 samples/s and peaks, the paired speed-up, and whether any re-run went over the budget.
 """
 
@@ -27,9 +30,11 @@ from advisor.trial.parent.runner import TrialLaunch, run_trial
 from benchmarks.remeasure import paired_speedup
 
 
-def tune(spec: str, out: Path, budget: str, trials: int) -> tuple[Recommendation, float]:
+def tune(
+    spec: str, out: Path, budget: str, trials: int, extra: list[str]
+) -> tuple[Recommendation, float]:
     command = [sys.executable, "-m", "advisor", "tune", spec, "--out", str(out), "--quiet"]
-    command += ["--memory-budget", budget, "--trials", str(trials)]
+    command += ["--memory-budget", budget, "--trials", str(trials), *extra]
     started = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - started
@@ -57,15 +62,16 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--trial-seconds", type=float, default=3.0, help="of the re-measurement")
-    args = parser.parse_args()
+    args, extra = parser.parse_known_args()  # the rest goes to `advisor tune`
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
-        rec, wall = tune(args.spec, out, args.budget, args.trials)
+        rec, wall = tune(args.spec, out, args.budget, args.trials, extra)
         summary = rec.memory_budget
         limit = summary.limit.bytes if summary else MemoryBudget.model_validate(args.budget).bytes
         assert limit is not None, "give the budget in bytes with a unit"
         other = best_without_knob(out, rec, limit)
         print(f"tune: {wall:.0f} s; {summary.statement if summary else 'no budget summary'}")
+        print(f"allocator: {rec.hardware.allocator}; race: {rec.race.verdict if rec.race else '-'}")
         if other is None or other == rec.config:
             print(f"recommended {rec.config.label()}: nothing without the knob to compare with")
             return

@@ -39,11 +39,15 @@ def trials_counted(attrs: list[dict]) -> int:
     return len(ran) + len({a["derived_from"] for a in attrs if "derived_from" in a})
 
 
-def run_advisor(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """`python -m advisor ARGS` from the repository root, as a user runs it."""
+def run_advisor(
+    *args: str, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m advisor ARGS` from the repository root, as a user runs it (`env`: variables
+    set for it, on top of this process's)."""
     return subprocess.run(
         [sys.executable, "-m", "advisor", *args],
         cwd=ROOT,
+        env={**os.environ, **env} if env else None,
         capture_output=True,
         text=True,
         timeout=timeout,

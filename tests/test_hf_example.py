@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from advisor.allocator import mimalloc_library
 from tests.conftest import run_advisor
 
 pytestmark = pytest.mark.slow
@@ -42,3 +43,28 @@ def test_the_hf_example_tunes_and_its_exports_load_in_the_real_libraries(tmp_pat
     spec.loader.exec_module(snippet)
     trainer = snippet.make_trainer(logger=False, enable_checkpointing=False)
     assert trainer.accumulate_grad_batches == recommendation["config"]["accumulation_steps"]
+
+
+def test_the_narrow_example_under_mimalloc_keeps_its_batch_within_the_budget(tmp_path):
+    """examples/narrow_gpt2.py as its docstring runs it: under mimalloc, your batch of 64 is
+    over 460 MiB (it peaks near 780), the tune records the allocator and keeps the budget, and
+    launch.sh preloads what it measured under."""
+    pytest.importorskip("transformers")
+    library = mimalloc_library()
+    if library is None:
+        pytest.skip("cmeel-mimalloc is not installed")
+    completed = run_advisor(
+        "tune", "examples/narrow_gpt2.py:factory", "--out", str(tmp_path), "--trials", "4",
+        "--trial-seconds", "0.5", "--warmup-steps", "1", "--confirm-repeats", "1",
+        "--memory-budget", "460MiB", "--global-batch-size", "64", "--race-seconds", "0",
+        "--max-world-size", "1", env={"LD_PRELOAD": str(library)},
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    recommendation = json.loads((tmp_path / "recommendation.json").read_text())
+    assert recommendation["hardware"]["allocator"] == "mimalloc"
+    assert recommendation["memory_budget"]["baseline_peak"] > 460 * 2**20
+    assert recommendation["peak_memory_bytes"] <= 460 * 2**20
+    config = recommendation["config"]
+    assert config["batch_size"] * config["accumulation_steps"] == 64  # one process: your batch
+    assert "your configuration does not fit the memory budget" in completed.stdout
+    assert f'export LD_PRELOAD="${{LD_PRELOAD:-{library}}}"' in (tmp_path / "launch.sh").read_text()
