@@ -115,12 +115,15 @@ def _machine_text(terms: dict[str, Any]) -> str:
         f"{machine.get('cpu_model')}, {machine.get('cores')} cores, {memory_gib:.0f} GiB, "
         f"torch {machine.get('torch_version')}"
     )
+    text += f", {machine['allocator']} malloc" if machine.get("allocator") else ""
     return text + (f", {len(gpus)} x {gpus[0]}" if gpus else "")
 
 
 def _measurement_terms(context: SearchContext) -> dict[str, Any]:
     space, settings, hardware = context.space, context.settings, context.hardware
     machine = hardware.model_dump(include={"cpu_model", "cores", "memory_bytes", "torch_version"})
+    if hardware.allocator != "glibc":  # only then: studies recorded before it was read resume
+        machine["allocator"] = hardware.allocator  # it changes speed, and on CPU the peaks
     return {
         "spec": settings.spec,
         "device": space.device,

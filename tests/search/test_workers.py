@@ -151,6 +151,13 @@ def test_a_worker_on_other_hardware_is_refused(tmp_path):
         str(refused.value)
     )
     assert "not comparable" in str(refused.value)
+    # The allocator changes the speed, and on CPU the peaks: a study is not resumed under another.
+    mimalloc = CPU_PROFILE.model_copy(update={"allocator": "mimalloc"})
+    with pytest.raises(SettingsError, match="measured on other hardware") as refused:
+        bind_study(study, _context(settings, mimalloc, task, tmp_path))
+    assert "this worker: test CPU, 2 cores, 24 GiB, torch 2.13.0+cpu, mimalloc malloc)" in (
+        str(refused.value)
+    )
 
 
 def _context(settings, hardware, task, logs) -> SearchContext:
