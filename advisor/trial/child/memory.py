@@ -17,10 +17,14 @@ class PeakMemory:
     On CUDA this is `max_memory_reserved` (what the allocator took from the device; the largest
     over all GPUs when DataParallel spreads the model over every one of them). On CPU it is
     the larger of this process's lifetime peak RSS and the sampled RSS of this process plus the
-    private resident memory (RSS less file-backed pages) of its children, the DataLoader workers.
-    That errs high by the copy-on-write pages a forked worker shares with its parent; exact USS
-    needs /proc/PID/smaps, which cost 18 ms per sample of two data_bound workers (measured) and
-    slowed the very trials being measured.
+    private resident memory (RSS less file-backed pages) of its children, the DataLoader workers
+    and DDP ranks; this process's file-backed pages (`RssFile`: torch's and the other shared
+    libraries' code) are left out too. How many of those are resident follows the page cache,
+    not the configuration: the same trial peaked 40-80 MiB higher in a freshly installed venv,
+    whose libraries were all cached (measured), and the kernel can drop them under pressure.
+    The sum errs high by the copy-on-write pages a forked worker shares with its parent; exact
+    USS needs /proc/PID/smaps, which cost 18 ms per sample of two data_bound workers (measured)
+    and slowed the very trials being measured.
     """
 
     def __init__(
@@ -65,7 +69,7 @@ class PeakMemory:
         if self._thread is not None:
             self._thread.join()
             self._sample()
-        own_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        own_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - _file_backed()
         return max(self._peak, own_peak)
 
     def _sample_loop(self) -> None:
@@ -74,7 +78,7 @@ class PeakMemory:
 
     def _sample(self) -> None:
         process = psutil.Process()
-        total = process.memory_info().rss
+        total = process.memory_info().rss - _file_backed()
         for child in process.children(recursive=True):
             try:
                 info = child.memory_info()
@@ -82,3 +86,16 @@ class PeakMemory:
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
         self._peak = max(self._peak, total)
+
+
+def _file_backed() -> int:
+    """This process's resident pages that map files (`RssFile` in /proc/self/status), in bytes;
+    0 where the kernel does not say."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("RssFile:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
