@@ -5,7 +5,8 @@ A budget is bytes with a unit ("2GiB", "512 MB", "1.5G") or a share of the devic
 trial may use the GPU less `--memory-headroom` and a CPU trial the host less it: what advisor
 always kept free. What it covers is the trial's measured peak (`TrialResult.peak_memory_bytes`):
 each GPU's `max_memory_reserved` on CUDA, and on CPU the resident memory of the trial's whole
-process tree, every rank and loader worker together, since they share the host.
+process tree, every rank and loader worker together, since they share the host, less the pages
+that map files.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The limit is `--memory-budget` (`advisor.memory_budget`), or without one the dev
 `--memory-headroom`. What it covers is the trial's measured peak
 (`TrialResult.peak_memory_bytes`): each GPU's `max_memory_reserved` on CUDA, and on CPU the
 resident memory of the trial's whole process tree, every rank and loader worker together, since
-they share the host.
+they share the host, less the pages that map files (`advisor.trial.child.memory`).
 """
 
 from __future__ import annotations
