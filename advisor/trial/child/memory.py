@@ -20,7 +20,7 @@ class PeakMemory:
     private resident memory (RSS less file-backed pages) of its children, the DataLoader workers
     and DDP ranks; this process's file-backed pages (`RssFile`: torch's and the other shared
     libraries' code) are left out too. How many of those are resident follows the page cache,
-    not the configuration: the same trial peaked 40-80 MiB higher in a freshly installed venv,
+    not the configuration: the same trial peaked 40-85 MiB higher in a freshly installed venv,
     whose libraries were all cached (measured), and the kernel can drop them under pressure.
     The sum errs high by the copy-on-write pages a forked worker shares with its parent; exact
     USS needs /proc/PID/smaps, which cost 18 ms per sample of two data_bound workers (measured)
