@@ -184,9 +184,10 @@ def test_a_tie_within_noise_is_re_run_then_goes_to_the_config_with_fewer_changes
     tmp_path, monkeypatch
 ):
     # Two configurations on one beat are a tie, but a loaded machine makes some steps late: under
-    # three test workers on two cores, 0.5-s windows of one of them differed by up to 17 %. The
-    # windows are longer here (20 steps), and the floor says how close counts as a tie.
-    monkeypatch.setattr(selection_module, "NOISE_FLOOR", 0.15)
+    # three test workers on two cores, 0.5-s windows of one of them differed by up to 17 %, and a
+    # clean-clone CI run at 404263c saw 2-s windows leave a 15 % floor. The windows are longer
+    # here (20 steps), and the floor says how close counts as a tie.
+    monkeypatch.setattr(selection_module, "NOISE_FLOOR", 0.25)
     context = _selection_context("paced", 2, tmp_path, trial_seconds=2.0)
     baseline, bf16 = TrialConfig(batch_size=32), TrialConfig(batch_size=32, amp="bf16")
     records = [  # as the search left them: bf16 looked faster in its single window
