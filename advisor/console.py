@@ -146,7 +146,7 @@ def recommendation_table(rec: Recommendation) -> Table:
     )
     if rec.baseline_samples_per_s:
         base = f"{rec.baseline_samples_per_s:,.0f}"
-    elif rec.memory_budget is not None and rec.memory_budget.baseline_over:
+    elif rec.baseline_over_budget:
         base = "over budget"
     else:
         base = "failed"

@@ -338,6 +338,11 @@ class Recommendation(_Frozen):
     study_name: str
     created_at: str
 
+    @property
+    def baseline_over_budget(self) -> bool:
+        """Your configuration ran but peaked over `--memory-budget`: it has no speed-up base."""
+        return self.memory_budget is not None and self.memory_budget.baseline_over
+
 
 class Rejected(_Frozen):
     """A knob value the search stopped proposing, and the trials that showed it cannot win

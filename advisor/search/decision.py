@@ -221,7 +221,7 @@ def confirmed_recommendation(
                 rec.baseline_samples_per_s,
                 settings,
                 race,
-                baseline_over=rec.memory_budget is not None and rec.memory_budget.baseline_over,
+                baseline_over=rec.baseline_over_budget,
             ),
         }
     )
