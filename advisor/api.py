@@ -33,7 +33,7 @@ from advisor.search.study import bind_study, make_sampler, run_search
 from advisor.settings import TuneSettings, mask_url, settings_error
 from advisor.task import callable_to_spec, check_spec
 from advisor.trial.parent.probe import probe_isolated
-from advisor.trial.parent.runner import TrialLaunch
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 
 __all__ = [
     "VERSION",
@@ -181,8 +181,9 @@ def _prepare(
         timeout_s=settings.trial_timeout_s,
         seed=settings.seed,
     )
-    numerics = NumericsCheck(launch, logs_dir)
-    search = SearchContext(settings, space, hardware, launch, logs_dir, progress, numerics)
+    runner = ProcessRunner(launch)
+    numerics = NumericsCheck(runner, logs_dir)
+    search = SearchContext(settings, space, hardware, runner, logs_dir, progress, numerics)
     context = StudyContext(
         advisor_version=VERSION,
         workdir=str(Path.cwd()),

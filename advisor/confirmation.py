@@ -3,16 +3,14 @@ The search judges it (`advisor.search.claims`); the console and the reports stat
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from advisor.frozen import Frozen
 
 __all__ = ["Confirmation"]
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class Confirmation(_Frozen):
+class Confirmation(Frozen):
     """Whether the re-runs support the speed-up claimed (`advisor.search.claims`): the paired
     speed-ups of the recommendation over the baseline, one per round, and how busy the
     machine was meanwhile."""

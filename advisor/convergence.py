@@ -10,7 +10,9 @@ import statistics
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from advisor.frozen import Frozen
 
 __all__ = [
     "BatchPrediction",
@@ -43,11 +45,7 @@ LossKind = Literal["held-out", "train"]
 LrRule = Literal["yours", "sqrt", "linear"]
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class LrPlan(_Frozen):
+class LrPlan(Frozen):
     """The learning rate a configuration trains with: the user's optimizer's, times `scale`,
     reached by a linear warm-up over the first `warmup_steps` optimizer steps (0: none)."""
 
@@ -67,7 +65,7 @@ class LrPlan(_Frozen):
         return f"lr x{self.scale:.3g} ({self.rule} rule{warmup})"
 
 
-class RacePoint(_Frozen):
+class RacePoint(Frozen):
     """One evaluation of a racer: the loss after `seconds` of training."""
 
     seconds: float = Field(
@@ -78,7 +76,7 @@ class RacePoint(_Frozen):
     loss: float
 
 
-class RaceCurve(_Frozen):
+class RaceCurve(Frozen):
     """The loss of a race trial against training time, from the seeded initial weights."""
 
     loss_kind: LossKind = Field(
@@ -146,7 +144,7 @@ class RaceCurve(_Frozen):
         return (self.best_loss, self.best_loss + band) if band > 0 else (self.best_loss,)
 
 
-class GradientNorms(_Frozen):
+class GradientNorms(Frozen):
     """Squared gradient norms per optimizer step at two batch sizes, for the noise scale: one
     micro-batch (on rank 0) and the whole accumulated, all-reduced batch."""
 
@@ -156,7 +154,7 @@ class GradientNorms(_Frozen):
     big_sq: tuple[float, ...]
 
 
-class BatchPrediction(_Frozen):
+class BatchPrediction(Frozen):
     """What the noise scale predicts for one global batch, next to what the search measured."""
 
     global_batch: int
@@ -170,7 +168,7 @@ class BatchPrediction(_Frozen):
     raced: bool = False
 
 
-class NoiseScale(_Frozen):
+class NoiseScale(Frozen):
     """The gradient noise scale phi = tr(Sigma)/|G|^2, measured early in the baseline's training."""
 
     value: float | None = Field(description="None when the signal did not rise above the noise")
@@ -182,7 +180,7 @@ class NoiseScale(_Frozen):
     predictions: tuple[BatchPrediction, ...] = ()
 
 
-class NoiseProbe(_Frozen):
+class NoiseProbe(Frozen):
     """Gradient norms measured at one point of a tracked race, out of its training time."""
 
     seconds: float = Field(description="training time of the run when they were measured")
@@ -191,7 +189,7 @@ class NoiseProbe(_Frozen):
     norms: GradientNorms
 
 
-class NoisePoint(_Frozen):
+class NoisePoint(Frozen):
     """The noise scale measured at one point of a longer run, with its 95 % interval (None
     where the signal did not rise above the noise there)."""
 
@@ -203,7 +201,7 @@ class NoisePoint(_Frozen):
     high: float | None = None
 
 
-class NoiseTrack(_Frozen):
+class NoiseTrack(Frozen):
     """The noise scale along a run of the user's configuration, from its initial weights on:
     measured between steps, out of the training time, with gradients the run does not apply."""
 
@@ -223,7 +221,7 @@ class NoiseTrack(_Frozen):
         return any((point.low or 0.0) > measured[0].high for point in measured[1:])
 
 
-class ScheduleStage(_Frozen):
+class ScheduleStage(Frozen):
     """One stage of a batch-size schedule: from optimizer step `from_step` on, micro-batches of
     `batch_size` per process, `accumulation_steps` of them per step, and the learning rate the
     user's optimizer was built with times `lr_scale`."""
@@ -234,7 +232,7 @@ class ScheduleStage(_Frozen):
     lr_scale: float = Field(default=1.0, gt=0)
 
 
-class BatchSchedule(_Frozen):
+class BatchSchedule(Frozen):
     """A global batch that grows as training goes on: stages in the order they apply, every
     other knob as the configuration it belongs to."""
 

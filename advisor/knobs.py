@@ -18,9 +18,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 from pydantic_core import PydanticUndefined
 
+from advisor.frozen import Frozen
 from advisor.knob_row import (
     CHANNELS_LAST,
     CUDNN_BENCHMARK,
@@ -94,14 +95,12 @@ MEMORY_GROUP = "memory"  # searched under --memory-budget
 
 
 # --- the table -----------------------------------------------------------------------------------
-class TrialConfig(BaseModel):
+class TrialConfig(Frozen):
     """One point of the search space: everything that changes how fast a training step runs.
 
     Every field after `device` is a knob, annotated with its row of the table (`world_size` is
     part of the `parallel` knob).
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     device: Device = "cpu"
     parallel_mode: Annotated[

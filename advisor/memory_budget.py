@@ -14,7 +14,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import model_validator
+
+from advisor.frozen import Frozen
 
 __all__ = ["MemoryBudget", "gib"]
 
@@ -28,10 +30,8 @@ _UNITS = {
 _AMOUNT = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z%]*)\s*")
 
 
-class MemoryBudget(BaseModel):
+class MemoryBudget(Frozen):
     """A budget as given: `bytes`, or a `fraction` of the device's memory."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     bytes: int | None = None
     fraction: float | None = None

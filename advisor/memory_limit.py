@@ -4,18 +4,13 @@ computes both (`advisor.search.memory`); the reports render the summary."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
-
+from advisor.frozen import Frozen
 from advisor.memory_budget import gib
 
 __all__ = ["BudgetSummary", "MemoryLimit"]
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class MemoryLimit(_Frozen):
+class MemoryLimit(Frozen):
     """What a trial's peak may reach, and how to say it."""
 
     bytes: int
@@ -35,7 +30,7 @@ class MemoryLimit(_Frozen):
         )
 
 
-class BudgetSummary(_Frozen):
+class BudgetSummary(Frozen):
     """How the configurations that ran stood against `--memory-budget`."""
 
     limit: MemoryLimit

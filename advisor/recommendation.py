@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from advisor.confirmation import Confirmation
 from advisor.convergence import (
@@ -20,6 +20,7 @@ from advisor.convergence import (
     NoiseTrack,
     RaceCurve,
 )
+from advisor.frozen import Frozen
 from advisor.knobs import BASE_GROUP, KNOBS, Knob, TrialConfig
 from advisor.memory_limit import BudgetSummary
 from advisor.results import HardwareProfile, PrunedProposal, TaskSummary, TrialRecord, TrialResult
@@ -50,11 +51,7 @@ __all__ = [
 RECOMMENDATION_SCHEMA_VERSION = 2  # 2: the objective, the race, the noise scale, the lr
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class FixedKnob(_Frozen):
+class FixedKnob(Frozen):
     """A knob advisor did not search, with the value used and why."""
 
     name: str
@@ -62,7 +59,7 @@ class FixedKnob(_Frozen):
     reason: str
 
 
-class KnobEffect(_Frozen):
+class KnobEffect(Frozen):
     """What changing one knob alone did: pairs of trials that differ in nothing else."""
 
     knob: str
@@ -76,7 +73,7 @@ class KnobEffect(_Frozen):
     note: str = Field(default="", description="e.g. after how many steps compilation pays off")
 
 
-class RejectedValue(_Frozen):
+class RejectedValue(Frozen):
     """A knob value none of whose trials could be used while other values of the knob could."""
 
     knob: str
@@ -90,7 +87,7 @@ class RejectedValue(_Frozen):
     explanation: str
 
 
-class Bottleneck(_Frozen):
+class Bottleneck(Frozen):
     """What limits the winner, as its own measurements and its neighbours' show."""
 
     kind: Literal["input", "overhead", "compute"]
@@ -98,7 +95,7 @@ class Bottleneck(_Frozen):
     trials: tuple[int, ...]
 
 
-class Efficiency(_Frozen):
+class Efficiency(Frozen):
     """The recommendation's FLOP rate against the machine's measured matmul peak."""
 
     flops_per_sample: float = Field(description="forward + backward, as FlopCounterMode counts")
@@ -109,7 +106,7 @@ class Efficiency(_Frozen):
     fraction_of_peak: float
 
 
-class LayoutBest(_Frozen):
+class LayoutBest(Frozen):
     """The best search trial of one parallel layout (`none`, `dp`, `ddp-N`)."""
 
     parallel: str
@@ -123,7 +120,7 @@ class LayoutBest(_Frozen):
     config_label: str | None = None
 
 
-class StudyContext(_Frozen):
+class StudyContext(Frozen):
     """What a tune stores with its study before the first trial, so that even an interrupted
     study can be reported without the machine or the user's code."""
 
@@ -135,7 +132,7 @@ class StudyContext(_Frozen):
     task: TaskSummary
 
 
-class Racer(_Frozen):
+class Racer(Frozen):
     """One configuration in the race, with the learning rate it would ship with."""
 
     role: Literal["baseline", "your batch", "candidate", "fixed", "schedule"]
@@ -183,7 +180,7 @@ def did_not_fall(racers: Sequence[Racer]) -> bool:
     return reference is not None and reference.curve is not None and not reference.curve.fell
 
 
-class RaceSummary(_Frozen):
+class RaceSummary(Frozen):
     """The convergence race that decided the recommendation (objective time-to-loss)."""
 
     seconds: float = Field(description="training time each racer had")
@@ -210,7 +207,7 @@ class RaceSummary(_Frozen):
     )
 
 
-class ScheduleSummary(_Frozen):
+class ScheduleSummary(Frozen):
     """The batch-size schedule's tune (`--schedule auto`): phi along a long run of the user's
     configuration, the schedule that follows it, and the race at the longer horizon that
     decides whether it ships."""
@@ -248,7 +245,7 @@ class ScheduleSummary(_Frozen):
         return fixed.time_to_target_s / (shipped.time_to_target_s or math.inf)
 
 
-class ThroughputPick(_Frozen):
+class ThroughputPick(Frozen):
     """The configuration with the highest samples/s, when the race chose another."""
 
     config: TrialConfig
@@ -269,7 +266,7 @@ def shown_knobs(rec: Recommendation) -> tuple[Knob, ...]:
     )
 
 
-class Recommendation(_Frozen):
+class Recommendation(Frozen):
     """The chosen configuration and the evidence for it (`recommendation.json`)."""
 
     schema_version: int = RECOMMENDATION_SCHEMA_VERSION
@@ -344,7 +341,7 @@ class Recommendation(_Frozen):
         return self.memory_budget is not None and self.memory_budget.baseline_over
 
 
-class Rejected(_Frozen):
+class Rejected(Frozen):
     """A knob value the search stopped proposing, and the trials that showed it cannot win
     (`advisor.search.dominance`)."""
 
@@ -363,7 +360,7 @@ class Rejected(_Frozen):
         )
 
 
-class BatchEffort(_Frozen):
+class BatchEffort(Frozen):
     """What the search spent at one global batch."""
 
     global_batch: int
@@ -373,7 +370,7 @@ class BatchEffort(_Frozen):
     yours: bool = Field(description="the user's global batch")
 
 
-class SearchEffort(_Frozen):
+class SearchEffort(Frozen):
     """Where the search's budget went, and the best it found at the user's global batch."""
 
     batches: tuple[BatchEffort, ...]
@@ -400,7 +397,7 @@ class SearchEffort(_Frozen):
         return useful / self.ran if self.ran else None
 
 
-class TuneResult(_Frozen):
+class TuneResult(Frozen):
     """What `advisor.tune()` returns."""
 
     settings: TuneSettings

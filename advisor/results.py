@@ -7,12 +7,13 @@ import statistics
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from advisor.convergence import (
     GradientNorms,
     RaceCurve,
 )
+from advisor.frozen import Frozen
 from advisor.knobs import TrialConfig
 
 __all__ = [
@@ -34,11 +35,7 @@ TrialStatus = Literal["ok", "oom", "timeout", "crashed", "error", "diverged", "s
 FailurePhase = Literal["build", "first_step", "warmup", "measure"]
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class GpuInfo(_Frozen):
+class GpuInfo(Frozen):
     """One CUDA GPU as the probe saw it."""
 
     name: str
@@ -50,7 +47,7 @@ class GpuInfo(_Frozen):
     )
 
 
-class HardwareProfile(_Frozen):
+class HardwareProfile(Frozen):
     """The machine trials run on; throughput is only comparable on the same profile."""
 
     cpu_model: str
@@ -78,7 +75,7 @@ class HardwareProfile(_Frozen):
         return bool(self.gpus)
 
 
-class TaskSummary(_Frozen):
+class TaskSummary(Frozen):
     """What the factory built, as the trial child saw it; also shapes the generated script."""
 
     return_kind: Literal["task", "tuple"]
@@ -103,7 +100,7 @@ class TaskSummary(_Frozen):
     optimizer_class: str | None = Field(default=None, description="e.g. AdamW, SGD")
 
 
-class RankResult(_Frozen):
+class RankResult(Frozen):
     """One DDP rank's share of a trial."""
 
     rank: int
@@ -114,7 +111,7 @@ class RankResult(_Frozen):
     startup_s: float | None = None
 
 
-class MachineLoad(_Frozen):
+class MachineLoad(Frozen):
     """How busy the machine was during a trial, besides the trial and advisor
     (`advisor.trial.parent.load`)."""
 
@@ -131,7 +128,7 @@ class MachineLoad(_Frozen):
     )
 
 
-class TrialResult(_Frozen):
+class TrialResult(Frozen):
     """One isolated trial, as the child (or, when it died, the parent) recorded it."""
 
     config: TrialConfig
@@ -204,7 +201,7 @@ class TrialResult(_Frozen):
         return self.status == "ok"
 
 
-class TrialRecord(_Frozen):
+class TrialRecord(Frozen):
     """A trial as stored in the study: its Optuna number, role and result."""
 
     number: int
@@ -282,7 +279,7 @@ class TrialRecord(_Frozen):
         return ""
 
 
-class PrunedProposal(_Frozen):
+class PrunedProposal(Frozen):
     """A configuration the sampler proposed that advisor did not run, and why."""
 
     number: int

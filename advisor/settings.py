@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from advisor.errors import SettingsError
+from advisor.frozen import Frozen
 from advisor.knobs import BASE_GROUP, KNOB, KNOB_GROUPS, MEMORY_GROUP
 from advisor.memory_budget import MemoryBudget
 
@@ -39,10 +40,8 @@ Objective = Literal["time-to-loss", "throughput"]
 STORAGE_SCHEMES = ("sqlite", "postgresql", "mysql", "journal")
 
 
-class TuneSettings(BaseModel):
+class TuneSettings(Frozen):
     """Everything `advisor tune` / `advisor.tune()` accepts; the CLI maps flags one-to-one."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     # Each description is also the flag's help (`advisor tune --help`), with the default after
     # it; `shown_default` says in words a default that is computed.

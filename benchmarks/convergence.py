@@ -39,7 +39,8 @@ from advisor.convergence import BatchSchedule, LrPlan, RaceCurve
 from advisor.knobs import TrialConfig
 from advisor.recommendation import TuneResult
 from advisor.search.race.verdict import time_to_loss
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import RaceOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from advisor.trial.protocol import RACE_EVALUATIONS
 
 RESULTS = Path(__file__).parent / "results"
@@ -190,14 +191,15 @@ def _train(
         trial_seconds=seconds,
         timeout_s=3 * seconds + 300,
     )
-    result = run_trial(
-        launch,
-        config,
+    result = ProcessRunner(launch).run(
+        RaceOrder(
+            config=config,
+            seconds=launch.trial_seconds,
+            lr=lr,
+            schedule=schedule,
+            evaluations=evaluations,
+        ),
         out / "run.log",
-        mode="race",
-        lr=lr,
-        schedule=schedule,
-        evaluations=evaluations,
     )
     if result.race is None:
         print(f"{spec} {config.label()}: {result.status} {result.reason}", flush=True)

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from advisor.knobs import TrialConfig
 from advisor.results import TrialResult
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import WindowOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 
 CONFIGS = {
     "bs=512 acc=4 workers=1": TrialConfig(batch_size=512, accumulation_steps=4, num_workers=1),
@@ -53,7 +54,9 @@ def main() -> None:
     )  # fmt: skip
     runs: dict[tuple[str, str], list[TrialResult]] = {}
     with tempfile.TemporaryDirectory() as logs:
-        run_trial(launch, TrialConfig(batch_size=32), Path(logs) / "up.log")  # start it
+        ProcessRunner(launch).run(
+            WindowOrder(config=TrialConfig(batch_size=32)), Path(logs) / "up.log"
+        )  # start it
         for _ in range(args.rounds):
             for name, config in CONFIGS.items():
                 for way in ("estimated", "whole cycles"):
@@ -67,9 +70,9 @@ def main() -> None:
 
 def _run(launch: TrialLaunch, config: TrialConfig, log: Path, way: str) -> TrialResult:
     if way == "whole cycles":
-        return run_trial(launch, config, log, whole_cycles=True)
-    return run_trial(
-        launch, config, log, precise_window=True, beat_samples_per_s=BEST_SAMPLES_PER_S
+        return ProcessRunner(launch).run(WindowOrder(config=config, whole_cycles=True), log)
+    return ProcessRunner(launch).run(
+        WindowOrder(config=config, precise_window=True, beat_samples_per_s=BEST_SAMPLES_PER_S), log
     )
 
 

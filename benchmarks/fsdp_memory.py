@@ -19,7 +19,8 @@ from pathlib import Path
 from advisor.knob_rules import parse_parallel
 from advisor.knobs import AmpMode, TrialConfig
 from advisor.memory_budget import gib
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import WindowOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 
 
 def layouts(cores: int) -> list[str]:
@@ -54,8 +55,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for index in range(args.repeats):
             for name in names if index % 2 == 0 else names[::-1]:
-                result = run_trial(
-                    launch, config(name, args.batch_size, args.amp), Path(folder) / "trial.log"
+                result = ProcessRunner(launch).run(
+                    WindowOrder(config=config(name, args.batch_size, args.amp)),
+                    Path(folder) / "trial.log",
                 )
                 assert result.status == "ok", f"{name}: {result.reason}"
                 rates[name].append(result.samples_per_s or 0.0)

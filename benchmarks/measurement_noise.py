@@ -28,7 +28,8 @@ from pathlib import Path
 
 from advisor.knobs import TrialConfig
 from advisor.trial.child.probe import probe
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import WindowOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 
 RESULTS = Path(__file__).parent / "results"
 EXAMPLES = ("examples/mlp.py:factory", "examples/cnn.py:factory", "examples/data_bound.py:factory")
@@ -57,7 +58,9 @@ def main() -> None:
                 for config in configs:
                     for way in WAYS:
                         log = Path(logs) / f"{index}.log"
-                        result = run_trial(launch, config, log, precise_window=way == "precise")
+                        result = ProcessRunner(launch).run(
+                            WindowOrder(config=config, precise_window=way == "precise"), log
+                        )
                         runs.setdefault((config, way), []).append(
                             (
                                 result.samples_per_s or 0.0,

@@ -26,7 +26,8 @@ import advisor
 from advisor.knobs import TrialConfig
 from advisor.memory_budget import MemoryBudget, gib
 from advisor.recommendation import Recommendation
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import WindowOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from benchmarks.remeasure import paired_speedup
 
 
@@ -84,7 +85,9 @@ def main() -> None:
         for index in range(args.repeats):
             order = [("rec", rec.config), ("other", other)]
             for name, config in order if index % 2 == 0 else order[::-1]:
-                result = run_trial(launch, config, out / f"{name}-{index}.log")
+                result = ProcessRunner(launch).run(
+                    WindowOrder(config=config), out / f"{name}-{index}.log"
+                )
                 rates[name].append(result.samples_per_s or 0.0)
                 peaks[name].append(result.peak_memory_bytes or 0)
     speedup = paired_speedup(rates["rec"], rates["other"])

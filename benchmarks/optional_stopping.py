@@ -23,7 +23,8 @@ import tempfile
 from pathlib import Path
 
 from advisor.knobs import TrialConfig
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import WindowOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 
 RESULTS = Path(__file__).parent / "results"
 CASES = (
@@ -59,13 +60,18 @@ def main() -> None:
 
 def _case(launch: TrialLaunch, config: TrialConfig, repeats: int, logs: Path) -> dict:
     log = logs / "trial.log"
-    whole = [_rate(run_trial(launch, config, log, whole_cycles=True)) for _ in range(repeats)]
+    whole = [
+        _rate(ProcessRunner(launch).run(WindowOrder(config=config, whole_cycles=True), log))
+        for _ in range(repeats)
+    ]
     truth = statistics.median(whole)
     runs: dict[str, list[tuple[float, bool]]] = {way: [] for way in WAYS}
     for _ in range(repeats):
         for way, fraction in WAYS.items():
             beat = None if fraction is None else fraction * truth
-            result = run_trial(launch, config, log, precise_window=True, beat_samples_per_s=beat)
+            result = ProcessRunner(launch).run(
+                WindowOrder(config=config, precise_window=True, beat_samples_per_s=beat), log
+            )
             runs[way].append((_rate(result), result.below_best))
     return {
         "spec": launch.spec,

@@ -16,7 +16,8 @@ import tempfile
 from pathlib import Path
 
 from advisor.knobs import TrialConfig
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import WindowOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 
 RESULTS = Path(__file__).parent / "results"
 SETTINGS = {
@@ -49,7 +50,9 @@ def main() -> None:
             for setting, knobs in SETTINGS.items():
                 for layout, parallel in layouts.items():
                     config = TrialConfig(**knobs, **parallel)
-                    result = run_trial(launch, config, Path(logs) / "trial.log")
+                    result = ProcessRunner(launch).run(
+                        WindowOrder(config=config), Path(logs) / "trial.log"
+                    )
                     if result.samples_per_s is None:
                         raise SystemExit(f"{setting}, {layout}: {result.status}: {result.reason}")
                     rates[setting][layout].append(result.samples_per_s)

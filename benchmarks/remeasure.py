@@ -18,7 +18,8 @@ from advisor.knobs import TrialConfig
 from advisor.recommendation import Recommendation
 from advisor.search.claims import COVERAGE
 from advisor.search.paired_ratio import paired_ratio
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import WindowOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 
 
 def remeasure(
@@ -32,7 +33,7 @@ def remeasure(
             order = (0, 1) if index % 2 == 0 else (1, 0)
             for which in order:
                 log = Path(logs) / f"{which}-{index}.log"
-                result = run_trial(launch, configs[which], log)
+                result = ProcessRunner(launch).run(WindowOrder(config=configs[which]), log)
                 rates[which].append(result.samples_per_s or 0.0)
     return rates
 

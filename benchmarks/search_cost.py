@@ -46,8 +46,9 @@ import advisor
 from advisor.api import make_settings, validate
 from advisor.knobs import TrialConfig
 from advisor.search.space import build_space
+from advisor.trial.orders import WindowOrder
 from advisor.trial.parent.probe import probe_isolated
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 
 RESULTS = Path(__file__).parent / "results"
 GRID_CACHE = RESULTS / "search_cost_grid.json"
@@ -231,7 +232,9 @@ def _measure_grid(spec: str, configs: list[TrialConfig]) -> dict[str, Any]:
     measured = []
     with tempfile.TemporaryDirectory() as logs:
         for index, config in enumerate(configs):
-            result = run_trial(launch, config, Path(logs) / f"{index}.log", whole_cycles=True)
+            result = ProcessRunner(launch).run(
+                WindowOrder(config=config, whole_cycles=True), Path(logs) / f"{index}.log"
+            )
             measured.append((config, result.samples_per_s or 0.0, result.wall_s or 0.0))
             rate, wall = result.samples_per_s or 0.0, result.wall_s or 0.0
             print(f"  {index + 1}/{len(configs)} {config.label()}: {rate:,.0f}/s, {wall:.1f} s")

@@ -28,7 +28,8 @@ from typing import Any
 import advisor
 from advisor.knobs import TrialConfig
 from advisor.trial.child.probe import probe
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import WindowOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 
 RESULTS = Path(__file__).parent / "results"
 ORACLE_CACHE = RESULTS / "search_quality_oracle.json"
@@ -152,7 +153,9 @@ def remeasure(spec: str, configs: dict[str, TrialConfig], repeats: int) -> dict[
         for round_index in range(repeats):
             for index, config in enumerate(distinct):
                 log = Path(logs) / f"{round_index}-{index}.log"
-                measured[config].append(run_trial(launch, config, log).samples_per_s or 0.0)
+                measured[config].append(
+                    ProcessRunner(launch).run(WindowOrder(config=config), log).samples_per_s or 0.0
+                )
     return {name: measured[config] for name, config in configs.items()}
 
 

@@ -21,7 +21,8 @@ import tempfile
 from pathlib import Path
 
 from advisor.knobs import TrialConfig
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import WindowOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 
 RESULTS = Path(__file__).parent / "results"
 LAYOUTS = {
@@ -54,11 +55,13 @@ def main() -> None:
         # start it, importing nothing of the factory's: every fork of it would find what it
         # imported, so the launcher's own imports come last, after all trials without them
         up = launches["launcher, packages per trial"]
-        run_trial(up, LAYOUTS["one process"], Path(logs) / "up.log")
+        ProcessRunner(up).run(WindowOrder(config=LAYOUTS["one process"]), Path(logs) / "up.log")
         for start, launch in launches.items():
             for index in range(args.repeats):
                 for layout, config in LAYOUTS.items():
-                    result = run_trial(launch, config, Path(logs) / f"{index}.log")
+                    result = ProcessRunner(launch).run(
+                        WindowOrder(config=config), Path(logs) / f"{index}.log"
+                    )
                     row = {field: getattr(result, field, None) for field in FIELDS[:-1]}
                     row["overhead_s"] = (result.wall_s or 0) - (result.window_s or 0)
                     rows.setdefault(f"{start}, {layout}", []).append(row)

@@ -16,7 +16,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "advisor"
 # Lower layers never import higher ones; a module may import its own layer.
 LAYERS = (
-    ("errors", "allocator"),
+    ("errors", "frozen", "allocator"),
     ("knob_rules",),
     ("knob_row",),
     ("knobs", "memory_budget"),

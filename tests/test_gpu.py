@@ -15,7 +15,8 @@ import pytest
 from advisor.knobs import TrialConfig
 from advisor.search.checks import maths_problem
 from advisor.trial.child.probe import probe
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import ReferenceOrder, WindowOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import ROOT, TINY
 from tests.report.test_codegen import (
     _logged_losses,
@@ -31,7 +32,9 @@ def _trial(tmp_path: Path, **knobs) -> object:
     launch = TrialLaunch(
         spec=f"{TINY}:factory", cwd=ROOT, warmup_steps=2, trial_seconds=0.5, timeout_s=300
     )
-    return run_trial(launch, TrialConfig(device="cuda", batch_size=64, **knobs), tmp_path / "t.log")
+    return ProcessRunner(launch).run(
+        WindowOrder(config=TrialConfig(device="cuda", batch_size=64, **knobs)), tmp_path / "t.log"
+    )
 
 
 def test_probe_sees_the_gpu():
@@ -65,7 +68,9 @@ def test_cuda_out_of_memory_is_status_oom(tmp_path):
         trial_seconds=0.2,
         timeout_s=300,
     )
-    result = run_trial(launch, TrialConfig(device="cuda", batch_size=16), tmp_path / "t.log")
+    result = ProcessRunner(launch).run(
+        WindowOrder(config=TrialConfig(device="cuda", batch_size=16)), tmp_path / "t.log"
+    )
     assert result.status == "oom", result.reason
 
 
@@ -131,8 +136,10 @@ def test_deterministic_cudnn_keeps_the_maths_of_its_twin(tmp_path):
         spec=f"{TINY}:conv", cwd=ROOT, warmup_steps=2, trial_seconds=0.3, timeout_s=300
     )
     config = TrialConfig(device="cuda", batch_size=64, cudnn_deterministic=True)
-    result = run_trial(launch, config, tmp_path / "d.log")
-    twin = run_trial(launch, config.maths_twin, tmp_path / "twin.log", mode="reference")
+    result = ProcessRunner(launch).run(WindowOrder(config=config), tmp_path / "d.log")
+    twin = ProcessRunner(launch).run(
+        ReferenceOrder(config=config.maths_twin), tmp_path / "twin.log"
+    )
     assert result.status == "ok", result.reason
     assert maths_problem(result, twin) is None
 
@@ -168,7 +175,9 @@ def _blocks_trial(tmp_path: Path, mode: str = "trial", **knobs):
         spec=f"{TINY}:blocks", cwd=ROOT, warmup_steps=2, trial_seconds=0.5, timeout_s=300
     )
     config = TrialConfig(device="cuda", batch_size=128, **knobs)
-    result = run_trial(launch, config, tmp_path / f"{config.label()}-{mode}.log", mode=mode)
+    result = ProcessRunner(launch).run(
+        _order(mode, config), tmp_path / f"{config.label()}-{mode}.log"
+    )
     assert result.status == "ok", result.reason
     return result
 
@@ -194,3 +203,8 @@ def test_fsdp_with_one_rank_trains_on_cuda_as_one_process_does(tmp_path, amp):
     else:
         assert sharded.early_losses == pytest.approx(alone.early_losses, rel=1e-4)
     assert _blocks_trial(tmp_path, parallel_mode="fsdp", world_size=1, amp=amp).samples_per_s
+
+
+def _order(mode: str, config: TrialConfig) -> WindowOrder | ReferenceOrder:
+    """A search trial's order, or with `mode` "reference" the numerics reference's."""
+    return ReferenceOrder(config=config) if mode == "reference" else WindowOrder(config=config)

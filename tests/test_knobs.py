@@ -16,7 +16,8 @@ from advisor.results import GpuInfo, TrialResult
 from advisor.search.checks import maths_problem
 from advisor.search.space import build_space
 from advisor.settings import TuneSettings
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import ReferenceOrder, WindowOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import CPU_PROFILE, ROOT, TINY
 
 
@@ -124,7 +125,7 @@ def test_without_workers_the_loader_knobs_make_no_second_configuration():
 
 def _trial(spec: str, config: TrialConfig, tmp_path, mode: str = "trial") -> TrialResult:
     launch = TrialLaunch(spec=spec, cwd=ROOT, warmup_steps=2, trial_seconds=0.3, timeout_s=600)
-    return run_trial(launch, config, tmp_path / f"{config.label()}.log", mode=mode)
+    return ProcessRunner(launch).run(_order(mode, config), tmp_path / f"{config.label()}.log")
 
 
 @pytest.mark.parametrize(
@@ -307,3 +308,8 @@ def test_fsdp_layouts_are_searched_only_under_a_memory_budget():
         ("fsdp", 2, False),
     ]
     assert [c.parallel for c in configs] == list(layouts[2:])
+
+
+def _order(mode: str, config: TrialConfig) -> WindowOrder | ReferenceOrder:
+    """A search trial's order, or with `mode` "reference" the numerics reference's."""
+    return ReferenceOrder(config=config) if mode == "reference" else WindowOrder(config=config)

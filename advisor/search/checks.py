@@ -25,7 +25,8 @@ from advisor.knobs import KNOBS, Device, TrialConfig
 from advisor.results import HardwareProfile, TrialRecord, TrialResult
 from advisor.search.memory import memory_limit
 from advisor.settings import TuneSettings
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import ReferenceOrder, TrialRunner, ValidateOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from advisor.trial.protocol import EARLY_STEPS
 
 __all__ = ["NumericsCheck", "known_out_of_memory", "maths_problem", "memory_problem", "preflight"]
@@ -39,7 +40,7 @@ def preflight(
     launch = TrialLaunch(spec=spec, cwd=cwd, warmup_steps=1, trial_seconds=1.0, timeout_s=timeout_s)
     # batch_size is a placeholder: the child uses the task's own batch size in validate mode.
     config = TrialConfig(device=device, batch_size=1)
-    result = run_trial(launch, config, log_path, mode="validate")
+    result = ProcessRunner(launch).run(ValidateOrder(config=config), log_path)
     if result.status != "ok":
         raise _explain(result, log_path)
     return result
@@ -137,8 +138,8 @@ ABSOLUTE = 1e-6
 class NumericsCheck:
     """Twin losses per configuration, remembered from trials or measured on demand."""
 
-    def __init__(self, launch: TrialLaunch, logs_dir: Path) -> None:
-        self._launch = launch
+    def __init__(self, runner: TrialRunner, logs_dir: Path) -> None:
+        self._runner = runner
         self._logs_dir = logs_dir
         self._twins: dict[TrialConfig, TrialResult] = {}
 
@@ -158,8 +159,8 @@ class NumericsCheck:
             return None
         if twin not in self._twins:
             log = self._logs_dir / f"reference-{len(self._twins) + 1}.log"
-            self._twins[twin] = run_trial(
-                self._launch, twin, log, mode="reference", whole_cycles=True, on_phase=on_phase
+            self._twins[twin] = self._runner.run(
+                ReferenceOrder(config=twin), log, on_phase=on_phase
             )
         return maths_problem(result, self._twins[twin])
 

@@ -10,7 +10,7 @@ from advisor.results import HardwareProfile
 from advisor.search.checks import NumericsCheck
 from advisor.search.space import SearchSpace
 from advisor.settings import TuneSettings
-from advisor.trial.parent.runner import TrialLaunch
+from advisor.trial.orders import TrialRunner
 
 __all__ = ["SearchContext"]
 
@@ -22,7 +22,7 @@ class SearchContext:
     settings: TuneSettings
     space: SearchSpace
     hardware: HardwareProfile
-    launch: TrialLaunch
+    runner: TrialRunner
     logs_dir: Path
     progress: Progress
     numerics: NumericsCheck | None = None  # None: no check of knobs that change the maths

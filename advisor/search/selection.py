@@ -17,7 +17,7 @@ from advisor.knobs import KNOBS, TrialConfig
 from advisor.results import MachineLoad, TrialRecord, TrialResult, relative_spread
 from advisor.search.checks import memory_problem
 from advisor.search.context import SearchContext
-from advisor.trial.parent.runner import run_trial
+from advisor.trial.orders import WindowOrder
 
 __all__ = ["Selection", "failure_summary", "rerun_pairs", "run_round", "select_winner"]
 
@@ -281,11 +281,9 @@ def _confirm(
             log_path = (
                 context.logs_dir / f"{kind}-{record.number}-{round_offset + round_index + 1}.log"
             )
-            result = run_trial(
-                context.launch,
-                config,
+            result = context.runner.run(
+                WindowOrder(config=config, whole_cycles=True),
                 log_path,
-                whole_cycles=True,
                 on_phase=context.progress.trial_phase,
             )
             rerun = TrialRecord(

@@ -45,7 +45,7 @@ from advisor.search.space import SearchSpace
 from advisor.search.staging import allowed_batches
 from advisor.search.storage import optimize_one
 from advisor.settings import TuneSettings
-from advisor.trial.parent.runner import ProgressCallback, run_trial
+from advisor.trial.orders import ProgressCallback, WindowOrder
 
 __all__ = ["bind_study", "make_sampler", "run_search"]
 
@@ -313,20 +313,21 @@ def _measure(
 ) -> TrialRecord:
     context.progress.trial_started(f"{label} ({role})" if role != "search" else label, config)
     log_path = context.logs_dir / f"trial-{trial.number}.log"
-    result = run_trial(
-        context.launch,
-        config,
+    searched = role != "baseline"
+    order = WindowOrder(
+        config=config,
+        precise_window=True,
+        # clearly below the best, a longer window would only narrow the gap's interval
+        beat_samples_per_s=_to_beat(trial) if searched else None,
+        sibling_accumulation=sibling_accumulation(context.space, config) if searched else (),
+    )
+    result = context.runner.run(
+        order,
         log_path,
         on_phase=context.progress.trial_phase,
         # The baseline is never stopped: it is the first best, and the reference for every
         # speed-up (which its whole-window re-runs measure).
-        on_progress=_pruning(trial) if role != "baseline" else None,
-        precise_window=True,
-        # clearly below the best, a longer window would only narrow the gap's interval
-        beat_samples_per_s=_to_beat(trial) if role != "baseline" else None,
-        sibling_accumulation=sibling_accumulation(context.space, config)
-        if role != "baseline"
-        else (),
+        on_progress=_pruning(trial) if searched else None,
     )
     problem = memory_problem(result, context.hardware, context.settings)
     if problem is None and context.numerics is not None:

@@ -26,7 +26,8 @@ from advisor.task import build_task
 from advisor.trial.child.loop import Trainer
 from advisor.trial.child.probe import probe
 from advisor.trial.child.racing import enter_stage
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import ReferenceOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import ROOT, TINY
 
 
@@ -78,7 +79,9 @@ def _trial_losses(
 ) -> tuple[float, ...]:
     """The losses of a trial's first optimizer steps, from the same seed (0)."""
     launch = TrialLaunch(spec=spec, cwd=ROOT, warmup_steps=2, trial_seconds=0.1, timeout_s=300)
-    reference = run_trial(launch, config, tmp_path / "reference.log", mode="reference", lr=lr)
+    reference = ProcessRunner(launch).run(
+        ReferenceOrder(config=config, lr=lr), tmp_path / "reference.log"
+    )
     assert reference.status == "ok", reference.reason
     return reference.early_losses
 

@@ -17,7 +17,8 @@ from advisor.results import MachineLoad, TrialRecord, TrialResult
 from advisor.search.claims import BUSY_ROUNDS, COVERAGE, MIN_ROUNDS, busy, judge
 from advisor.search.paired_ratio import paired_ratio
 from advisor.search.selection import rerun_pairs
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import WindowOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import ROOT, TINY
 
 QUIET = MachineLoad(cores=2, seconds=2.0, outside_cores=0.02)
@@ -149,7 +150,9 @@ def test_a_trial_reads_the_cpu_other_programs_took(tmp_path, preloaded):
         preloaded=preloaded,
     )
     with _burning(2):
-        result = run_trial(launch, TrialConfig(batch_size=32), tmp_path / "trial.log")
+        result = ProcessRunner(launch).run(
+            WindowOrder(config=TrialConfig(batch_size=32)), tmp_path / "trial.log"
+        )
     assert result.status == "ok" and result.load is not None
     assert result.load.outside_cores >= 0.5, result.load
     # from the child's start to its reaping: the window and more, a new launcher's start-up no

@@ -12,7 +12,8 @@ from advisor.memory_budget import MemoryBudget
 from advisor.results import GpuInfo, HardwareProfile
 from advisor.search.memory import GLIBC_NOTE, budget_summary, memory_limit
 from advisor.settings import TuneSettings
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import WindowOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import ROOT, TINY, run_advisor
 
 HOST = HardwareProfile(
@@ -80,7 +81,9 @@ def _peak(tmp_path, batch: int) -> int:
         spec=f"{TINY}:activation_heavy", cwd=ROOT, warmup_steps=2, trial_seconds=0.5,
         timeout_s=120,
     )  # fmt: skip
-    result = run_trial(launch, TrialConfig(batch_size=batch), tmp_path / f"peak-{batch}.log")
+    result = ProcessRunner(launch).run(
+        WindowOrder(config=TrialConfig(batch_size=batch)), tmp_path / f"peak-{batch}.log"
+    )
     assert result.status == "ok" and result.peak_memory_bytes, result.reason
     return result.peak_memory_bytes
 

@@ -9,8 +9,9 @@ import advisor
 from advisor.knobs import TrialConfig
 from advisor.search.pruning import CHECK_AFTER, SlowerThanBestPruner, stop_reason
 from advisor.trial.child.agreement import ParentWatch
-from advisor.trial.parent.runner import POLL_S, STALL_S, ProgressReader, TrialLaunch, run_trial
-from advisor.trial.protocol import TrialRequest
+from advisor.trial.orders import WindowOrder
+from advisor.trial.parent.runner import POLL_S, STALL_S, ProcessRunner, ProgressReader, TrialLaunch
+from advisor.trial.protocol import Channel, TrialRequest
 from tests.conftest import ROOT, TINY, survivors
 from tests.trial.scripted import FakeClock, Loader
 
@@ -52,8 +53,8 @@ def test_the_parent_ends_a_window_early_and_keeps_what_it_measured(tmp_path, mar
         return "enough seen" if elapsed_s >= 0.5 else None
 
     config = TrialConfig(batch_size=16, **knobs)
-    result = run_trial(
-        _launch(30.0), config, tmp_path / "t.log", on_progress=stop_after_half_a_second
+    result = ProcessRunner(_launch(30.0)).run(
+        WindowOrder(config=config), tmp_path / "t.log", on_progress=stop_after_half_a_second
     )
     assert result.status == "ok", result.reason
     # It ended at the stop, not after the 30 s asked for (on a fake clock: tests/trial/
@@ -65,8 +66,8 @@ def test_the_parent_ends_a_window_early_and_keeps_what_it_measured(tmp_path, mar
 
 
 def test_a_window_nobody_stops_runs_its_length(tmp_path):
-    result = run_trial(_launch(0.5), TrialConfig(batch_size=16), tmp_path / "t.log",
-                       on_progress=lambda elapsed_s, rate: None)  # fmt: skip
+    order = WindowOrder(config=TrialConfig(batch_size=16))
+    result = ProcessRunner(_launch(0.5)).run(order, tmp_path / "t.log", on_progress=lambda *_: None)
     # (how long: tests/trial/test_budget.py, test_a_window_nobody_stops_runs_its_length)
     assert result.status == "ok" and not result.stopped_early
 
@@ -126,7 +127,9 @@ def test_a_slow_configuration_is_stopped_during_its_warm_up_with_the_reason(tmp_
         spec=f"{TINY}:very_slow_with_bf16", cwd=ROOT, warmup_steps=3, trial_seconds=2.0,
         timeout_s=60,
     )  # fmt: skip
-    result = run_trial(launch, config, tmp_path / "t.log", on_progress=below_a_thousand)
+    result = ProcessRunner(launch).run(
+        WindowOrder(config=config), tmp_path / "t.log", on_progress=below_a_thousand
+    )
 
     assert result.status == "stopped" and result.failure_phase == "warmup"
     assert result.reason == stop_reason(result.samples_per_s, 1000.0)
@@ -142,8 +145,11 @@ def test_a_trial_deaf_to_the_stop_is_killed_and_keeps_its_start_up(tmp_path, mar
     config = TrialConfig(batch_size=16)
     launch = TrialLaunch(spec=f"{TINY}:hang", cwd=ROOT, warmup_steps=3, trial_seconds=2.0,
                          timeout_s=60)  # fmt: skip
-    result = run_trial(launch, config, tmp_path / "t.log",
-                       on_progress=lambda _, rate: "too slow" if rate < 1000 else None)  # fmt: skip
+    result = ProcessRunner(launch).run(
+        WindowOrder(config=config),
+        tmp_path / "t.log",
+        on_progress=lambda _, rate: "too slow" if rate < 1000 else None,
+    )
 
     assert result.status == "stopped" and result.reason == "too slow"
     assert result.failure_phase == "warmup"
@@ -190,15 +196,19 @@ COMPUTE_S = 0.005  # of a micro-step, besides its wait for a batch
 
 class _Trial:
     """A search trial's progress on a fake clock: the child reports it as a trial does
-    (`ParentWatch`), the parent reads it every POLL_S as `run_trial` does (`ProgressReader`), and
-    the projections it hands the pruner are collected in `seen` (seconds, samples/s)."""
+    (`ParentWatch`), the parent reads it every POLL_S as `ProcessRunner` does
+    (`ProgressReader`), and the projections it hands the pruner are collected in `seen`
+    (seconds, samples/s)."""
 
     def __init__(self, tmp_path: Path, config: TrialConfig, clock: FakeClock) -> None:
-        request = TrialRequest(
-            spec=f"{TINY}:factory", cwd=str(ROOT), config=config, trial_seconds=WINDOW_S,
-            precise_window=True, launched_at=0.0, result_path=str(tmp_path / "result.json"),
+        channel = Channel(
+            launched_at=0.0, result_path=str(tmp_path / "result.json"),
             phase_path=str(tmp_path / "phase"), progress_path=str(tmp_path / "progress"),
             stop_path=str(tmp_path / "stop"),
+        )  # fmt: skip
+        request = TrialRequest(
+            order=WindowOrder(config=config, precise_window=True), spec=f"{TINY}:factory",
+            cwd=str(ROOT), trial_seconds=WINDOW_S, channel=channel,
         )  # fmt: skip
         self.seen: list[tuple[float, float]] = []
         self._clock = clock
@@ -208,7 +218,7 @@ class _Trial:
         (tmp_path / "phase").write_text("warmup\n")
         self._parent.read()
         self._started = clock()
-        self._child = ParentWatch(request, config, rank=0, clock=clock)
+        self._child = ParentWatch(channel, config, rank=0, clock=clock)
         self._next_poll = clock() + POLL_S
 
     @property

@@ -22,7 +22,7 @@ from advisor.search.records import read_racers
 from advisor.search.selection import Selection
 from advisor.search.space import build_space
 from advisor.settings import TuneSettings
-from advisor.trial.parent.runner import TrialLaunch
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import CPU_PROFILE, ROOT
 from tests.search.interrupts import StopAfterFirstRacer
 
@@ -37,7 +37,9 @@ def _context(tmp_path: Path, name: str, progress=None) -> SearchContext:
     launch = TrialLaunch(
         spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=1.0, timeout_s=120
     )
-    return SearchContext(settings, space, CPU_PROFILE, launch, tmp_path, progress or NullProgress())
+    return SearchContext(
+        settings, space, CPU_PROFILE, ProcessRunner(launch), tmp_path, progress or NullProgress()
+    )
 
 
 def _plans() -> list[RacePlan]:

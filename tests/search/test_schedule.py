@@ -33,7 +33,7 @@ from advisor.search.race.schedule import (
 from advisor.search.records import StudyKey, read_racers
 from advisor.search.space import build_space
 from advisor.settings import TuneSettings
-from advisor.trial.parent.runner import TrialLaunch
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import CPU_PROFILE, ROOT
 from tests.search.interrupts import StopAfterFirstRacer
 
@@ -144,7 +144,7 @@ def _context(tmp_path: Path, progress: NullProgress) -> SearchContext:
     launch = TrialLaunch(
         spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=1.0, timeout_s=120
     )
-    return SearchContext(settings, space, CPU_PROFILE, launch, tmp_path, progress)
+    return SearchContext(settings, space, CPU_PROFILE, ProcessRunner(launch), tmp_path, progress)
 
 
 def _search_records() -> list[TrialRecord]:

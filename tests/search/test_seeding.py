@@ -14,7 +14,7 @@ from advisor.search.seeding import next_seed
 from advisor.search.space import build_space
 from advisor.search.study import make_sampler, run_search
 from advisor.settings import TuneSettings
-from advisor.trial.parent.runner import TrialLaunch
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import CPU_PROFILE, ROOT, TINY
 from tests.search.test_space import TASK
 
@@ -124,7 +124,9 @@ def test_the_search_prunes_a_proposal_with_a_rejected_value_without_running_it(t
         study.enqueue_trial(params)
     launch = TrialLaunch(spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=0.5,
                          timeout_s=120)  # fmt: skip
-    context = SearchContext(settings, space, CPU_PROFILE, launch, tmp_path, NullProgress())
+    context = SearchContext(
+        settings, space, CPU_PROFILE, ProcessRunner(launch), tmp_path, NullProgress()
+    )
 
     records = run_search(study, context)
 
@@ -147,7 +149,9 @@ def test_a_grid_ends_once_every_configuration_is_measured_or_ruled_out(tmp_path)
     study = optuna.create_study(direction="maximize", sampler=make_sampler(settings, space))
     launch = TrialLaunch(spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=0.5,
                          timeout_s=120)  # fmt: skip
-    context = SearchContext(settings, space, CPU_PROFILE, launch, tmp_path, NullProgress())
+    context = SearchContext(
+        settings, space, CPU_PROFILE, ProcessRunner(launch), tmp_path, NullProgress()
+    )
 
     records = run_search(study, context)
 

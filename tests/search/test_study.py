@@ -16,7 +16,7 @@ from advisor.search.selection import failure_summary, select_winner
 from advisor.search.space import build_space
 from advisor.search.study import run_search
 from advisor.settings import TuneSettings
-from advisor.trial.parent.runner import TrialLaunch
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import CPU_PROFILE, ROOT, TINY, run_advisor, survivors
 
 FAST = {"trial_seconds": 0.2, "warmup_steps": 1, "confirm_top": 1, "objective": "throughput"}
@@ -91,7 +91,9 @@ def test_impossible_combinations_are_pruned_with_the_reason_not_run(tmp_path):
     launch = TrialLaunch(
         spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=0.2, timeout_s=120
     )
-    context = SearchContext(settings, space, CPU_PROFILE, launch, tmp_path, NullProgress())
+    context = SearchContext(
+        settings, space, CPU_PROFILE, ProcessRunner(launch), tmp_path, NullProgress()
+    )
     records = run_search(study, context)
     [pruned] = study.get_trials(states=(optuna.trial.TrialState.PRUNED,))
     assert pruned.user_attrs["pruned_reason"] == (
@@ -111,7 +113,9 @@ def test_batches_above_one_that_ran_out_of_memory_are_pruned_not_run(tmp_path):
     launch = TrialLaunch(
         spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=0.2, timeout_s=120
     )
-    context = SearchContext(settings, space, CPU_PROFILE, launch, tmp_path, NullProgress())
+    context = SearchContext(
+        settings, space, CPU_PROFILE, ProcessRunner(launch), tmp_path, NullProgress()
+    )
     records = run_search(study, context)
     [pruned] = study.get_trials(states=(optuna.trial.TrialState.PRUNED,))
     assert pruned.params["batch_size"] == 256 and pruned.params["accumulation_steps"] == 2
@@ -244,7 +248,9 @@ def _selection_context(
     launch = TrialLaunch(
         spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=trial_seconds, timeout_s=120
     )
-    return SearchContext(settings, space, CPU_PROFILE, launch, tmp_path, NullProgress())
+    return SearchContext(
+        settings, space, CPU_PROFILE, ProcessRunner(launch), tmp_path, NullProgress()
+    )
 
 
 def _measured(config: TrialConfig, rate: float) -> TrialResult:

@@ -22,7 +22,7 @@ from advisor.search.space import build_space
 from advisor.search.storage import load_study, open_study, optimize_one
 from advisor.search.study import bind_study
 from advisor.settings import TuneSettings
-from advisor.trial.parent.runner import TrialLaunch
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import CPU_PROFILE, ROOT, TINY, run_advisor, trials_counted
 from tests.postgres import PASSWORD, postgres_url  # noqa: F401 (a fixture)
 
@@ -165,7 +165,7 @@ def _context(settings, hardware, task, logs) -> SearchContext:
     launch = TrialLaunch(
         spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=0.2, timeout_s=60
     )
-    return SearchContext(settings, space, hardware, launch, logs, NullProgress())
+    return SearchContext(settings, space, hardware, ProcessRunner(launch), logs, NullProgress())
 
 
 def test_a_wrong_password_is_one_masked_line(postgres_url, tmp_path):  # noqa: F811

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from advisor.knobs import TrialConfig
 from advisor.trial.child.budget import (
+    WindowTerms,
     estimated_cycle_s,
     timed_window,
     too_long_for_window,
@@ -22,7 +23,7 @@ from advisor.trial.child.budget import (
 from advisor.trial.child.measure import first_micro_step
 from advisor.trial.child.warmup import FirstStep
 from advisor.trial.child.window import Window, WindowMonitor
-from advisor.trial.protocol import EARLY_STEPS, TrialRequest
+from advisor.trial.protocol import EARLY_STEPS
 
 # Seconds by micro-step (or optimizer step): one figure for all, a list (its last figure for
 # every one after it), or a function of the 0-based index.
@@ -163,17 +164,11 @@ class ScriptedTrainer:
         """Nothing is queued: its micro-steps' seconds are on the clock already."""
 
 
-def request(config: TrialConfig, trial_seconds: float, **fields: object) -> TrialRequest:
-    """A trial's request as the parent writes it (`advisor.trial.parent.runner.run_trial`)."""
-    return TrialRequest(
-        spec="scripted.py:factory",
-        cwd=".",
-        config=config,
-        trial_seconds=trial_seconds,
-        launched_at=0.0,
-        result_path="result.json",
-        **fields,  # type: ignore[arg-type]
-    )
+def terms(config: TrialConfig, trial_seconds: float, **fields: object) -> WindowTerms:
+    """What a window order's warm-up and window keep to, as `WindowTerms.of` makes them of a
+    request: the warm-up takes `EARLY_STEPS` optimizer steps at least."""
+    steps = max(int(fields.pop("warmup_steps", EARLY_STEPS)), EARLY_STEPS)  # type: ignore[call-overload]
+    return WindowTerms(config=config, trial_seconds=trial_seconds, warmup_steps=steps, **fields)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -199,14 +194,13 @@ class Timing:
 
 
 def time_trial(
-    trainer: ScriptedTrainer, request: TrialRequest, watch: WindowMonitor | None = None
+    trainer: ScriptedTrainer, request: WindowTerms, watch: WindowMonitor | None = None
 ) -> Timing:
     """A trial's timing, in the order `advisor.trial.child.measure` runs it: the first
     micro-step alone, the warm-up, whether a cycle is too long for the window, the window."""
     clock = trainer.clock
     first, _ = first_micro_step(trainer, clock=clock)
-    steps = max(request.warmup_steps, EARLY_STEPS)
-    warmup = warm_up_trial(trainer, request, watch, first, steps, clock=clock)
+    warmup = warm_up_trial(trainer, request, watch, first, clock=clock)
     if warmup.stopped_early:
         return Timing(first, warmup, estimate=False, window=None)
     estimate = too_long_for_window(warmup, request, first)
@@ -226,7 +220,7 @@ def scripted_trial(
 ) -> Timing:
     """`time_trial` of a `ScriptedTrainer` on a fresh `FakeClock`, its batches built by
     `config.num_workers` loader workers in `batch_s` each (`Loader`; ready at once without),
-    under DDP in a `one_rank_group`. `fields` are the request's (`TrialRequest`)."""
+    under DDP in a `one_rank_group`. `fields` are the window's terms (`WindowTerms`)."""
     clock = FakeClock()
     wait_s: Seconds = 0.0
     if batch_s is not None:
@@ -236,7 +230,7 @@ def scripted_trial(
     )
     ranks = one_rank_group() if config.world_size > 1 else contextlib.nullcontext()
     with ranks:
-        return time_trial(trainer, request(config, trial_seconds, **fields), watch)
+        return time_trial(trainer, terms(config, trial_seconds, **fields), watch)
 
 
 @contextlib.contextmanager

@@ -8,7 +8,8 @@ from torch import nn
 
 from advisor.knobs import TrialConfig
 from advisor.trial.child.blocks import checkpoint_blocks, repeated_block
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import ReferenceOrder, WindowOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import ROOT, TINY
 from tests.workloads.tiny import Tower
 
@@ -39,7 +40,9 @@ def _trial(tmp_path, checkpointing: str, mode: str = "trial"):
         spec=f"{TINY}:blocks", cwd=ROOT, warmup_steps=2, trial_seconds=0.5, timeout_s=120
     )
     config = TrialConfig(batch_size=128, activation_checkpointing=checkpointing)
-    result = run_trial(launch, config, tmp_path / f"{checkpointing}-{mode}.log", mode=mode)
+    result = ProcessRunner(launch).run(
+        _order(mode, config), tmp_path / f"{checkpointing}-{mode}.log"
+    )
     assert result.status == "ok", result.reason
     return result
 
@@ -57,3 +60,8 @@ def test_checkpointing_changes_no_maths_and_takes_less_memory(tmp_path):
     assert (off.peak_memory_bytes or 0) - (on.peak_memory_bytes or 0) > 128 * 2**20, (
         off.peak_memory_bytes, on.peak_memory_bytes,
     )  # fmt: skip
+
+
+def _order(mode: str, config: TrialConfig) -> WindowOrder | ReferenceOrder:
+    """A search trial's order, or with `mode` "reference" the numerics reference's."""
+    return ReferenceOrder(config=config) if mode == "reference" else WindowOrder(config=config)

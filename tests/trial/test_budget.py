@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from advisor.knobs import TrialConfig
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import WindowOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import ROOT, TINY, survivors
 from tests.trial.scripted import scripted_trial
 
@@ -42,7 +43,9 @@ LONG_CYCLE = {"batch_size": 16, "accumulation_steps": 4}
 @LAYOUTS
 def test_a_trial_whose_cycle_is_longer_than_its_window_times_the_parts(tmp_path, marked, knobs):
     config = TrialConfig(**LONG_CYCLE, **knobs)
-    result = run_trial(_launch(), config, tmp_path / "t.log", sibling_accumulation=(8,))
+    result = ProcessRunner(_launch()).run(
+        WindowOrder(config=config, sibling_accumulation=(8,)), tmp_path / "t.log"
+    )
 
     assert result.status == "ok", result.reason
     assert result.estimated and result.steps_measured >= 1
@@ -53,7 +56,9 @@ def test_a_trial_whose_cycle_is_longer_than_its_window_times_the_parts(tmp_path,
 
 
 def test_a_re_run_times_whole_cycles_however_long(tmp_path):
-    result = run_trial(_launch(), TrialConfig(**LONG_CYCLE), tmp_path / "t.log", whole_cycles=True)
+    result = ProcessRunner(_launch()).run(
+        WindowOrder(config=TrialConfig(**LONG_CYCLE), whole_cycles=True), tmp_path / "t.log"
+    )
 
     assert result.status == "ok", result.reason
     assert not result.estimated and result.steps_measured >= 2

@@ -19,7 +19,8 @@ from advisor.trial.child.racing import (
     time_evaluation,
     train_racer,
 )
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import NoiseOrder, RaceOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import ROOT, TINY
 from tests.trial.scripted import FakeClock, steps_on
 from tests.workloads.convergence import KNOWN_NOISE_SCALE
@@ -40,7 +41,10 @@ def _noise_scale(tmp_path: Path, **config) -> NoiseScaleEstimate:
         spec=f"{CONVERGENCE}:known_noise_scale", cwd=ROOT, warmup_steps=1, trial_seconds=60.0,
         timeout_s=240, max_measure_steps=NOISE_STEPS, seed=0,
     )  # fmt: skip
-    result = run_trial(launch, TrialConfig(**config), tmp_path / "noise.log", mode="noise")
+    result = ProcessRunner(launch).run(
+        NoiseOrder(config=TrialConfig(**config), seconds=launch.trial_seconds),
+        tmp_path / "noise.log",
+    )
     assert result.status == "ok", result.reason
     assert result.eval_s_per_sample is not None and result.eval_s_per_sample > 0
     norms = result.gradient_norms
@@ -76,22 +80,24 @@ def test_accumulation_and_ddp_measure_the_known_noise_scale_alike(tmp_path):
 
 
 def test_a_noise_trial_needs_two_batch_sizes(tmp_path):
-    result = run_trial(
-        _launch(f"{CONVERGENCE}:known_noise_scale", 0.5),
-        TrialConfig(batch_size=8),
+    result = ProcessRunner(_launch(f"{CONVERGENCE}:known_noise_scale", 0.5)).run(
+        NoiseOrder(
+            config=TrialConfig(batch_size=8),
+            seconds=_launch(f"{CONVERGENCE}:known_noise_scale", 0.5).trial_seconds,
+        ),
         tmp_path / "noise.log",
-        mode="noise",
     )
     assert result.status == "error" and "accumulation_steps >= 2" in result.reason
 
 
 def _race(tmp_path: Path, spec: str, lr: LrPlan | None = None, seconds: float = 1.5, **config):
-    result = run_trial(
-        _launch(spec, seconds),
-        TrialConfig(**config),
+    result = ProcessRunner(_launch(spec, seconds)).run(
+        RaceOrder(
+            config=TrialConfig(**config),
+            seconds=_launch(spec, seconds).trial_seconds,
+            lr=lr or LrPlan(),
+        ),
         tmp_path / "race.log",
-        mode="race",
-        lr=lr or LrPlan(),
     )
     assert result.status == "ok", result.reason
     return result
@@ -136,12 +142,13 @@ def test_a_race_evaluates_evenly_in_training_time_until_its_time():
 def test_a_race_records_the_evaluations_it_is_asked_for(tmp_path):
     """A benchmark training a fast-converging model for a minute asks for more loss points
     than a race's 20; the request carries the count to the trial process."""
-    result = run_trial(
-        _launch(f"{TINY}:factory", 0.8),
-        TrialConfig(batch_size=16),
+    result = ProcessRunner(_launch(f"{TINY}:factory", 0.8)).run(
+        RaceOrder(
+            config=TrialConfig(batch_size=16),
+            seconds=_launch(f"{TINY}:factory", 0.8).trial_seconds,
+            evaluations=8,
+        ),
         tmp_path / "race.log",
-        mode="race",
-        evaluations=8,
     )
     assert result.status == "ok", result.reason
     assert len(result.race.points) == 1 + 8  # the initial point, then 8 in training time
@@ -187,7 +194,10 @@ def test_a_tracked_race_sees_the_noise_scale_grow_as_the_loss_falls(tmp_path):
     seconds = 3.0
     launch = _launch(f"{CONVERGENCE}:noise_grows", seconds)
     config = TrialConfig(batch_size=32)
-    result = run_trial(launch, config, tmp_path / "track.log", mode="race", track_noise=True)
+    result = ProcessRunner(launch).run(
+        RaceOrder(config=config, seconds=launch.trial_seconds, track_noise=True),
+        tmp_path / "track.log",
+    )
     assert result.status == "ok", result.reason
     curve = result.race
     track = noise_track(curve)

@@ -7,7 +7,8 @@ from torch import nn
 from advisor.knobs import TrialConfig
 from advisor.task import TrainingTask
 from advisor.trial.child.loop import Trainer, wrap_model
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import WindowOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import ROOT, TINY, survivors
 from tests.workloads.tiny import factory
 
@@ -20,7 +21,9 @@ def _run(name, tmp_path, *, timeout_s=120.0, **knobs):
     )
     config = TrialConfig(batch_size=16, **{**DDP, **knobs})
     phases: list[str] = []
-    result = run_trial(launch, config, tmp_path / "trial.log", on_phase=phases.append)
+    result = ProcessRunner(launch).run(
+        WindowOrder(config=config), tmp_path / "trial.log", on_phase=phases.append
+    )
     return result, phases
 
 

@@ -12,7 +12,8 @@ from torch.distributed.tensor import DTensor
 
 from advisor.knobs import TrialConfig
 from advisor.trial.child.loop import Trainer
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import ReferenceOrder, WindowOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import ROOT, TINY, survivors
 from tests.workloads.tiny import blocks
 
@@ -25,7 +26,9 @@ def _run(tmp_path, mode: str = "trial", **knobs):
         spec=f"{TINY}:blocks", cwd=ROOT, warmup_steps=2, trial_seconds=0.5, timeout_s=120
     )
     config = TrialConfig(batch_size=16, **knobs)
-    result = run_trial(launch, config, tmp_path / f"{config.label()}-{mode}.log", mode=mode)
+    result = ProcessRunner(launch).run(
+        _order(mode, config), tmp_path / f"{config.label()}-{mode}.log"
+    )
     assert result.status == "ok", result.reason
     return result
 
@@ -77,3 +80,8 @@ def test_fsdp_makes_each_block_a_unit_and_the_optimizer_steps_the_shards(checkpo
         trainer.close()
     finally:
         dist.destroy_process_group()
+
+
+def _order(mode: str, config: TrialConfig) -> WindowOrder | ReferenceOrder:
+    """A search trial's order, or with `mode` "reference" the numerics reference's."""
+    return ReferenceOrder(config=config) if mode == "reference" else WindowOrder(config=config)

@@ -10,9 +10,10 @@ import psutil
 import pytest
 
 from advisor.knobs import TrialConfig
+from advisor.trial.orders import WindowOrder
 from advisor.trial.parent.launcher import child_env, shared_launcher
-from advisor.trial.parent.runner import TrialLaunch, run_trial
-from advisor.trial.protocol import TrialRequest
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
+from advisor.trial.protocol import Channel, TrialRequest
 from tests.conftest import ROOT, TINY, survivors
 
 
@@ -30,7 +31,9 @@ def _launch(timeout_s: float = 120, preloaded: bool = True) -> TrialLaunch:
 def _trial(launch: TrialLaunch, name: str, tmp_path, on_phase=None):
     launch.spec = f"{TINY}:{name}"
     config = TrialConfig(batch_size=16)
-    return run_trial(launch, config, tmp_path / f"{name}.log", on_phase=on_phase)
+    return ProcessRunner(launch).run(
+        WindowOrder(config=config), tmp_path / f"{name}.log", on_phase=on_phase
+    )
 
 
 def test_a_trial_finds_torch_imported_unless_asked_for_a_fresh_interpreter(tmp_path):
@@ -100,10 +103,12 @@ def test_the_launcher_and_its_trial_exit_with_their_parent(tmp_path, marked):
     parent_code = (
         "from pathlib import Path\n"
         "from advisor.knobs import TrialConfig\n"
-        "from advisor.trial.parent.runner import TrialLaunch, run_trial\n"
+        "from advisor.trial.orders import WindowOrder\n"
+        "from advisor.trial.parent.runner import ProcessRunner, TrialLaunch\n"
         f"launch = TrialLaunch(spec='{TINY}:hang', cwd=Path('{ROOT}'), warmup_steps=1,"
         " trial_seconds=0.2, timeout_s=600)\n"
-        f"run_trial(launch, TrialConfig(batch_size=16), Path('{tmp_path}/t.log'))\n"
+        f"order = WindowOrder(config=TrialConfig(batch_size=16))\n"
+        f"ProcessRunner(launch).run(order, Path('{tmp_path}/t.log'))\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", parent_code], cwd=ROOT)
     deadline = time.monotonic() + 60
@@ -142,11 +147,10 @@ def test_waiting_on_a_forked_trial_ends_when_it_exits_or_at_the_timeout(tmp_path
     wake it at once (a fixed sleep had added up to 0.2 s to every trial's wall)."""
     launcher = shared_launcher(child_env(), ROOT)
     request = TrialRequest(
+        order=WindowOrder(config=TrialConfig(batch_size=16)),
         spec=f"{TINY}:hang",
         cwd=str(ROOT),
-        config=TrialConfig(batch_size=16),
-        launched_at=time.time(),
-        result_path=str(tmp_path / "result.json"),
+        channel=Channel(launched_at=time.time(), result_path=str(tmp_path / "result.json")),
     )
     (tmp_path / "request.json").write_text(request.model_dump_json())
     hung = launcher.fork(str(tmp_path / "request.json"), str(tmp_path / "hang.log"), str(ROOT))

@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 
 from advisor.knobs import TrialConfig
+from advisor.trial.orders import WindowOrder
 from advisor.trial.parent import launcher
 from advisor.trial.parent.preload import installed_imports
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 
 # A package "installed" in a site-packages folder of its own that notes every process that
 # imports it, with what it read: `{body}` adds what else its import does.
@@ -106,7 +107,10 @@ def _importers(tmp_path: Path) -> list[list[str]]:
 def _two_trials(launch: TrialLaunch, tmp_path: Path) -> list[str]:
     """The statuses of two trials, or on failure their reasons too."""
     config = TrialConfig(batch_size=16)
-    results = [run_trial(launch, config, tmp_path / f"{n}.log") for n in range(2)]
+    results = [
+        ProcessRunner(launch).run(WindowOrder(config=config), tmp_path / f"{n}.log")
+        for n in range(2)
+    ]
     if all(r.status == "ok" for r in results):
         return ["ok", "ok"]
     return [f"{r.status}: {r.reason}" for r in results]
@@ -119,7 +123,7 @@ def test_trials_share_one_import_of_an_installed_package(project, tmp_path):
     assert _two_trials(launch, tmp_path) == ["ok", "ok"]
     assert len(_importers(tmp_path)) == 1  # the launcher's import, before it forked both
     launch.import_ahead = False  # each trial imports it again
-    run_trial(launch, TrialConfig(batch_size=16), tmp_path / "each.log")
+    ProcessRunner(launch).run(WindowOrder(config=TrialConfig(batch_size=16)), tmp_path / "each.log")
     assert len(_importers(tmp_path)) == 2
 
 
@@ -171,9 +175,9 @@ def test_a_package_that_fails_to_import_fails_the_trial_as_without_the_launcher(
     launch = project("broken_package", body='raise RuntimeError("no licence server")')
     config = TrialConfig(batch_size=16)
 
-    ahead = run_trial(launch, config, tmp_path / "ahead.log")
+    ahead = ProcessRunner(launch).run(WindowOrder(config=config), tmp_path / "ahead.log")
     launch.preloaded = False
-    fresh = run_trial(launch, config, tmp_path / "fresh.log")
+    fresh = ProcessRunner(launch).run(WindowOrder(config=config), tmp_path / "fresh.log")
 
     assert ahead.status == fresh.status == "error"
     assert "no licence server" in ahead.reason

@@ -10,7 +10,8 @@ from advisor.task import build_task
 from advisor.trial.child.loop import Trainer
 from advisor.trial.child.racer_state import load_racer, save_racer
 from advisor.trial.child.racing import held_out_split, train_racer
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import RaceOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import ROOT, TINY
 from tests.trial.scripted import steps_on
 
@@ -77,17 +78,21 @@ def test_a_race_in_its_own_process_saves_its_state_and_goes_on_from_it(tmp_path,
     """Through the trial protocol, one process or two DDP ranks (rank 0 saves, both load)."""
     config = TrialConfig(batch_size=16, **layout)
     state = tmp_path / "racer.pt"
-    first = run_trial(_launch(0.6), config, tmp_path / "race.log", mode="race", race_state=state)
+    first = ProcessRunner(_launch(0.6)).run(
+        RaceOrder(config=config, seconds=_launch(0.6).trial_seconds, state=str(state)),
+        tmp_path / "race.log",
+    )
     assert first.status == "ok", first.reason
     assert state.exists()
 
-    whole = run_trial(
-        _launch(1.2),
-        config,
+    whole = ProcessRunner(_launch(1.2)).run(
+        RaceOrder(
+            config=config,
+            seconds=_launch(1.2).trial_seconds,
+            state=str(state),
+            continues=first.race,
+        ),
         tmp_path / "went-on.log",
-        mode="race",
-        race_state=state,
-        continues=first.race,
     )
     assert whole.status == "ok", whole.reason
     before = first.race.points

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from advisor.knobs import TrialConfig
-from advisor.trial.parent.runner import TrialLaunch, run_trial
+from advisor.trial.orders import WindowOrder
+from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import ROOT, TINY, survivors
 
 FAULTS = "tests/workloads/faults.py"
@@ -32,9 +33,8 @@ def _run(
         timeout_s=timeout_s,
     )
     phases: list[str] = []
-    result = run_trial(
-        launch,
-        TrialConfig(batch_size=config.pop("batch_size", 16), **config),
+    result = ProcessRunner(launch).run(
+        WindowOrder(config=TrialConfig(batch_size=config.pop("batch_size", 16), **config)),
         tmp_path / "trial.log",
         on_phase=phases.append,
     )
@@ -163,10 +163,12 @@ def test_trial_dies_with_its_parent(tmp_path, marked):
     parent_code = (
         "from pathlib import Path\n"
         "from advisor.knobs import TrialConfig\n"
-        "from advisor.trial.parent.runner import TrialLaunch, run_trial\n"
+        "from advisor.trial.orders import WindowOrder\n"
+        "from advisor.trial.parent.runner import ProcessRunner, TrialLaunch\n"
         f"launch = TrialLaunch(spec='{TINY}:hang', cwd=Path('{ROOT}'), warmup_steps=1,"
         " trial_seconds=0.2, timeout_s=600)\n"
-        f"run_trial(launch, TrialConfig(batch_size=16, num_workers=1), Path('{tmp_path}/t.log'))\n"
+        f"order = WindowOrder(config=TrialConfig(batch_size=16, num_workers=1))\n"
+        f"ProcessRunner(launch).run(order, Path('{tmp_path}/t.log'))\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", parent_code], cwd=ROOT)
     deadline = time.monotonic() + 60

@@ -19,7 +19,7 @@ from advisor.noise_scale import NoiseScaleEstimate, estimate_noise_scale
 from advisor.results import TrialResult
 from advisor.search.context import SearchContext
 from advisor.search.records import read_noise, write_noise
-from advisor.trial.parent.runner import run_trial
+from advisor.trial.orders import NoiseOrder
 
 __all__ = [
     "NOISE_ACCUMULATION",
@@ -67,12 +67,10 @@ def measure_noise_scale(
             context.progress.stage(f"the noise-scale trial failed: {_failure(stored)}")
         return noise
     context.progress.trial_started("noise-scale trial", config)
-    launch = context.launch.lasting(max(NOISE_SECONDS, context.settings.trial_seconds))
-    result = run_trial(
-        launch,
-        config,
+    seconds = max(NOISE_SECONDS, context.settings.trial_seconds)
+    result = context.runner.run(
+        NoiseOrder(config=config, seconds=seconds),
         context.logs_dir / "noise-scale.log",
-        mode="noise",
         on_phase=context.progress.trial_phase,
     )
     write_noise(study, result)

@@ -43,8 +43,7 @@ from advisor.search.context import SearchContext
 from advisor.search.race.plan import RacePlan
 from advisor.search.race.verdict import RACE_MARGIN, pick_at_batch0, time_to_loss
 from advisor.search.records import StudyKey, read_noise, read_racers, write_racer
-from advisor.trial.parent.runner import run_trial
-from advisor.trial.protocol import HELD_OUT_MAX, RACE_EVALUATIONS, TRACK_POINTS
+from advisor.trial.orders import HELD_OUT_MAX, RACE_EVALUATIONS, TRACK_POINTS, RaceOrder
 
 __all__ = ["held_out_size", "run_race"]
 
@@ -121,21 +120,20 @@ def _race_one(
     went_on = resumes is not None
     state = plan.resumes.state if plan.resumes else (states / f"{name}.pt" if states else None)
     context.progress.trial_started(f"race {count}, {plan.lr.label}", plan.config)
-    result = run_trial(
-        context.launch.lasting(horizon),  # in all: one that goes on starts at its last point
-        plan.config,
-        context.logs_dir / f"{name}{'-went-on' if went_on else ''}.log",
-        mode="race",
+    order = RaceOrder(
+        config=plan.config,
+        seconds=horizon,  # in all: one that goes on starts at its last point
         lr=plan.lr,
         # A candidate's two learning rates train equally long: the one that ends lower ships.
         # Only one of them goes on.
-        race_target=target if plan.role == "your batch" or went_on else None,
-        race_state=Path(state) if state else None,
+        target=target if plan.role == "your batch" or went_on else None,
+        state=str(state) if state else None,
         continues=resumes,
         evaluations=_evaluations(plan.resumes, horizon, seconds),
         held_out=held_out,
-        on_phase=context.progress.trial_phase,
     )
+    log_path = context.logs_dir / f"{name}{'-went-on' if went_on else ''}.log"
+    result = context.runner.run(order, log_path, on_phase=context.progress.trial_phase)
     saved = state is not None and not went_on and Path(state).exists()
     return Racer(
         role=plan.role,  # type: ignore[arg-type]

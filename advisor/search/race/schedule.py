@@ -46,8 +46,7 @@ from advisor.search.records import (
     write_option,
     write_racer,
 )
-from advisor.trial.parent.runner import run_trial
-from advisor.trial.protocol import TRACK_POINTS
+from advisor.trial.orders import TRACK_POINTS, RaceOrder, WindowOrder
 
 __all__ = [
     "GOODPUT_RULE",
@@ -293,9 +292,8 @@ class _ScheduleRace:
     def _measure(self, config: TrialConfig, batch: int) -> TrialResult:
         context = self.context
         context.progress.trial_started(f"schedule stage, global batch {batch}", config)
-        result = run_trial(
-            context.launch,
-            config,
+        result = context.runner.run(
+            WindowOrder(config=config),
             context.logs_dir / f"schedule-stage-{batch}.log",
             on_phase=context.progress.trial_phase,
         )
@@ -322,15 +320,17 @@ class _ScheduleRace:
         index = len(self.racers) + 1
         what = f"{role}: {schedule.label(config.world_size)}" if schedule else role
         context.progress.trial_started(f"schedule race {index}, {what}", config)
-        result = run_trial(
-            context.launch.lasting(limit or self._seconds),
-            config,
-            context.logs_dir / f"schedule-race-{index}.log",
-            mode="race",
+        order = RaceOrder(
+            config=config,
+            seconds=limit or self._seconds,
             lr=lr,
-            race_target=target,
+            target=target,
             schedule=schedule,
             track_noise=track,
+        )
+        result = context.runner.run(
+            order,
+            context.logs_dir / f"schedule-race-{index}.log",
             on_phase=context.progress.trial_phase,
         )
         racer = Racer(

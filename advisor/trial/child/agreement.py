@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from advisor.knobs import TrialConfig
 from advisor.trial.child.window import Clock
-from advisor.trial.protocol import PROGRESS_INTERVAL_S, TrialRequest
+from advisor.trial.protocol import PROGRESS_INTERVAL_S, Channel
 
 __all__ = ["EveryStep", "ParentWatch", "RankAgreement"]
 
@@ -32,14 +32,14 @@ class ParentWatch:
 
     def __init__(
         self,
-        request: TrialRequest,
+        channel: Channel,
         config: TrialConfig,
         rank: int,
         *,
         clock: Clock = time.perf_counter,
     ) -> None:
-        self._progress = Path(request.progress_path) if request.progress_path and not rank else None
-        self._stop = Path(request.stop_path) if request.stop_path else None
+        self._progress = Path(channel.progress_path) if channel.progress_path and not rank else None
+        self._stop = Path(channel.stop_path) if channel.stop_path else None
         self._samples_per_micro_batch = config.batch_size * config.world_size
         self._clock = clock
         self._started = clock()

@@ -14,11 +14,13 @@ step nearest its time rather than the first after it.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
+from advisor.knobs import TrialConfig
 from advisor.trial.child.agreement import EveryStep, ParentWatch, RankAgreement
 from advisor.trial.child.early_end import PRECISE_MIN_BATCHES
 from advisor.trial.child.warmup import FirstStep, WarmUpSteps, warm_up
@@ -30,10 +32,12 @@ from advisor.trial.child.window import (
     cycle_s,
     run_window,
 )
-from advisor.trial.protocol import PRECISE_AFTER_FRACTION, TrialRequest
+from advisor.trial.orders import ReferenceOrder, WindowOrder
+from advisor.trial.protocol import EARLY_STEPS, PRECISE_AFTER_FRACTION, TrialRequest
 
 __all__ = [
     "TrialSteps",
+    "WindowTerms",
     "estimated_cycle_s",
     "timed_window",
     "too_long_for_window",
@@ -53,6 +57,43 @@ class TrialSteps(WarmUpSteps, Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class WindowTerms:
+    """What a trial's warm-up and window keep to: its order's terms and the request's seconds."""
+
+    config: TrialConfig
+    trial_seconds: float
+    warmup_steps: int = EARLY_STEPS
+    whole_cycles: bool = False
+    precise_window: bool = False
+    sibling_accumulation: tuple[int, ...] = ()
+    beat_samples_per_s: float | None = None
+    max_measure_steps: int | None = None
+    bounded: bool = True  # False: the numerics reference's warm-up runs all its steps, untimed
+
+    @classmethod
+    def of(cls, request: TrialRequest) -> WindowTerms:
+        """The terms of a window or reference order."""
+        order = request.order
+        common = {
+            "config": order.config,
+            "trial_seconds": request.trial_seconds,
+            "warmup_steps": max(request.warmup_steps, EARLY_STEPS),
+            "max_measure_steps": request.max_measure_steps,
+        }
+        if isinstance(order, WindowOrder):
+            return cls(
+                **common,  # type: ignore[arg-type]
+                whole_cycles=order.whole_cycles,
+                precise_window=order.precise_window,
+                sibling_accumulation=order.sibling_accumulation,
+                beat_samples_per_s=order.beat_samples_per_s,
+            )
+        if isinstance(order, ReferenceOrder):
+            return cls(**common, whole_cycles=True, bounded=False)  # type: ignore[arg-type]
+        raise TypeError(f"a {order.kind} order has no window")
+
+
 # A window times whole cycles when a cycle takes at most this fraction of it, so that its three
 # steps take at most 1.5 windows; else it times a cycle's parts. A search trial's window, which
 # ends once precise, needs PRECISE_MIN_BATCHES cycles at least: they must fit in the window.
@@ -61,43 +102,42 @@ WHOLE_CYCLE_FRACTION = 0.5
 
 def warm_up_trial(
     trainer: TrialSteps,
-    request: TrialRequest,
+    terms: WindowTerms,
     watch: WindowMonitor | None,
     first: FirstStep,
-    steps: int,
     *,
     clock: Clock = time.perf_counter,
 ) -> Window:
-    """`steps` optimizer steps within one window's time. A search trial's warm-up may end within
-    a step, or take none after a first step long enough to have settled it (`warm_up`); a
-    re-run's (`whole_cycles`) runs whole steps, at least one; the numerics reference runs all.
-    Time is read from `clock`."""
+    """`terms.warmup_steps` optimizer steps within one window's time. A search trial's warm-up
+    may end within a step, or take none after a first step long enough to have settled it
+    (`warm_up`); a re-run's (`whole_cycles`) runs whole steps, at least one; the numerics
+    reference runs all. Time is read from `clock`."""
     agree = EveryStep(trainer.device) if trainer.config.world_size > 1 else None
-    budget = None if request.mode == "reference" else request.trial_seconds
-    settle = request.precise_window and not request.whole_cycles
+    budget = terms.trial_seconds if terms.bounded else None
+    settle = terms.precise_window and not terms.whole_cycles
     return warm_up(
         trainer,
-        steps,
+        terms.warmup_steps,
         budget,
         agree=agree,
         monitor=watch,
-        whole_steps=request.whole_cycles,
-        settle_s=PRECISE_AFTER_FRACTION * request.trial_seconds if settle else None,
-        cycle_beyond_s=_longest_whole_cycle_s(request) if settle else None,
+        whole_steps=terms.whole_cycles,
+        settle_s=PRECISE_AFTER_FRACTION * terms.trial_seconds if settle else None,
+        cycle_beyond_s=_longest_whole_cycle_s(terms) if settle else None,
         first=first,
         clock=clock,
     )
 
 
-def too_long_for_window(warmup: Window, request: TrialRequest, first: FirstStep) -> bool:
+def too_long_for_window(warmup: Window, terms: WindowTerms, first: FirstStep) -> bool:
     """Whether one optimizer cycle, predicted from the warm-up's micro-steps, is too long for
     whole cycles to be timed within the window; for a search trial, also the cycle of one of
     its `sibling_accumulation`: its window then times the parts, which give their rates too
     (a trial at batch 512 without accumulation would otherwise time whole steps, and the search
     a trial of its own for each accumulation, each its first step again)."""
-    config = request.config
-    longest = max((config.accumulation_steps, *request.sibling_accumulation))
-    if request.whole_cycles or longest == 1:
+    config = terms.config
+    longest = max((config.accumulation_steps, *terms.sibling_accumulation))
+    if terms.whole_cycles or longest == 1:
         return False  # one micro-step is the whole cycle: fewer steps, still whole
     micro = warmup.median_micro_s(stepped=False)
     final = warmup.median_micro_s(stepped=True)
@@ -108,20 +148,20 @@ def too_long_for_window(warmup: Window, request: TrialRequest, first: FirstStep)
     if micro is None or final is None:  # the warm-up ran out of time within its first cycle
         return True
     cycle_s = (longest - 1) * micro + final
-    return cycle_s > _longest_whole_cycle_s(request)
+    return cycle_s > _longest_whole_cycle_s(terms)
 
 
-def _longest_whole_cycle_s(request: TrialRequest) -> float:
+def _longest_whole_cycle_s(terms: WindowTerms) -> float:
     """The longest optimizer cycle a window times whole: one that lets a search trial's window
     time PRECISE_MIN_BATCHES cycles within `trial_seconds`, any other window three within 1.5."""
-    if request.precise_window and not request.whole_cycles:
-        return request.trial_seconds / PRECISE_MIN_BATCHES
-    return WHOLE_CYCLE_FRACTION * request.trial_seconds
+    if terms.precise_window and not terms.whole_cycles:
+        return terms.trial_seconds / PRECISE_MIN_BATCHES
+    return WHOLE_CYCLE_FRACTION * terms.trial_seconds
 
 
 def timed_window(
     trainer: TrialSteps,
-    request: TrialRequest,
+    terms: WindowTerms,
     warmup: Window,
     first: FirstStep,
     watch: WindowMonitor | None,
@@ -139,9 +179,9 @@ def timed_window(
         dist.barrier()  # all windows start together
         agree = RankAgreement(
             trainer.device,
-            request.trial_seconds,
+            terms.trial_seconds,
             # often where the parent may stop it or a precise rate may end it
-            check_every_s=ParentWatch.INTERVAL_S if watch or request.precise_window else None,
+            check_every_s=ParentWatch.INTERVAL_S if watch or terms.precise_window else None,
             clock=clock,
         )
     if estimate:
@@ -151,8 +191,8 @@ def timed_window(
     # steps, which the window's seconds then exceed anyway where steps are short
     whole_first = first.stepped and first.predicts_steps
     steps_s = [*warmup.step_times_s, *([first.seconds] if whole_first else [])]
-    long_cycles = bool(steps_s) and max(steps_s) > WHOLE_CYCLE_FRACTION * request.trial_seconds
-    search = request.precise_window and not request.whole_cycles
+    long_cycles = bool(steps_s) and max(steps_s) > WHOLE_CYCLE_FRACTION * terms.trial_seconds
+    search = terms.precise_window and not terms.whole_cycles
     # A search window right after the first micro-step (the warm-up took none after it), with
     # at most one loader worker (two or more deliver batches in rounds): that micro-step joins
     # the test of precision, of the window's steps where it was a whole step (three alike may
@@ -166,21 +206,21 @@ def timed_window(
         min_steps=2 if estimate or long_cycles else 3,
         precise_min_steps=1 if estimate else 2 if earlier else None,
         earlier_steps_s=earlier,
-        min_seconds=request.trial_seconds,
+        min_seconds=terms.trial_seconds,
         nearest_step=search,
         one_long_pair=estimate and search,
-        max_steps=request.max_measure_steps,
+        max_steps=terms.max_measure_steps,
         stop_at_once=True,  # the parent's stop: it keeps the steps it timed, if any
         worker_rounds=_worker_rounds(estimate=estimate, long_cycles=long_cycles and search),
         # precise: its batch means span worker rounds, and a draining burst keeps it imprecise
-        prefetched_rounds=not request.precise_window,
-        precise_after_s=PRECISE_AFTER_FRACTION * request.trial_seconds
-        if request.precise_window
+        prefetched_rounds=not terms.precise_window,
+        precise_after_s=PRECISE_AFTER_FRACTION * terms.trial_seconds
+        if terms.precise_window
         else None,
         estimate_accumulation=trainer.config.accumulation_steps if estimate else None,
-        sibling_accumulation=request.sibling_accumulation if estimate else (),
-        beat_step_s=trainer.config.global_batch_size / request.beat_samples_per_s
-        if request.beat_samples_per_s
+        sibling_accumulation=terms.sibling_accumulation if estimate else (),
+        beat_step_s=trainer.config.global_batch_size / terms.beat_samples_per_s
+        if terms.beat_samples_per_s
         else None,
         # an estimate's micro-steps are long: a pair and the micro-step after it may be precise
         agree_every_micro_step=estimate,

@@ -16,6 +16,7 @@ import random
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import torch.distributed as dist
 from torch.utils.data import Dataset
 from torch.utils.flop_counter import FlopCounterMode
 
+from advisor.convergence import LrPlan
 from advisor.errors import AdvisorError, BadInputError
 from advisor.knobs import TrialConfig
 from advisor.results import FailurePhase, TaskSummary, TrialResult
@@ -33,6 +35,7 @@ from advisor.trial.child.agreement import ParentWatch
 from advisor.trial.child.blocks import repeated_block
 from advisor.trial.child.budget import (
     TrialSteps,
+    WindowTerms,
     estimated_cycle_s,
     timed_window,
     too_long_for_window,
@@ -49,6 +52,13 @@ from advisor.trial.child.racing import (
 )
 from advisor.trial.child.warmup import FirstStep
 from advisor.trial.child.window import Bounds, Clock, Window, run_window
+from advisor.trial.orders import (
+    NoiseOrder,
+    RaceOrder,
+    ReferenceOrder,
+    ValidateOrder,
+    WindowOrder,
+)
 from advisor.trial.protocol import EARLY_STEPS, TrialRequest
 
 __all__ = ["EARLY_STEPS", "first_micro_step", "measure_request"]
@@ -74,7 +84,7 @@ def measure_request(request: TrialRequest, rank: int = 0) -> TrialResult:
     Under DDP (`rank` is this process's rank) the process group is already initialised, and only
     rank 0 reports the phase to the parent.
     """
-    phase = _Phase(request.phase_path if rank == 0 else None)
+    phase = _Phase(request.channel.phase_path if rank == 0 else None)
     state = _SoFar(config=request.config)
     try:
         return _measure(request, rank, phase, state)
@@ -110,49 +120,94 @@ class _SoFar:
     input_error: str | None = None
 
 
+@dataclass
+class _Built:
+    """What every kind of trial starts from: the built task, its trainer, the memory meter."""
+
+    request: TrialRequest
+    task: TrainingTask
+    kind: str
+    trainer: Trainer
+    memory: PeakMemory
+    phase: _Phase
+    state: _SoFar
+    rank: int
+    held_out: Dataset[Any] | None = None
+
+
 def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> TrialResult:
-    """Build, take the first step, warm up, then time a window."""
+    """Build the task and its trainer, then carry out the order (`_MEASURES`, by its type)."""
     _seed_everything(request.seed)
     # Dead ReLU units decay AdamW moments into denormals; without flushing, CPU steps slow down
     # mid-run and longer trials look worse. The generated script does the same.
     torch.set_flush_denormal(True)
     task, kind = build_task(request.spec, Path(request.cwd))
-    if request.mode == "validate":  # the user's own batch size, whatever the request said
-        request = request.model_copy(
-            update={
-                "config": request.config.model_copy(update={"batch_size": user_batch_size(task)})
-            }
-        )
-    state.config = request.config
-    config = request.config
+    order = request.order
+    if isinstance(order, ValidateOrder):  # the user's own batch size, whatever the order said
+        config = order.config.model_copy(update={"batch_size": user_batch_size(task)})
+        order = order.model_copy(update={"config": config})
+        request = request.model_copy(update={"order": order})
+    config = state.config = request.config
     device = torch.device("cuda", rank) if config.device == "cuda" else torch.device("cpu")
     memory = PeakMemory(
         device, has_children=config.num_workers > 0, all_gpus=config.parallel_mode == "dp"
     )
     memory.start()
     held_out = None
-    if request.mode == "race":  # before the loader is built: no racer trains on the slice
-        task, held_out = held_out_split(task, request.held_out)
-    trainer = Trainer(task, config, device, rank=rank, seed=request.seed, lr=request.lr)
-    if request.mode in ("race", "noise"):
-        return _converged(request, task, kind, trainer, held_out, memory, phase, state)
-    phase.enter("first_step")
+    if isinstance(order, RaceOrder):  # before the loader is built: no racer trains on the slice
+        task, held_out = held_out_split(task, order.held_out)
+    lr = order.lr if isinstance(order, (RaceOrder, ReferenceOrder)) else LrPlan()
+    trainer = Trainer(task, config, device, rank=rank, seed=request.seed, lr=lr)
+    built = _Built(request, task, kind, trainer, memory, phase, state, rank, held_out)
+    return _MEASURES[type(order)](built)
+
+
+def _first_step(built: _Built) -> tuple[FirstStep, list[float], TaskSummary, float]:
+    """The first micro-step alone; the task's summary and the start-up time with it."""
+    built.phase.enter("first_step")
     try:
-        first, first_losses = first_micro_step(trainer)
+        first, first_losses = first_micro_step(built.trainer)
     finally:  # also when the step fails: the batch it saw explains the failure
-        state.summary = _summarise(task, kind, trainer)
-    startup_s = time.time() - request.launched_at
-    state.startup_s = startup_s
-    summary = state.summary
-    if request.mode == "validate":
-        return _validated(request, trainer, memory, summary, startup_s)
-    phase.enter("warmup")
-    watch = ParentWatch(request, config, rank) if request.stop_path else None
-    warmup = warm_up_trial(trainer, request, watch, first, max(request.warmup_steps, EARLY_STEPS))
+        built.state.summary = _summarise(built.task, built.kind, built.trainer)
+    startup_s = time.time() - built.request.channel.launched_at
+    built.state.startup_s = startup_s
+    return first, first_losses, built.state.summary, startup_s
+
+
+def _validate(built: _Built) -> TrialResult:
+    """One timed step at the user's batch size, then its FLOPs."""
+    _, _, summary, startup_s = _first_step(built)
+    trainer = built.trainer
+    window = run_window(trainer, Bounds(max_steps=1, worker_rounds=0))
+    flops = _flops_per_sample(trainer)  # after the timed step: counting slows a step down
+    trainer.close()
+    summary = summary.model_copy(update={"flops_per_sample": flops})
+    terms = WindowTerms(config=trainer.config, trial_seconds=built.request.trial_seconds)
+    return _measured(terms, window, built.memory.stop(), summary, startup_s, warmup_s=0.0)
+
+
+def _reference(built: _Built) -> TrialResult:
+    """The first optimizer steps' losses from the seeded weights, untimed."""
+    first, first_losses, summary, _ = _first_step(built)
+    built.phase.enter("warmup")
+    warmup = warm_up_trial(built.trainer, WindowTerms.of(built.request), None, first)
+    built.trainer.close()
     early_losses = tuple((first_losses + warmup.losses)[:EARLY_STEPS])
-    if request.mode == "reference":
-        trainer.close()
-        return TrialResult(config=config, status="ok", early_losses=early_losses, task=summary)
+    config = built.request.config
+    return TrialResult(config=config, status="ok", early_losses=early_losses, task=summary)
+
+
+def _window(built: _Built) -> TrialResult:
+    """Warm up, then time a window (of whole cycles, or of a cycle's parts where one is too
+    long for it)."""
+    first, first_losses, summary, startup_s = _first_step(built)
+    trainer, request, config = built.trainer, built.request, built.request.config
+    terms = WindowTerms.of(request)
+    built.phase.enter("warmup")
+    channel = request.channel
+    watch = ParentWatch(channel, config, built.rank) if channel.stop_path else None
+    warmup = warm_up_trial(trainer, terms, watch, first)
+    early_losses = tuple((first_losses + warmup.losses)[:EARLY_STEPS])
     stopped = TrialResult(  # if the parent stops it before it measured a step
         config=config,
         status="stopped",
@@ -166,21 +221,27 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
     if warmup.stopped_early:  # the parent stopped it: clearly slower than the best
         trainer.close()
         return stopped
-    phase.enter("measure")
-    estimate = too_long_for_window(warmup, request, first)
-    if config.world_size > 1:  # every rank must time the same micro-steps: rank 0 decides
-        decision = torch.tensor([int(estimate)], device=trainer.device)
-        dist.broadcast(decision, src=0)
-        estimate = bool(decision.item())
-    window = timed_window(trainer, request, warmup, first, watch, estimate)
+    built.phase.enter("measure")
+    estimate = _ranks_agree(trainer, too_long_for_window(warmup, terms, first))
+    window = timed_window(trainer, terms, warmup, first, watch, estimate)
     trainer.close()
     cycle_s = estimated_cycle_s(window, config.accumulation_steps) if estimate else None
     if window.stopped_early and (not window.step_times_s or (estimate and cycle_s is None)):
         return stopped.model_copy(update={"failure_phase": "measure"})  # stopped: nothing timed
     if not estimate:  # a short warm-up leaves the first steps' losses to the window
         early_losses = tuple((first_losses + warmup.losses + window.losses)[:EARLY_STEPS])
-    result = _measured(request, window, memory.stop(), summary, startup_s, warmup.elapsed_s)
+    result = _measured(terms, window, built.memory.stop(), summary, startup_s, warmup.elapsed_s)
     return result.model_copy(update={"early_losses": early_losses, "first_step_s": first.seconds})
+
+
+def _ranks_agree(trainer: Trainer, estimate: bool) -> bool:
+    """Whether to time a cycle's parts: rank 0's decision, so that every DDP rank times the
+    same micro-steps."""
+    if trainer.config.world_size == 1:
+        return estimate
+    decision = torch.tensor([int(estimate)], device=trainer.device)
+    dist.broadcast(decision, src=0)
+    return bool(decision.item())
 
 
 def first_micro_step(
@@ -203,69 +264,75 @@ def first_micro_step(
     return FirstStep(seconds, stepped, waited, predicts_steps=not on_cuda), losses
 
 
-def _converged(
-    request: TrialRequest,
-    task: TrainingTask,
-    kind: str,
-    trainer: Trainer,
-    held_out: Dataset[Any] | None,
-    memory: PeakMemory,
-    phase: _Phase,
-    state: _SoFar,
-) -> TrialResult:
-    """A race (the loss against training time) or a noise trial (gradient norms)."""
-    phase.enter("measure")
-    state.startup_s = time.time() - request.launched_at
+def _race(built: _Built) -> TrialResult:
+    """Train for the order's seconds, the held-out loss recorded along the way."""
+    order = built.request.order
+    assert isinstance(order, RaceOrder)
+
+    def race() -> dict[str, Any]:
+        saved = Path(order.state) if order.state else None
+        if saved is not None and order.continues is not None:
+            load_racer(built.trainer, saved, built.request.seed)
+        curve = train_racer(
+            built.trainer,
+            built.task,
+            built.held_out,
+            order.seconds,
+            order.target,
+            schedule=order.schedule,
+            track_noise=order.track_noise,
+            evaluations=order.evaluations,
+            continues=order.continues,
+        )
+        if saved is not None and order.continues is None:
+            save_racer(built.trainer, saved)
+        return {"race": curve}
+
+    return _converged(built, race)
+
+
+def _noise(built: _Built) -> TrialResult:
+    """Gradient norms for the order's seconds, and what a held-out evaluation costs, so that
+    the race's slice is affordable."""
+    order, request = built.request.order, built.request
+    assert isinstance(order, NoiseOrder)
+
+    def noise() -> dict[str, Any]:
+        trainer = built.trainer
+        norms = measure_gradient_norms(trainer, order.seconds, max_steps=request.max_measure_steps)
+        return {"gradient_norms": norms, "eval_s_per_sample": time_evaluation(trainer, built.task)}
+
+    return _converged(built, noise)
+
+
+def _converged(built: _Built, run: Callable[[], dict[str, Any]]) -> TrialResult:
+    """A race or a noise trial: `run` trains and returns what its result adds."""
+    built.phase.enter("measure")
+    state = built.state
+    state.startup_s = time.time() - built.request.channel.launched_at
     try:
-        if request.mode == "race":
-            saved = Path(request.race_state) if request.race_state else None
-            if saved is not None and request.continues is not None:
-                load_racer(trainer, saved, request.seed)
-            curve = train_racer(
-                trainer,
-                task,
-                held_out,
-                request.trial_seconds,
-                request.race_target,
-                schedule=request.schedule,
-                track_noise=request.track_noise,
-                evaluations=request.evaluations,
-                continues=request.continues,
-            )
-            if saved is not None and request.continues is None:
-                save_racer(trainer, saved)
-            update: dict[str, Any] = {"race": curve}
-        else:
-            norms = measure_gradient_norms(
-                trainer, request.trial_seconds, max_steps=request.max_measure_steps
-            )
-            # What a held-out evaluation costs, so that the race's slice is affordable.
-            update = {"gradient_norms": norms, "eval_s_per_sample": time_evaluation(trainer, task)}
+        update = run()
     finally:  # the batch the first step saw explains a failure
-        state.summary = _summarise(task, kind, trainer)
-    trainer.close()
+        state.summary = _summarise(built.task, built.kind, built.trainer)
+    built.trainer.close()
     return TrialResult(
-        config=request.config,
+        config=built.request.config,
         status="ok",
         startup_s=state.startup_s,
-        peak_memory_bytes=memory.stop(),
+        peak_memory_bytes=built.memory.stop(),
         task=state.summary,
         **update,
     )
 
 
-def _validated(
-    request: TrialRequest,
-    trainer: Trainer,
-    memory: PeakMemory,
-    summary: TaskSummary,
-    startup: float,
-) -> TrialResult:
-    window = run_window(trainer, Bounds(max_steps=1, worker_rounds=0))
-    flops = _flops_per_sample(trainer)  # after the timed step: counting slows a step down
-    trainer.close()
-    summary = summary.model_copy(update={"flops_per_sample": flops})
-    return _measured(request, window, memory.stop(), summary, startup, warmup_s=0.0)
+# How each kind of order is carried out, once its task and trainer are built.
+_MEASURES: dict[type, Callable[[_Built], TrialResult]] = {
+    WindowOrder: _window,
+    ValidateOrder: _validate,
+    ReferenceOrder: _reference,
+    RaceOrder: _race,
+    NoiseOrder: _noise,
+}
 
 
 def _flops_per_sample(trainer: Trainer) -> float | None:
@@ -279,14 +346,14 @@ def _flops_per_sample(trainer: Trainer) -> float | None:
 
 
 def _measured(
-    request: TrialRequest,
+    terms: WindowTerms,
     window: Window,
     peak_memory: int,
     summary: TaskSummary,
     startup_s: float,
     warmup_s: float,
 ) -> TrialResult:
-    config = request.config
+    config = terms.config
     samples = window.micro_batches * config.batch_size  # this process's; ranks are summed later
     cycle_s = estimated_cycle_s(window, config.accumulation_steps)
     step_times = (
@@ -296,7 +363,7 @@ def _measured(
     )
     rate = samples / window.elapsed_s if cycle_s is None else _rate(config, cycle_s)
     return TrialResult(
-        sibling_rates=_sibling_rates(request, window) if cycle_s is not None else {},
+        sibling_rates=_sibling_rates(terms, window) if cycle_s is not None else {},
         config=config,
         status="ok",
         samples_per_s=rate,
@@ -323,14 +390,14 @@ def _rate(config: TrialConfig, cycle_s: float) -> float:
     return config.accumulation_steps * config.batch_size / cycle_s
 
 
-def _sibling_rates(request: TrialRequest, window: Window) -> dict[int, float]:
+def _sibling_rates(terms: WindowTerms, window: Window) -> dict[int, float]:
     """This process's samples/s at each of the request's `sibling_accumulation`, from the
     window's timed parts: the same micro-steps, in cycles of another length."""
     rates = {}
-    for accumulation in request.sibling_accumulation:
+    for accumulation in terms.sibling_accumulation:
         cycle_s = estimated_cycle_s(window, accumulation)
         if cycle_s is not None:
-            sibling = request.config.model_copy(update={"accumulation_steps": accumulation})
+            sibling = terms.config.model_copy(update={"accumulation_steps": accumulation})
             rates[accumulation] = _rate(sibling, cycle_s)
     return rates
 

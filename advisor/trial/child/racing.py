@@ -1,8 +1,8 @@
 """Child side of the convergence measurements: a race trial and a noise trial.
 
 A race trial trains one configuration from the seeded initial weights for a fixed training time
-(`TrialRequest.trial_seconds`) with the learning rate it would ship with, and records the loss as
-it goes; given a target loss (`TrialRequest.race_target`), it stops once it reaches it. The
+(`RaceOrder.seconds`) with the learning rate it would ship with, and records the loss as
+it goes; given a target loss (`RaceOrder.target`), it stops once it reaches it. The
 clock counts training only: it starts as the first step begins, so torch.compile's compilation
 and cuDNN's autotuning count against the racer, and it stops while the loss is evaluated. For a
 map-style dataset the loss is the mean over a fixed held-out slice that no racer trains on,
@@ -39,7 +39,7 @@ from advisor.task import TrainingTask
 from advisor.trial.child.batches import compute_loss, to_device
 from advisor.trial.child.loop import DivergedError, Trainer
 from advisor.trial.child.window import Clock
-from advisor.trial.protocol import HELD_OUT_MAX, RACE_EVALUATIONS, TRACK_POINTS
+from advisor.trial.orders import HELD_OUT_MAX, RACE_EVALUATIONS, TRACK_POINTS
 
 __all__ = [
     "EVALUATIONS",

@@ -249,7 +249,7 @@ class Bounds:
     # clearly longer than this (its 95 % interval above it): the best trial's so far, as long a
     # window could only narrow the interval of a rate that cannot be the best.
     beat_step_s: float | None = None
-    # An estimate's other accumulations (`TrialRequest.sibling_accumulation`): it is clearly
+    # An estimate's other accumulations (`WindowOrder.sibling_accumulation`): it is clearly
     # below the best only where the cycles of each of these are too, at their global batch.
     sibling_accumulation: tuple[int, ...] = ()
     # A warm-up timing micro-steps ends, once past its minimum seconds, when its micro-steps

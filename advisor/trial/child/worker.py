@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     request = TrialRequest.model_validate_json(Path(args[0]).read_text())
     _temporary_files_with_the_trial(request)
     result = run_request(request)
-    _write_atomically(result, request.result_path)
+    _write_atomically(result, request.channel.result_path)
     print(f"advisor: trial {result.status}: {result.samples_per_s or 0:.1f} samples/s")
     return 0
 
@@ -57,7 +57,7 @@ def _temporary_files_with_the_trial(request: TrialRequest) -> None:
     Only multiprocessing's: torch's compiler cache and the user's files stay where
     `tempfile.gettempdir()` says. Not where its sockets' paths would pass the length a Unix
     socket's path may have: they would fail to bind."""
-    scratch = Path(request.result_path).parent
+    scratch = Path(request.channel.result_path).parent
     if len(str(scratch)) + len(_SOCKET_IN_TEMPORARY_FOLDER) <= _LONGEST_SOCKET_PATH:
         folder = tempfile.mkdtemp(prefix="pymp-", dir=scratch)
         # what multiprocessing.util.get_temp_dir() returns from now on, here and in children

@@ -35,8 +35,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from advisor.frozen import Frozen
 from advisor.trial.parent.preload import import_ahead, package_of
 
 __all__ = [
@@ -57,10 +58,8 @@ READY_TIMEOUT_S = 120.0
 PER_CALL_VARIABLES = frozenset({"PYTEST_CURRENT_TEST"})
 
 
-class LaunchOrder(BaseModel):
+class LaunchOrder(Frozen):
     """One trial for the launcher to start."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     number: int = Field(description="echoed in the launcher's answers, to pair them with orders")
     job: Literal["trial", "probe"] = Field(

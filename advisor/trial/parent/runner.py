@@ -23,9 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast, get_args
 
-from advisor.convergence import BatchSchedule, LrPlan, RaceCurve
 from advisor.knobs import TrialConfig
 from advisor.results import FailurePhase, MachineLoad, TrialResult
+from advisor.trial.orders import (
+    NoiseOrder,
+    PhaseCallback,
+    ProgressCallback,
+    RaceOrder,
+    TrialOrder,
+)
 from advisor.trial.parent.group import GRACE_S, TrialChild, kill_group, signal_group
 from advisor.trial.parent.launcher import (
     ForkedTrial,
@@ -37,15 +43,9 @@ from advisor.trial.parent.launcher import (
 )
 from advisor.trial.parent.load import LoadMeter
 from advisor.trial.parent.preload import installed_imports
-from advisor.trial.protocol import (
-    HELD_OUT_MAX,
-    PROGRESS_INTERVAL_S,
-    RACE_EVALUATIONS,
-    TrialRequest,
-    died_without_result,
-)
+from advisor.trial.protocol import PROGRESS_INTERVAL_S, Channel, TrialRequest, died_without_result
 
-__all__ = ["ProgressCallback", "ProgressReader", "TrialLaunch", "run_trial"]
+__all__ = ["ProcessRunner", "ProgressReader", "TrialLaunch"]
 
 POLL_S = 0.2
 STOP_GRACE_S = 1.0
@@ -53,10 +53,6 @@ GPU_SAMPLE_S = 2.0  # how often other programs on the trial's GPUs are counted (
 # No progress line for two reporting intervals: the child is inside a micro-step that has lasted
 # one at least, and its rate so far is bounded by counting that micro-step as finished now.
 STALL_S = 2 * PROGRESS_INTERVAL_S
-PhaseCallback = Callable[[str], None]
-# Called with the seconds since the warm-up began and the projected samples/s; a returned reason
-# stops the trial.
-ProgressCallback = Callable[[float, float], str | None]
 
 
 class TrialLaunch:
@@ -99,75 +95,63 @@ class TrialLaunch:
         return longer
 
 
-def run_trial(
-    launch: TrialLaunch,
-    config: TrialConfig,
-    log_path: Path,
-    *,
-    mode: str = "trial",
-    lr: LrPlan | None = None,
-    race_target: float | None = None,
-    schedule: BatchSchedule | None = None,
-    track_noise: bool = False,
-    evaluations: int = RACE_EVALUATIONS,
-    held_out: int = HELD_OUT_MAX,
-    race_state: Path | None = None,
-    continues: RaceCurve | None = None,
-    whole_cycles: bool = False,
-    precise_window: bool = False,
-    beat_samples_per_s: float | None = None,
-    sibling_accumulation: tuple[int, ...] = (),
-    on_phase: PhaseCallback | None = None,
-    on_progress: ProgressCallback | None = None,
-) -> TrialResult:
-    """Run one trial in a fresh child process and return what it measured (or why it failed).
+class ProcessRunner:
+    """The real `TrialRunner`: every order runs in a fresh, isolated child process."""
 
-    `on_progress` sees the projected samples/s from the warm-up on and may stop the trial: in
-    its window, the result measures the shorter window and says `stopped_early`; before, its
-    status is `stopped`, with the projection as its samples/s. Either way `reason` says why.
-    With `precise_window`, the window ends once its rate is precise, or clearly below
-    `beat_samples_per_s` (then the result says `below_best`). With `sibling_accumulation`,
-    where the window times a cycle's parts, the result also gives their samples/s. A race
-    saves its training state at `race_state`, or, where it `continues` an earlier race's curve,
-    goes on from the state saved there.
-    """
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="advisor-trial-") as scratch:
-        request = TrialRequest(
-            spec=launch.spec,
-            cwd=str(launch.cwd),
-            config=config,
-            mode=mode,  # type: ignore[arg-type]
-            lr=lr or LrPlan(),
-            race_target=race_target,
-            schedule=schedule,
-            track_noise=track_noise,
-            evaluations=evaluations,
-            held_out=held_out,
-            race_state=str(race_state) if race_state is not None else None,
-            continues=continues,
-            warmup_steps=launch.warmup_steps,
-            whole_cycles=whole_cycles,
-            precise_window=precise_window,
-            beat_samples_per_s=beat_samples_per_s,
-            sibling_accumulation=sibling_accumulation,
-            trial_seconds=launch.trial_seconds,
-            max_measure_steps=launch.max_measure_steps,
-            seed=launch.seed,
-            launched_at=time.time(),
-            result_path=str(Path(scratch) / "result.json"),
-            phase_path=str(Path(scratch) / "phase"),
-            progress_path=str(Path(scratch) / "progress") if on_progress else None,
-            stop_path=str(Path(scratch) / "stop") if on_progress else None,
-        )
-        request_path = Path(scratch) / "request.json"
-        request_path.write_text(request.model_dump_json())
-        started = time.perf_counter()
-        watch = ProgressReader(request, on_phase, on_progress)
-        outcome, returncode, load = _supervise(request, request_path, launch, log_path, watch)
-        wall_s = time.perf_counter() - started
-        result = watch.stopped(outcome or _read_result(request, returncode, log_path))
-    return result.model_copy(update={"wall_s": wall_s, "log_path": str(log_path), "load": load})
+    def __init__(self, launch: TrialLaunch) -> None:
+        self.launch = launch
+
+    def run(
+        self,
+        order: TrialOrder,
+        log_path: Path,
+        *,
+        on_phase: PhaseCallback | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> TrialResult:
+        """Run one trial in a fresh child process and return what it measured (or why it failed).
+
+        `on_progress` sees the projected samples/s from the warm-up on and may stop the trial:
+        in its window, the result measures the shorter window and says `stopped_early`; before,
+        its status is `stopped`, with the projection as its samples/s. Either way `reason` says
+        why. A race or noise order trains for its own seconds, and its timeout grows with them.
+        """
+        launch = self.launch
+        if isinstance(order, (RaceOrder, NoiseOrder)):
+            launch = launch.lasting(order.seconds)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="advisor-trial-") as scratch:
+            request = _request(order, launch, Path(scratch), watched=on_progress is not None)
+            request_path = Path(scratch) / "request.json"
+            request_path.write_text(request.model_dump_json())
+            started = time.perf_counter()
+            watch = ProgressReader(request, on_phase, on_progress)
+            outcome, returncode, load = _supervise(request, request_path, launch, log_path, watch)
+            wall_s = time.perf_counter() - started
+            result = watch.stopped(outcome or _read_result(request, returncode, log_path))
+        return result.model_copy(update={"wall_s": wall_s, "log_path": str(log_path), "load": load})
+
+
+def _request(
+    order: TrialOrder, launch: TrialLaunch, scratch: Path, *, watched: bool
+) -> TrialRequest:
+    channel = Channel(
+        launched_at=time.time(),
+        result_path=str(scratch / "result.json"),
+        phase_path=str(scratch / "phase"),
+        progress_path=str(scratch / "progress") if watched else None,
+        stop_path=str(scratch / "stop") if watched else None,
+    )
+    return TrialRequest(
+        order=order,
+        spec=launch.spec,
+        cwd=str(launch.cwd),
+        seed=launch.seed,
+        warmup_steps=launch.warmup_steps,
+        trial_seconds=launch.trial_seconds,
+        max_measure_steps=launch.max_measure_steps,
+        channel=channel,
+    )
 
 
 def _supervise(
@@ -195,7 +179,7 @@ def _supervise(
         with contextlib.suppress(LauncherGoneError):
             kill_group(process)
     load, code = meter.stop(), process.returncode or 0  # reaped: its CPU time is counted
-    if timed_out and watch.stop is not None and not Path(request.result_path).exists():
+    if timed_out and watch.stop is not None and not Path(request.channel.result_path).exists():
         # it did not stop in time, and was killed: what it measured so far is all there is
         return TrialResult(config=request.config, status="stopped"), code, load
     if timed_out:
@@ -260,7 +244,7 @@ def _wait(
 ) -> tuple[bool, str]:
     deadline = time.monotonic() + timeout_s
     sampled = 0.0
-    result_path = Path(request.result_path)
+    result_path = Path(request.channel.result_path)
     result_seen: float | None = None
     while True:
         finished = process.poll() is not None
@@ -332,18 +316,18 @@ class ProgressReader:
 
     def read(self, *, progress: bool = True) -> None:
         """Take in new phases and, with `progress`, new progress lines (which may stop it)."""
-        for phase in _new_lines(self._request.phase_path, len(self._phases)):
+        for phase in _new_lines(self._request.channel.phase_path, len(self._phases)):
             self._phases.append(phase)
             if phase == "warmup":
                 self._last_seen = self._clock()
-                self._startup_s = time.time() - self._request.launched_at
+                self._startup_s = time.time() - self._request.channel.launched_at
             if self._on_phase is not None:
                 self._on_phase(phase)
         if not progress or self._on_progress is None or self.stop is not None:
             return
         if self._last_seen is None:
             return
-        fresh = _new_lines(self._request.progress_path, len(self._progress))
+        fresh = _new_lines(self._request.channel.progress_path, len(self._progress))
         for line in fresh:
             elapsed_s, samples = (float(field) for field in line.split())
             self._progress.append((elapsed_s, samples))
@@ -382,7 +366,7 @@ class ProgressReader:
         self._last_step = step
         reason = self._on_progress(step / 1000, samples_per_s)
         if reason is not None:
-            Path(self._request.stop_path or "").touch()
+            Path(self._request.channel.stop_path or "").touch()
             self.stop = _Stop(reason, samples_per_s, self.phase, self._clock())
 
     def stopped(self, result: TrialResult) -> TrialResult:
@@ -417,7 +401,7 @@ def _new_lines(path: str | None, seen: int) -> list[str]:
 
 
 def _read_result(request: TrialRequest, returncode: int, log_path: Path) -> TrialResult:
-    result_path = Path(request.result_path)
+    result_path = Path(request.channel.result_path)
     if result_path.exists():
         return TrialResult.model_validate_json(result_path.read_text())
     return _died(request, returncode, log_path)

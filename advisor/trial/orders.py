@@ -1,0 +1,169 @@
+"""The seam between the search and its trials: one typed order per kind of trial, and the
+`TrialRunner` that carries an order out (docs/architecture.md, "The trial seam").
+
+- `WindowOrder`: warm up, then time a window of training steps (a search trial or a re-run);
+  its result carries samples/s, step times, peak memory and the first steps' losses;
+- `ValidateOrder`: one step at the user's own batch size, and its FLOPs (the task's summary);
+- `ReferenceOrder`: the first steps from the seeded weights, untimed (`early_losses`);
+- `RaceOrder`: train for `seconds` with a learning rate, evaluating a held-out slice (`race`,
+  the loss curve);
+- `NoiseOrder`: gradient norms at two batch sizes for `seconds` (`gradient_norms`,
+  `eval_s_per_sample`).
+
+The real runner (`advisor.trial.parent.runner.ProcessRunner`) starts each trial in an isolated
+process; tests hand the search a scripted one (`tests/scripted_runner.py`), as httpx's tests hand
+its client a `MockTransport`. Every runner answers with a `TrialResult` whose status says how the
+trial ended; nothing the trial does escapes as an exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Literal, Protocol
+
+from pydantic import Field
+
+from advisor.convergence import BatchSchedule, LrPlan, RaceCurve
+from advisor.frozen import Frozen
+from advisor.knobs import TrialConfig
+from advisor.results import TrialResult
+
+__all__ = [
+    "HELD_OUT_MAX",
+    "RACE_EVALUATIONS",
+    "TRACK_POINTS",
+    "NoiseOrder",
+    "PhaseCallback",
+    "ProgressCallback",
+    "RaceOrder",
+    "ReferenceOrder",
+    "TrialOrder",
+    "TrialRunner",
+    "ValidateOrder",
+    "WindowOrder",
+]
+
+# Noise-scale probes along a tracked race, besides the one at its start (trial.child.racing).
+TRACK_POINTS = 5
+# Loss points a race records by default, evenly spaced in training time (trial.child.racing).
+RACE_EVALUATIONS = 20
+# Samples of a race's held-out slice at most: enough for a loss within a percent or so.
+HELD_OUT_MAX = 1024
+
+# Called with each phase the trial enters (build, first_step, warmup, measure).
+PhaseCallback = Callable[[str], None]
+# Called with the seconds since the warm-up began and the projected samples/s; a returned reason
+# stops the trial.
+ProgressCallback = Callable[[float, float], str | None]
+
+
+class _Order(Frozen):
+    config: TrialConfig
+
+
+class WindowOrder(_Order):
+    """Warm up, then time a window of training steps: a search trial or a re-run."""
+
+    kind: Literal["window"] = "window"
+    whole_cycles: bool = Field(
+        default=False,
+        description="time whole optimizer cycles however long they take (re-runs of finalists); "
+        "else warm-up and window keep to the trial's seconds each, and a cycle too long for the "
+        "window is timed in parts",
+    )
+    precise_window: bool = Field(
+        default=False,
+        description="a search trial's window may end from an eighth of the trial's seconds on, "
+        "once the rate it measures is precise (advisor.trial.child.early_end)",
+    )
+    beat_samples_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="with `precise_window`: the best search trial's samples/s so far; the window "
+        "may also end once its rate is clearly below it",
+    )
+    sibling_accumulation: tuple[int, ...] = Field(
+        default=(),
+        description="other accumulation steps the search may try at the same configuration. "
+        "Where one of their cycles is too long for the window, this trial's is timed in parts "
+        "too, and its result gives their samples/s (`TrialResult.sibling_rates`)",
+    )
+
+
+class ValidateOrder(_Order):
+    """One step at the user's own batch size (the config's batch size is ignored), its FLOPs."""
+
+    kind: Literal["validate"] = "validate"
+
+
+class ReferenceOrder(_Order):
+    """The first optimizer steps' losses from the seeded weights, for the numerics check."""
+
+    kind: Literal["reference"] = "reference"
+    lr: LrPlan = LrPlan()
+
+
+class RaceOrder(_Order):
+    """Train for `seconds` with the learning rate it would ship with, evaluating a held-out
+    slice at evenly spaced times; stop at `target` where one is given."""
+
+    kind: Literal["race"] = "race"
+    seconds: float = Field(gt=0, description="training time, in all where it `continues`")
+    lr: LrPlan = LrPlan()
+    target: float | None = Field(
+        default=None, description="stop once the held-out loss reaches this (None: train on)"
+    )
+    schedule: BatchSchedule | None = Field(
+        default=None, description="the batch-size schedule to train with, stage by stage"
+    )
+    track_noise: bool = Field(default=False, description="measure phi along the run")
+    held_out: int = Field(
+        default=HELD_OUT_MAX,
+        ge=1,
+        le=HELD_OUT_MAX,
+        description="samples of the held-out slice at most (every racer of a race the same)",
+    )
+    evaluations: int = Field(
+        default=RACE_EVALUATIONS,
+        ge=TRACK_POINTS,
+        description="loss points over the training time, evenly spaced",
+    )
+    state: str | None = Field(
+        default=None,
+        description="where the racer's training state is saved at its end, or, with "
+        "`continues`, loaded from at its start (advisor.trial.child.racer_state)",
+    )
+    continues: RaceCurve | None = Field(
+        default=None, description="the curve of the race this one goes on from"
+    )
+
+
+class NoiseOrder(_Order):
+    """Record squared gradient norms at the micro-batch and the accumulated batch for
+    `seconds`, and time a held-out evaluation."""
+
+    kind: Literal["noise"] = "noise"
+    seconds: float = Field(gt=0)
+
+
+TrialOrder = Annotated[
+    WindowOrder | ValidateOrder | ReferenceOrder | RaceOrder | NoiseOrder,
+    Field(discriminator="kind"),
+]
+
+
+class TrialRunner(Protocol):
+    """What carries out a trial order: the real runner starts an isolated process; a test's
+    runner answers from a script."""
+
+    def run(
+        self,
+        order: TrialOrder,
+        log_path: Path,
+        *,
+        on_phase: PhaseCallback | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> TrialResult:
+        """Carry out `order`, logging to `log_path`; `on_progress` may stop a window order."""
+        ...
