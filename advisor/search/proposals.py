@@ -58,11 +58,15 @@ def _enqueue_move(
         return
     space, settings = context.space, context.settings
     rejected = rejected_in_search(measured, space.domains, settings.early_stop)
-    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    # Another worker's running trials count as measured; so do the stages' earlier proposals
+    # that were pruned: a move is proposed once (two workers once looped on a pruned one).
+    states = (TrialState.RUNNING, TrialState.PRUNED)
     busy = [
         space.config_from_params(p)
-        for trial in running
-        if set(space.domains) <= set(p := planned_params(trial)) and space.problem(p) is None
+        for trial in study.get_trials(deepcopy=False, states=states)
+        if (trial.state == TrialState.RUNNING or TrialKey.STAGE in trial.user_attrs)
+        and set(space.domains) <= set(p := planned_params(trial))
+        and space.problem(p) is None
     ]
     move = next_move(space, ranking, measured, rejected, settings.trials, busy)
     if move is not None:

@@ -201,6 +201,8 @@ def _moves(
     def proposable(candidate: dict[str, Any]) -> bool:
         if space.problem(candidate) is not None:
             return False
+        if any((knob, value) in ruled_out for knob, value in candidate.items()):
+            return False  # a layout or memory move may bring a rejected micro-batch back
         config = space.config_from_params(candidate)
         return (
             config not in known

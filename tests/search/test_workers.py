@@ -6,6 +6,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import optuna
 import pytest
@@ -14,17 +15,19 @@ from sqlalchemy.exc import ProgrammingError
 
 from advisor.api import validate
 from advisor.errors import SettingsError, StorageError
+from advisor.knobs import TrialConfig
 from advisor.progress import NullProgress
 from advisor.search import storage
 from advisor.search.context import SearchContext
 from advisor.search.records import StudyKey, TrialKey, claim, fail_abandoned
 from advisor.search.space import build_space
 from advisor.search.storage import load_study, open_study, optimize_one
-from advisor.search.study import bind_study
+from advisor.search.study import bind_study, make_sampler, run_search
 from advisor.settings import TuneSettings
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import CPU_PROFILE, ROOT, TINY, run_advisor, trials_counted
 from tests.postgres import PASSWORD, postgres_url  # noqa: F401 (a fixture)
+from tests.scripted_runner import ScriptedRunner, scripted_context
 
 FAST = ("--trial-seconds", "0.3", "--warmup-steps", "2", "--confirm-top", "1")
 FAST += ("--objective", "throughput")
@@ -285,3 +288,33 @@ def test_a_storage_that_stays_locked_ends_the_search_with_one_line_and_keeps_tri
     assert str(failed.value).startswith(f"cannot save a trial to {url} (database is locked);")
     assert "run the same command to resume" in str(failed.value)
     assert len(load_study(url, "s").get_trials(states=(TrialState.COMPLETE,))) == 1
+
+
+def _slow_at_small_batches(config: TrialConfig) -> float:
+    """Samples/s that grow steeply with the micro-batch: your batch 32 runs under a quarter of
+    the best, and once two trials at it have, the value 32 is rejected."""
+    return 1000.0 * config.batch_size * config.world_size
+
+
+def test_two_workers_never_propose_a_rejected_move_twice(tmp_path):
+    """The README's scale-out, in-process: two workers, one after the other, on one study with
+    `--trials 10` each. At 2dcba6f the staged walk proposed one layout of a rejected batch size
+    again and again: 200 pruned proposals of it in 3 s, until a cap stopped the worker."""
+    storage = optuna.storages.InMemoryStorage()
+    for name in ("w1", "w2"):
+        settings = TuneSettings(spec=f"{TINY}:factory", trials=10, worker=name)
+        runner = ScriptedRunner(rate=_slow_at_small_batches)
+        context = scripted_context(settings, runner, tmp_path)
+        study = optuna.create_study(
+            storage=storage, study_name="shared", direction="maximize", load_if_exists=True,
+            sampler=make_sampler(settings, context.space),
+        )  # fmt: skip
+        bind_study(study, context)
+        run_search(study, context)
+    pruned = study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
+    proposed = [tuple(sorted(trial.params.items())) for trial in pruned]
+    assert len(proposed) == len(set(proposed)), Counter(proposed).most_common(1)
+    assert any("rejected" in trial.user_attrs[TrialKey.PRUNED_REASON] for trial in pruned) or (
+        len(pruned) < 20
+    )
+    assert trials_counted([trial.user_attrs for trial in study.trials]) == 20

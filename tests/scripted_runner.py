@@ -1,0 +1,161 @@
+"""A `TrialRunner` that answers from a script, as httpx's tests answer through `MockTransport`:
+the search, the re-runs and the decision run in-process and deterministically, and a test reads
+the orders they gave (`ScriptedRunner.orders`).
+
+A script says, per configuration, the samples/s a window measures (`rate`), and how a racer's
+loss falls with the samples it trains on (`loss`); every other figure follows from those."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from advisor.convergence import GradientNorms, LrPlan, RaceCurve, RacePoint
+from advisor.knobs import TrialConfig
+from advisor.progress import NullProgress, Progress
+from advisor.results import HardwareProfile, TaskSummary, TrialResult
+from advisor.search.context import SearchContext
+from advisor.search.space import build_space
+from advisor.settings import TuneSettings
+from advisor.trial.orders import (
+    NoiseOrder,
+    PhaseCallback,
+    ProgressCallback,
+    RaceOrder,
+    ReferenceOrder,
+    TrialOrder,
+    ValidateOrder,
+)
+from tests.conftest import CPU_PROFILE
+
+# The task a tiny MLP factory builds, as its trial child would summarise it.
+TASK = TaskSummary(
+    return_kind="tuple",
+    model_class="Sequential",
+    num_parameters=1_000,
+    dataset_class="TensorDataset",
+    dataset_size=4096,
+    iterable=False,
+    batch_kind="pair",
+    batch_description="(float32[32, 16], int64[32])",
+    loss_from_model=False,
+    custom_optimizer=False,
+    custom_collate=False,
+    user_batch_size=32,
+)
+PEAK_BYTES = 64 * 2**20
+EARLY = (2.30, 2.25, 2.20)  # the first optimizer steps' losses, every configuration alike
+
+
+def _rate_by_batch(config: TrialConfig) -> float | TrialResult:
+    """By default: samples/s grows with the micro-batch, as on a CPU, and nothing fails."""
+    return 1000.0 * math.sqrt(config.batch_size) * config.world_size
+
+
+def _loss_by_samples(config: TrialConfig, lr: LrPlan, samples: int) -> float:
+    """By default: the loss falls from 2.3 towards 0.3 with the samples trained on, alike at
+    every batch (below the critical batch) and learning rate."""
+    return 0.3 + 2.0 * math.exp(-samples / 20_000)
+
+
+@dataclass
+class ScriptedRunner:
+    """Answers each order from `rate` (samples/s, or a whole result such as an oom) and `loss`
+    (a racer's held-out loss after `samples`); records the orders in `orders`."""
+
+    rate: Callable[[TrialConfig], float | TrialResult] = _rate_by_batch
+    loss: Callable[[TrialConfig, LrPlan, int], float] = _loss_by_samples
+    orders: list[TrialOrder] = field(default_factory=list)
+
+    def run(
+        self,
+        order: TrialOrder,
+        log_path: Path,
+        *,
+        on_phase: PhaseCallback | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> TrialResult:
+        """The scripted result of `order`."""
+        self.orders.append(order)
+        if isinstance(order, RaceOrder):
+            return self._race(order)
+        if isinstance(order, NoiseOrder):
+            return self._noise(order)
+        config = order.config
+        if isinstance(order, ValidateOrder):
+            config = config.model_copy(update={"batch_size": TASK.user_batch_size})
+        scripted = self.rate(config)
+        if isinstance(scripted, TrialResult):
+            return scripted
+        return _window(config, scripted, reference=isinstance(order, ReferenceOrder))
+
+    def _race(self, order: RaceOrder) -> TrialResult:
+        config, rate = order.config, self.rate(order.config)
+        assert not isinstance(rate, TrialResult), "a racer is a configuration that ran"
+        points = []
+        for index in range(order.evaluations + 1):
+            seconds = order.seconds * index / order.evaluations
+            samples = int(rate * seconds)
+            loss = self.loss(config, order.lr, samples)
+            steps = samples // config.global_batch_size
+            points.append(RacePoint(seconds=seconds, samples=samples, steps=steps, loss=loss))
+            if order.target is not None and loss <= order.target:
+                break
+        curve = RaceCurve(loss_kind="held-out", held_out_samples=order.held_out, lr=order.lr,
+                          points=tuple(points))  # fmt: skip
+        return _ok(config, race=curve)
+
+    def _noise(self, order: NoiseOrder) -> TrialResult:
+        config = order.config
+        small, big = config.batch_size, config.global_batch_size
+        # |G|^2 + tr(S)/B with |G|^2 = 1 and tr(S) = 1000: a noise scale of 1000
+        norms = GradientNorms(
+            small_batch=small,
+            big_batch=big,
+            small_sq=tuple(1.0 + 1000.0 / small for _ in range(20)),
+            big_sq=tuple(1.0 + 1000.0 / big for _ in range(20)),
+        )
+        return _ok(config, gradient_norms=norms, eval_s_per_sample=1e-5)
+
+
+def _ok(config: TrialConfig, **fields: object) -> TrialResult:
+    return TrialResult(
+        config=config, status="ok", peak_memory_bytes=PEAK_BYTES, task=TASK,
+        startup_s=0.1, **fields,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def _window(config: TrialConfig, rate: float, *, reference: bool) -> TrialResult:
+    if reference:
+        return _ok(config, early_losses=EARLY)
+    step_s = config.global_batch_size / rate
+    steps = max(3, math.ceil(1.0 / step_s))
+    return _ok(
+        config,
+        samples_per_s=rate,
+        step_time_median_s=step_s,
+        step_time_p10_s=step_s,
+        step_time_p90_s=step_s,
+        data_wait_fraction=0.0,
+        warmup_s=1.0,
+        window_s=steps * step_s,
+        steps_measured=steps,
+        samples_measured=steps * config.global_batch_size,
+        early_losses=EARLY,
+        wall_s=2.0 + steps * step_s,
+    )
+
+
+def scripted_context(
+    settings: TuneSettings,
+    runner: ScriptedRunner,
+    logs: Path,
+    *,
+    hardware: HardwareProfile = CPU_PROFILE,
+    progress: Progress | None = None,
+) -> SearchContext:
+    """A search context on `hardware` for the scripted task, whose trials `runner` answers."""
+    space = build_space(settings, hardware, TASK)
+    return SearchContext(settings, space, hardware, runner, logs, progress or NullProgress())
