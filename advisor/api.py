@@ -14,6 +14,7 @@ from typing import Any, Literal, cast
 
 from pydantic import ValidationError
 
+from advisor.decide.decision import conclude, stored_result, tune_result
 from advisor.errors import BadInputError, SettingsError
 from advisor.knob_row import FRAMEWORKS, Framework
 from advisor.progress import NullProgress, Progress
@@ -24,7 +25,6 @@ from advisor.report.render import render_html, render_markdown, render_trials_cs
 from advisor.results import TaskSummary, TrialResult
 from advisor.search.checks import NumericsCheck, preflight
 from advisor.search.context import SearchContext
-from advisor.search.decision import conclude, stored_result, tune_result
 from advisor.search.pruning import make_pruner
 from advisor.search.records import fail_abandoned, pruned_of, records_of, write_outcome, write_start
 from advisor.search.space import build_space, resolve_device

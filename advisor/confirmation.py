@@ -1,5 +1,5 @@
 """Whether the re-runs support the speed-up claimed: `Confirmation`, in `recommendation.json`.
-The search judges it (`advisor.search.claims`); the console and the reports state it."""
+The search judges it (`advisor.decide.claims`); the console and the reports state it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ __all__ = ["Confirmation"]
 
 
 class Confirmation(Frozen):
-    """Whether the re-runs support the speed-up claimed (`advisor.search.claims`): the paired
+    """Whether the re-runs support the speed-up claimed (`advisor.decide.claims`): the paired
     speed-ups of the recommendation over the baseline, one per round, and how busy the
     machine was meanwhile."""
 
@@ -19,7 +19,7 @@ class Confirmation(Frozen):
     ratios: tuple[float, ...] = Field(description="recommendation ÷ baseline samples/s, by round")
     low: float = Field(
         description="the low end of the interval around their typical ratio (the Hodges-Lehmann "
-        "estimate on their logs, advisor.search.paired_ratio)"
+        "estimate on their logs, advisor.decide.paired_ratio)"
     )
     high: float
     claimed_speedup: float = Field(

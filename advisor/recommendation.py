@@ -200,7 +200,7 @@ class RaceSummary(Frozen):
     went_on_from: float | None = Field(
         default=None,
         description="the race's length before its finalists went on to `seconds` "
-        "(advisor.search.race.extend); None where it did not go on",
+        "(advisor.decide.race.extend); None where it did not go on",
     )
     first_verdict: str | None = Field(
         default=None, description="the verdict after `went_on_from` seconds, before it went on"

@@ -14,10 +14,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from advisor.decide.claims import COVERAGE
+from advisor.decide.paired_ratio import paired_ratio
 from advisor.knobs import TrialConfig
 from advisor.recommendation import Recommendation
-from advisor.search.claims import COVERAGE
-from advisor.search.paired_ratio import paired_ratio
 from advisor.trial.orders import WindowOrder
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 

@@ -21,12 +21,13 @@ LAYERS = (
     ("knob_row",),
     ("knobs", "memory_budget"),
     ("settings",),
-    ("convergence", "noise_scale"),
+    ("convergence",),
     ("results", "task"),
-    ("memory_limit", "confirmation"),
+    ("noise_scale", "memory_limit", "confirmation"),
     ("recommendation", "progress"),
     ("trial",),
-    ("search",),
+    ("search",),  # proposes and measures
+    ("decide",),  # decides from what the search measured
     ("report",),
     ("api", "console"),
     ("cli", "__main__"),
@@ -118,9 +119,14 @@ def _within(module: str, package: str) -> bool:
     return module == package or module.startswith(f"{package}.")
 
 
-def test_the_reports_render_and_import_nothing_of_the_search():
-    """The search decides; `report/` renders what it is handed (docs/architecture.md)."""
+def test_the_reports_render_and_import_nothing_of_the_search_or_the_decision():
+    """The decision decides; `report/` renders what it is handed (docs/architecture.md)."""
     assert _imports_from("advisor.report", "advisor.search") == []
+    assert _imports_from("advisor.report", "advisor.decide") == []
+
+
+def test_the_search_proposes_and_never_reaches_into_the_decision():
+    assert _imports_from("advisor.search", "advisor.decide") == []
 
 
 def test_the_child_side_of_a_trial_imports_neither_the_parent_side_nor_the_search():
@@ -128,12 +134,13 @@ def test_the_child_side_of_a_trial_imports_neither_the_parent_side_nor_the_searc
     assert _imports_from("advisor.trial.child", "advisor.search") == []
 
 
-def test_optuna_is_imported_only_where_the_search_lives():
+def test_optuna_is_imported_only_where_the_study_is_read_and_written():
     outside = [
         f"{found.importer}:{found.line}"
         for found in IMPORTS
         if found.imported.split(".")[0] == "optuna"
         and not _within(found.importer, "advisor.search")
+        and not _within(found.importer, "advisor.decide")
     ]
     assert outside == []
 
@@ -160,7 +167,14 @@ def test_torch_is_imported_at_module_level_only_in_trial_processes():
 
 
 @pytest.mark.parametrize(
-    "module", ["advisor.cli", "advisor.api", "advisor.report.render", "advisor.search.study"]
+    "module",
+    [
+        "advisor.cli",
+        "advisor.api",
+        "advisor.report.render",
+        "advisor.search.study",
+        "advisor.decide.decision",
+    ],
 )
 def test_the_tuning_parent_does_not_import_torch(module):
     code = f"import sys, {module}; print('torch' in sys.modules)"

@@ -1,15 +1,14 @@
-"""The search and the decision: which configurations to measure, and which one wins.
+"""The search: which configurations to measure, measured through the trial runner
+(docs/architecture.md, "Searching"). It proposes and measures; `advisor.decide` decides.
 
 - `space`: the searchable domains on this machine, the fixed knobs and the baseline;
 - `study`: the Optuna study that proposes and measures configurations;
-- `seeding`, `siblings`, `dominance`, `pruning`: what the search proposes, derives, rejects
-  and stops early;
+- `proposals`, `staging`, `seeding`: what advisor queues before the sampler's proposals;
+- `siblings`, `dominance`, `pruning`: what the search derives, rejects and stops early;
+- `ranking`, `noise`: what the search ranks by, and the noise trial it is measured from;
 - `storage`: opening the Optuna storage a study lives in;
 - `records`: what advisor stores in a study, and reading it back;
-- `selection`: re-measuring the finalists;
-- `race/`: the noise scale and the race to the user's loss (plan, run, verdict);
-- `analysis`: what the trials show about single knobs, layouts and the bottleneck;
-- `decision`: the recommendation and the `TuneResult`, fresh or from a stored study;
-- `checks`: preflight of the task, memory headroom, numerics of knobs that change the maths;
-- `context`: what these share while a tune runs.
+- `checks`, `memory`: preflight of the task, memory headroom and budget, numerics of knobs that
+  change the maths;
+- `context`: what the search and the decision share while a tune runs (the runner among it).
 """

@@ -1,7 +1,7 @@
 """What the search ranks configurations by: goodput under the time-to-loss objective.
 
 A global batch B needs about (phi + B) / (phi + B0) times the samples of the user's batch B0 to
-reach a loss (`advisor.search.race.noise`), so a configuration approaches the user's loss at its
+reach a loss (`advisor.search.noise`), so a configuration approaches the user's loss at its
 samples/s over that ratio: its goodput (AdaptDL's throughput x statistical efficiency). The
 ratio is taken at the end of phi's interval that favours the batch, since phi grows as training
 goes on: the search measures every batch that might win, and the race decides. Without a noise
@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import optuna
 
 from advisor.convergence import NoiseScale
+from advisor.noise_scale import optimistic_ratio
 from advisor.search.context import SearchContext
-from advisor.search.race.noise import measure_noise_scale, optimistic_ratio
+from advisor.search.noise import measure_noise_scale
 
 __all__ = ["Ranking", "measure_ranking", "ranks_by_goodput"]
 

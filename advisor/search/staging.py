@@ -30,11 +30,11 @@ from itertools import product
 from typing import Any, Literal
 
 from advisor.knobs import KNOBS, TrialConfig
+from advisor.noise_scale import predict_batches, race_finalists
 from advisor.recommendation import Rejected
 from advisor.results import TrialRecord
 from advisor.search.checks import known_out_of_memory
 from advisor.search.memory import memory_gate, over_memory
-from advisor.search.race.plan import predict_batches, race_finalists
 from advisor.search.ranking import Ranking
 from advisor.search.siblings import ran_itself
 from advisor.search.space import SHAPE, SearchSpace

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from advisor.search.race.noise import estimate_noise_scale, samples_ratio
+from advisor.noise_scale import estimate_noise_scale, samples_ratio
 
 DIMENSIONS = 10
 NOISE_VARIANCE = 2.0

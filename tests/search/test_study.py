@@ -5,14 +5,14 @@ import pytest
 
 import advisor
 from advisor.api import validate
+from advisor.decide import reruns as selection_module
+from advisor.decide.reruns import failure_summary, select_winner
 from advisor.knobs import TrialConfig
 from advisor.memory_budget import MemoryBudget
 from advisor.progress import NullProgress
 from advisor.results import TrialRecord, TrialResult
-from advisor.search import selection as selection_module
 from advisor.search.checks import memory_problem
 from advisor.search.context import SearchContext
-from advisor.search.selection import failure_summary, select_winner
 from advisor.search.space import build_space
 from advisor.search.study import run_search
 from advisor.settings import TuneSettings

@@ -11,7 +11,7 @@ loss between evaluations.
 
 A noise trial records, per optimizer step, the squared norm of one micro-batch's gradient and of
 the whole accumulated (and, under DDP, all-reduced) gradient: the two batch sizes the gradient
-noise scale is estimated from (`advisor.search.race.noise`). Under GradScaler the norms are of
+noise scale is estimated from (`advisor.search.noise`). Under GradScaler the norms are of
 the unscaled gradients.
 """
 

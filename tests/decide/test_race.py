@@ -9,17 +9,18 @@ import pytest
 
 from advisor.api import validate
 from advisor.convergence import BatchPrediction, LrPlan, NoiseScale, RaceCurve, RacePoint
+from advisor.decide.decision import race_choice
+from advisor.decide.race.plan import RacePlan, lr_rule
+from advisor.decide.race.run import run_race
+from advisor.decide.race.verdict import RACE_MARGIN, decide_race, time_to_loss
+from advisor.decide.reruns import Selection
 from advisor.knobs import TrialConfig
+from advisor.noise_scale import predict_batches, race_finalists
 from advisor.progress import NullProgress
 from advisor.recommendation import Racer
 from advisor.results import TrialRecord, TrialResult
 from advisor.search.context import SearchContext
-from advisor.search.decision import race_choice
-from advisor.search.race.plan import RacePlan, lr_rule, predict_batches, race_finalists
-from advisor.search.race.run import run_race
-from advisor.search.race.verdict import RACE_MARGIN, decide_race, time_to_loss
 from advisor.search.records import read_racers
-from advisor.search.selection import Selection
 from advisor.search.space import build_space
 from advisor.settings import TuneSettings
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch

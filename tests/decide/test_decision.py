@@ -3,9 +3,9 @@
 import pytest
 
 from advisor.api import validate
+from advisor.decide.decision import efficiency
 from advisor.knobs import TrialConfig
 from advisor.results import GpuInfo
-from advisor.search.decision import efficiency
 from tests.conftest import CPU_PROFILE, TINY
 
 CPU = CPU_PROFILE.model_copy(update={"cpu_peak_flops": {"fp32": 2e11, "bf16": 8e11}})

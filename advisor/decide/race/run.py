@@ -14,7 +14,7 @@ optimisation. So, after the throughput search:
 3. the winner reaches the baseline's lowest loss in the race (its end-of-race loss, unless it
    rose again) soonest, by more than the noise, and also that loss plus twice the noise of the
    baseline's evaluations (`RaceCurve.target_losses`); otherwise
-   the fastest configuration at B0 wins (`advisor.search.race.verdict`).
+   the fastest configuration at B0 wins (`advisor.decide.race.verdict`).
 
 Only the baseline trains the whole race time: it sets the target. Where its loss did not fall
 (`RaceCurve.fell`: flat, or rising from the start), nothing can be timed to it: the other racers
@@ -26,7 +26,7 @@ does not race it again.
 
 Every racer evaluates the same held-out slice, as large as one evaluation can afford
 (`held_out_size`). Each saves its training state at its end where the race may go on
-(`advisor.search.race.extend`); a racer that goes on loads it, trains on to the longer horizon,
+(`advisor.decide.race.extend`); a racer that goes on loads it, trains on to the longer horizon,
 and evaluates `WENT_ON_EVALUATIONS` times over the added time.
 """
 
@@ -38,10 +38,10 @@ from pathlib import Path
 import optuna
 
 from advisor.convergence import RaceCurve
+from advisor.decide.race.plan import RacePlan
+from advisor.decide.race.verdict import RACE_MARGIN, pick_at_batch0, time_to_loss
 from advisor.recommendation import Racer, did_not_fall, reference_racer
 from advisor.search.context import SearchContext
-from advisor.search.race.plan import RacePlan
-from advisor.search.race.verdict import RACE_MARGIN, pick_at_batch0, time_to_loss
 from advisor.search.records import StudyKey, read_noise, read_racers, write_racer
 from advisor.trial.orders import HELD_OUT_MAX, RACE_EVALUATIONS, TRACK_POINTS, RaceOrder
 

@@ -1,4 +1,4 @@
-"""A speed-up is claimed only where the paired re-runs support it (`advisor.search.claims`),
+"""A speed-up is claimed only where the paired re-runs support it (`advisor.decide.claims`),
 and the machine's load is read from outside the trial (`advisor.trial.parent.load`)."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from contextlib import contextmanager
 import pytest
 
 import advisor
+from advisor.decide.claims import BUSY_ROUNDS, COVERAGE, MIN_ROUNDS, busy, judge
+from advisor.decide.paired_ratio import paired_ratio
+from advisor.decide.reruns import rerun_pairs
 from advisor.knobs import TrialConfig
 from advisor.results import MachineLoad, TrialRecord, TrialResult
-from advisor.search.claims import BUSY_ROUNDS, COVERAGE, MIN_ROUNDS, busy, judge
-from advisor.search.paired_ratio import paired_ratio
-from advisor.search.selection import rerun_pairs
 from advisor.trial.orders import WindowOrder
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import ROOT, TINY

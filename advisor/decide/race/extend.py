@@ -9,7 +9,7 @@ global batch and another global batch raced, three racers go on from where they 
 `TuneSettings.race_continue` race lengths in all: the baseline, the best at the user's batch,
 and the other global batch that came nearest to winning. Each loads the training state it saved
 (`advisor.trial.child.racer_state`), so only the added seconds cost, and each stops as soon as
-it can no longer win (`advisor.search.race.run`). The verdict is then decided again
+it can no longer win (`advisor.decide.race.run`). The verdict is then decided again
 (`decide_race`) at the baseline's lowest loss over the longer horizon, with the same margin and
 noise band, but for a tie: a larger global batch level with the pick at the user's batch wins
 (`levels`: the horizon is still shorter than the user's run, and a larger batch gains as
@@ -25,11 +25,11 @@ from pathlib import Path
 
 import optuna
 
+from advisor.decide.race.plan import RacePlan
+from advisor.decide.race.run import run_race
+from advisor.decide.race.verdict import decide_race
 from advisor.recommendation import Racer, RaceSummary
 from advisor.search.context import SearchContext
-from advisor.search.race.plan import RacePlan
-from advisor.search.race.run import run_race
-from advisor.search.race.verdict import decide_race
 from advisor.search.records import StudyKey
 
 __all__ = ["RACE_STATES", "go_on", "going_on", "race_to_loss", "why_not_go_on"]

@@ -52,7 +52,7 @@ class Selection:
         return statistics.median(self.baseline_runs) if self.baseline_runs else None
 
     def with_confirmations(self, runs: Sequence[TrialRecord]) -> Selection:
-        """The same selection with more re-runs (`advisor.search.claims`' rounds) counted."""
+        """The same selection with more re-runs (`advisor.decide.claims`' rounds) counted."""
         confirmations = (*self.confirmations, *runs)
         baseline = next((r.number for r in self.finalists if r.role == "baseline"), None)
 

@@ -2,9 +2,9 @@
 
 import pytest
 
+from advisor.decide.analysis import best_by_layout, diagnose, knob_effects, rejected_values
 from advisor.knobs import TrialConfig
 from advisor.results import TrialRecord, TrialResult
-from advisor.search.analysis import best_by_layout, diagnose, knob_effects, rejected_values
 
 
 def _trial(number, rate, wait=0.05, role="search", status="ok", **knobs):

@@ -1,32 +1,45 @@
-"""Who races: what the noise scale predicts for each global batch the search measured
-(`predict_batches`), which of them race (`race_finalists`), and each racer's role and learning
-rate (`plan_racers`, `lr_rule`)."""
+"""What the gradient noise scale predicts, as samples and as time (docs/method.md, "The noise
+scale"): reaching a given loss takes about E_min (1 + B/B_simple) samples, so relative to the
+user's batch B0 a batch B needs (B_simple + B)/(B_simple + B0) times the samples. The search
+(which batches to probe and measure) and the decision (which batches race) both read it; it
+explains, it never decides.
+"""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from advisor.convergence import BatchPrediction, LrPlan, NoiseScale
+from advisor.convergence import BatchPrediction, NoisePoint, NoiseScale, NoiseTrack, RaceCurve
 from advisor.knobs import TrialConfig
-from advisor.recommendation import Racer
+from advisor.noise_scale._estimate import estimate_noise_scale
 from advisor.results import TrialRecord
-from advisor.search.race.noise import optimistic_ratio, samples_ratio
-from advisor.search.selection import Selection
 
 __all__ = [
     "MAX_RACE_BATCHES",
-    "RacePlan",
-    "lr_rule",
-    "plan_racers",
+    "noise_track",
+    "optimistic_ratio",
     "predict_batches",
     "race_finalists",
+    "samples_ratio",
 ]
 
 MAX_RACE_BATCHES = 2  # other global batches raced, besides the user's
-LR_CAP = 8.0  # no rule scales the learning rate by more
-LINEAR_WARMUP_STEPS = 20  # the linear rule's warm-up (Goyal et al. 2017)
+
+
+def samples_ratio(noise_scale: float, baseline_batch: int, batch: int) -> float:
+    """How many times the samples of batch `baseline_batch` a batch of `batch` needs to reach
+    the same loss: (B_simple + B) / (B_simple + B0); its inverse is the statistical efficiency."""
+    return (noise_scale + batch) / (noise_scale + baseline_batch)
+
+
+def optimistic_ratio(noise: NoiseScale | None, baseline_batch: int, batch: int) -> float:
+    """`samples_ratio` at the end of phi's 95 % interval that favours `batch`: the high end for
+    a larger batch, the low end for a smaller one (phi grows as training goes on, so the
+    interval's high end is the nearer guess for later training). 1 without a phi."""
+    if noise is None or noise.value is None:
+        return 1.0
+    phi = noise.high if batch > baseline_batch else noise.low
+    return samples_ratio(phi if phi is not None else noise.value, baseline_batch, batch)
 
 
 def predict_batches(
@@ -108,63 +121,27 @@ def _best_by_global_batch(records: Sequence[TrialRecord]) -> dict[int, TrialReco
     return best
 
 
-def lr_rule(optimizer_class: str | None, batch0: int, batch: int) -> LrPlan:
-    """The optimizer family's rule for a global batch `batch` instead of `batch0`: linear with
-    warm-up for SGD, square root for everything else (Adam and other adaptive methods); capped
-    at `LR_CAP`."""
-    ratio = batch / batch0
-    if optimizer_class is not None and optimizer_class.lower().startswith("sgd"):
-        scale = min(ratio, LR_CAP)
-        return LrPlan(
-            scale=scale, warmup_steps=LINEAR_WARMUP_STEPS if scale > 1 else 0, rule="linear"
+def noise_track(curve: RaceCurve) -> NoiseTrack | None:
+    """phi with its interval at each point where a tracked race measured gradient norms;
+    None for a race that was not tracked."""
+    if not curve.noise_probes:
+        return None
+    points = []
+    for probe in curve.noise_probes:
+        norms = probe.norms
+        estimate = (
+            estimate_noise_scale(norms.small_sq, norms.big_sq, norms.small_batch, norms.big_batch)
+            if len(norms.small_sq) >= 2
+            else None
         )
-    return LrPlan(scale=min(math.sqrt(ratio), LR_CAP), rule="sqrt")
-
-
-@dataclass(frozen=True)
-class RacePlan:
-    """A racer before it runs: which finalist, in which role, with which learning rate; one
-    that `resumes` an earlier racer goes on from its saved state (`advisor.search.race.extend`)."""
-
-    role: str
-    trial: int | None
-    config: TrialConfig
-    lr: LrPlan
-    samples_per_s: float | None
-    resumes: Racer | None = None
-
-
-def plan_racers(
-    selection: Selection,
-    predictions: Sequence[BatchPrediction],
-    baseline: TrialConfig,
-    optimizer_class: str | None,
-) -> list[RacePlan]:
-    """The baseline, the fastest re-measured configuration at the user's global batch, and at
-    each raced batch the fastest re-measured one with both learning rates."""
-    batch0 = baseline.global_batch_size
-    rates = selection.confirmed_rates
-    by_batch: dict[int, tuple[float, TrialRecord]] = {}
-    for record in selection.finalists:
-        rate = rates.get(record.number)
-        batch = record.result.config.global_batch_size
-        if rate is not None and (batch not in by_batch or rate > by_batch[batch][0]):
-            by_batch[batch] = (rate, record)
-    baseline_record = next((r for r in selection.finalists if r.result.config == baseline), None)
-    plans = []
-    if baseline_record is not None:
-        plans.append(_plan("baseline", baseline_record, LrPlan(), rates))
-    if batch0 in by_batch and by_batch[batch0][1] is not baseline_record:
-        plans.append(_plan("your batch", by_batch[batch0][1], LrPlan(), rates))
-    for prediction in predictions:
-        if not prediction.raced or prediction.global_batch not in by_batch:
-            continue
-        record = by_batch[prediction.global_batch][1]
-        rule = lr_rule(optimizer_class, batch0, prediction.global_batch)
-        plans.append(_plan("candidate", record, LrPlan(), rates))
-        plans.append(_plan("candidate", record, rule, rates))
-    return plans
-
-
-def _plan(role: str, record: TrialRecord, lr: LrPlan, rates: dict[int, float]) -> RacePlan:
-    return RacePlan(role, record.number, record.result.config, lr, rates.get(record.number))
+        points.append(
+            NoisePoint(
+                seconds=probe.seconds,
+                samples=probe.samples,
+                loss=probe.loss,
+                value=estimate.value if estimate else None,
+                low=estimate.low if estimate else None,
+                high=estimate.high if estimate else None,
+            )
+        )
+    return NoiseTrack(points=tuple(points))

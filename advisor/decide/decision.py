@@ -1,7 +1,7 @@
 """The decision: turn a study's measurements into a `Recommendation` and a `TuneResult`.
 
 After the search, `conclude` re-measures the finalists and, for the time-to-loss objective,
-measures the noise scale and races them (`advisor.search.race`); the confirmed recommendation is
+measures the noise scale and races them (`advisor.decide.race`); the confirmed recommendation is
 the race's winner (or the re-runs' winner, under `--objective throughput`). A tune that was
 interrupted gets a provisional recommendation from its search trials alone (`stored_result`).
 The reports render what is decided here and decide nothing themselves."""
@@ -16,8 +16,24 @@ import optuna
 
 from advisor.confirmation import Confirmation
 from advisor.convergence import BatchPrediction, LrPlan, NoiseScale
+from advisor.decide.analysis import (
+    best_by_layout,
+    diagnose,
+    knob_effects,
+    param_importances,
+    rejected_values,
+    search_effort,
+)
+from advisor.decide.claims import COVERAGE, confirm_claim
+from advisor.decide.paired_ratio import paired_ratio
+from advisor.decide.race.extend import race_to_loss
+from advisor.decide.race.plan import plan_racers
+from advisor.decide.race.schedule import GOODPUT_RULE, schedule_bound, tune_schedule
+from advisor.decide.race.verdict import pick_at_batch0
+from advisor.decide.reruns import Selection, failure_summary, select_winner
 from advisor.errors import NoFeasibleConfigError, StorageError
 from advisor.knobs import KNOBS, TrialConfig
+from advisor.noise_scale import predict_batches, race_finalists
 from advisor.recommendation import (
     Efficiency,
     RaceSummary,
@@ -28,26 +44,11 @@ from advisor.recommendation import (
     TuneResult,
 )
 from advisor.results import HardwareProfile, PrunedProposal, TaskSummary, TrialRecord
-from advisor.search.analysis import (
-    best_by_layout,
-    diagnose,
-    knob_effects,
-    param_importances,
-    rejected_values,
-    search_effort,
-)
-from advisor.search.claims import COVERAGE, confirm_claim
 from advisor.search.context import SearchContext
 from advisor.search.dominance import rejected_in_search
 from advisor.search.memory import budget_summary
-from advisor.search.paired_ratio import paired_ratio
-from advisor.search.race.extend import race_to_loss
-from advisor.search.race.noise import measure_noise_scale
-from advisor.search.race.plan import plan_racers, predict_batches, race_finalists
-from advisor.search.race.schedule import GOODPUT_RULE, schedule_bound, tune_schedule
-from advisor.search.race.verdict import pick_at_batch0
+from advisor.search.noise import measure_noise_scale
 from advisor.search.records import read_study, records_of
-from advisor.search.selection import Selection, failure_summary, select_winner
 from advisor.search.storage import load_study
 from advisor.settings import TuneSettings, mask_url
 

@@ -9,10 +9,10 @@ clearly later than the baseline (its numerics cost more than its speed gains). W
 baseline's evaluations are noisy, the verdict must also hold at that loss plus twice their
 noise (`RaceCurve.target_losses`), and the smaller claim is the one made, unless the winner at
 the lowest loss ended the race settled below it by more than that band. A race that went on
-(`advisor.search.race.extend`) breaks a tie the other way: a larger global batch that reached
+(`advisor.decide.race.extend`) breaks a tie the other way: a larger global batch that reached
 every target no later than the pick at B0 wins (`levels`), since the horizon is still shorter
 than the user's run and a larger batch gains as training goes on. Pure functions
-of the racers, so the race (`advisor.search.race.run`) can also ask, while it runs, how long a
+of the racers, so the race (`advisor.decide.race.run`) can also ask, while it runs, how long a
 racer may still train before it can no longer win.
 """
 

@@ -7,14 +7,14 @@ import optuna
 
 from advisor.api import validate
 from advisor.convergence import LrPlan, RaceCurve, RacePoint
+from advisor.decide.race.extend import go_on, going_on, why_not_go_on
+from advisor.decide.race.plan import RacePlan, lr_rule
+from advisor.decide.race.run import run_race
+from advisor.decide.race.verdict import decide_race
 from advisor.knobs import TrialConfig
 from advisor.recommendation import Racer
 from advisor.results import TrialResult
 from advisor.search.context import SearchContext
-from advisor.search.race.extend import go_on, going_on, why_not_go_on
-from advisor.search.race.plan import RacePlan, lr_rule
-from advisor.search.race.run import run_race
-from advisor.search.race.verdict import decide_race
 from advisor.search.records import StudyKey, read_racers
 from advisor.search.space import build_space
 from advisor.settings import TuneSettings
@@ -151,8 +151,8 @@ def test_a_larger_batch_going_on_trains_until_it_can_no_longer_be_level():
     """In the first race a candidate stops once it can no longer beat the pick at your batch by
     the margin; going on, a larger batch trains until the pick's time, where it can still be
     level."""
-    from advisor.search.race.run import _horizon
-    from advisor.search.race.verdict import RACE_MARGIN
+    from advisor.decide.race.run import _horizon
+    from advisor.decide.race.verdict import RACE_MARGIN
 
     baseline = _racer("baseline", SMALL, [4, 3, 2, 1.5, 1.2, 1.0], None)
     target = 1.0  # the baseline reached it after 5 s

@@ -17,12 +17,7 @@ from advisor.convergence import (
     RacePoint,
     ScheduleStage,
 )
-from advisor.knobs import TrialConfig
-from advisor.progress import NullProgress
-from advisor.recommendation import Racer
-from advisor.results import TrialRecord, TrialResult
-from advisor.search.context import SearchContext
-from advisor.search.race.schedule import (
+from advisor.decide.race.schedule import (
     StageOption,
     decide_schedule,
     follow_noise,
@@ -30,6 +25,11 @@ from advisor.search.race.schedule import (
     stage_options,
     tune_schedule,
 )
+from advisor.knobs import TrialConfig
+from advisor.progress import NullProgress
+from advisor.recommendation import Racer
+from advisor.results import TrialRecord, TrialResult
+from advisor.search.context import SearchContext
 from advisor.search.records import StudyKey, read_racers
 from advisor.search.space import build_space
 from advisor.settings import TuneSettings

@@ -1,0 +1,9 @@
+"""The decision: from what the search measured, which configuration to recommend, and what the
+evidence lets advisor claim (docs/architecture.md, "Deciding").
+
+- `reruns`: re-measure the finalists and your configuration, interleaved, in numbered rounds;
+- `claims`, `paired_ratio`: whether the paired rounds support the speed-up claimed;
+- `race/`: the race to your loss (plan, run, verdict, extend) and the batch-size schedule;
+- `analysis`: what the trials show about single knobs, layouts and the bottleneck;
+- `decision`: the recommendation and the `TuneResult`, fresh or from a stored study.
+"""
