@@ -14,8 +14,15 @@ from advisor.errors import (
     StorageError,
 )
 from advisor.knobs import TrialConfig
-from advisor.recommendation import FixedKnob, Recommendation, TuneResult
-from advisor.results import GpuInfo, HardwareProfile, TaskSummary, TrialResult
+from advisor.results import (
+    FixedKnob,
+    GpuInfo,
+    HardwareProfile,
+    Recommendation,
+    TaskSummary,
+    TrialResult,
+    TuneResult,
+)
 from advisor.settings import TuneSettings
 from advisor.task import TrainingTask
 

@@ -16,13 +16,12 @@ from pydantic import ValidationError
 
 from advisor.decide.decision import conclude, stored_result, tune_result
 from advisor.errors import BadInputError, SettingsError
-from advisor.knob_row import FRAMEWORKS, Framework
+from advisor.knobs import FRAMEWORKS, Framework
 from advisor.progress import NullProgress, Progress
-from advisor.recommendation import Recommendation, StudyContext, TuneResult
 from advisor.report.codegen import render_launch_script, render_training_script
 from advisor.report.exports import write_exports
 from advisor.report.render import render_html, render_markdown, render_trials_csv
-from advisor.results import TaskSummary, TrialResult
+from advisor.results import Recommendation, StudySetup, TaskSummary, TrialResult, TuneResult
 from advisor.search.checks import NumericsCheck, preflight
 from advisor.search.context import SearchContext
 from advisor.search.pruning import make_pruner
@@ -32,7 +31,7 @@ from advisor.search.storage import disk_full_is_one_line, open_study
 from advisor.search.study import bind_study, make_sampler, run_search
 from advisor.settings import TuneSettings, mask_url, settings_error
 from advisor.task import callable_to_spec, check_spec
-from advisor.trial.parent.probe import probe_isolated
+from advisor.trial.parent.hardware import probe_isolated
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 
 __all__ = [
@@ -161,7 +160,7 @@ def _one_tune_per_folder(out_dir: Path, worker: str) -> Iterator[None]:
 
 def _prepare(
     settings: TuneSettings, progress: Progress, logs_dir: Path
-) -> tuple[SearchContext, StudyContext]:
+) -> tuple[SearchContext, StudySetup]:
     """Probe the machine, validate the task and build the space: what the search runs with,
     and what the study stores about it."""
     progress.stage("probing hardware")
@@ -184,7 +183,7 @@ def _prepare(
     runner = ProcessRunner(launch)
     numerics = NumericsCheck(runner, logs_dir)
     search = SearchContext(settings, space, hardware, runner, logs_dir, progress, numerics)
-    context = StudyContext(
+    context = StudySetup(
         advisor_version=VERSION,
         workdir=str(Path.cwd()),
         baseline_config=space.baseline,

@@ -34,9 +34,9 @@ from advisor.console import (
     validation_table,
 )
 from advisor.errors import AdvisorError, BadInputError, SettingsError
-from advisor.knob_row import FRAMEWORKS, Framework
+from advisor.knobs import FRAMEWORKS, Framework
 from advisor.report.codegen import launch_command
-from advisor.report.race import baseline_kept, went_on_brief
+from advisor.report.race_view import baseline_kept, went_on_brief
 from advisor.report.render import effort_summary, reproduce_command
 from advisor.settings import TuneSettings, mask_url, read_settings_file, setting_help
 
@@ -146,7 +146,7 @@ def tune(spec: str | None, config: Path | None, as_json: bool, quiet: bool, **fl
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 def probe_command(as_json: bool) -> None:
     """Show the hardware advisor tunes for."""
-    from advisor.trial.child.probe import probe  # imports torch: only this command needs it
+    from advisor.trial.child.hardware import probe  # imports torch: only this command needs it
 
     hardware = probe()
     if as_json:

@@ -9,10 +9,17 @@ from rich.markup import escape
 from rich.status import Status
 from rich.table import Table
 
-from advisor.convergence import NoiseScale
 from advisor.knobs import TrialConfig
-from advisor.recommendation import Racer, Recommendation, shown_knobs
-from advisor.results import HardwareProfile, TaskSummary, TrialRecord, TrialResult
+from advisor.results import (
+    HardwareProfile,
+    NoiseScale,
+    Racer,
+    Recommendation,
+    TaskSummary,
+    TrialRecord,
+    TrialResult,
+    shown_knobs,
+)
 
 __all__ = ["ConsoleProgress", "hardware_table", "recommendation_table", "validation_table"]
 

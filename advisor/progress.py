@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from advisor.convergence import NoiseScale
 from advisor.knobs import TrialConfig
-from advisor.recommendation import Racer
-from advisor.results import TrialRecord
+from advisor.results import NoiseScale, Racer, TrialRecord
 
 __all__ = ["NullProgress", "Progress"]
 

@@ -18,7 +18,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from advisor.errors import SettingsError
 from advisor.frozen import Frozen
 from advisor.knobs import BASE_GROUP, KNOB, KNOB_GROUPS, MEMORY_GROUP
-from advisor.memory_budget import MemoryBudget
+from advisor.memory import MemoryBudget
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from advisor.recommendation import Recommendation
+from advisor.results import Recommendation
 from advisor.trial.parent.runner import TrialLaunch
 from benchmarks.remeasure import paired_speedup, remeasure
 

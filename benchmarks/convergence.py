@@ -35,10 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import advisor
-from advisor.convergence import BatchSchedule, LrPlan, RaceCurve
 from advisor.decide.race.verdict import time_to_loss
 from advisor.knobs import TrialConfig
-from advisor.recommendation import TuneResult
+from advisor.results import BatchSchedule, LrPlan, RaceCurve, TuneResult
 from advisor.trial.orders import RaceOrder
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from advisor.trial.protocol import RACE_EVALUATIONS

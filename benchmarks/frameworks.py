@@ -25,10 +25,9 @@ import tempfile
 from pathlib import Path
 from typing import cast
 
-from advisor.knob_row import Framework
-from advisor.knobs import TrialConfig
-from advisor.recommendation import Recommendation
+from advisor.knobs import Framework, TrialConfig
 from advisor.report.exports import EXPORT_FILES, write_exports
+from advisor.results import Recommendation
 
 FRAMEWORKS: tuple[Framework, ...] = ("hf", "lightning", "accelerate")
 RUNNER = Path(__file__).with_name("framework_run.py")

@@ -16,9 +16,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from advisor.knob_rules import parse_parallel
-from advisor.knobs import AmpMode, TrialConfig
-from advisor.memory_budget import gib
+from advisor.knobs import AmpMode, TrialConfig, parse_parallel
+from advisor.memory import gib
 from advisor.trial.orders import WindowOrder
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 

@@ -17,8 +17,8 @@ import torch
 
 from advisor.knobs import TrialConfig
 from advisor.task import build_task
+from advisor.trial.child.hardware import usable_cores
 from advisor.trial.child.loop import Trainer
-from advisor.trial.child.probe import usable_cores
 from advisor.trial.child.window import run_window
 
 RESULTS = Path(__file__).parent / "results"

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from advisor.knobs import TrialConfig
-from advisor.trial.child.probe import probe
+from advisor.trial.child.hardware import probe
 from advisor.trial.orders import WindowOrder
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 

@@ -2,7 +2,7 @@
 recommendation against the fastest configuration without the knob that kept within the budget.
 
     python -m benchmarks.memory_budget examples/deep_gpt2.py:factory --budget 1.5GiB
-    LD_PRELOAD=$(python -m advisor.allocator) python -m benchmarks.memory_budget \\
+    LD_PRELOAD=$(python -m advisor.memory) python -m benchmarks.memory_budget \\
         examples/narrow_gpt2.py:factory --budget 460MiB --global-batch-size 64
 
 `advisor tune` (default settings, `--trials`, and any option this script does not know) in a
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import advisor
 from advisor.knobs import TrialConfig
-from advisor.memory_budget import MemoryBudget, gib
-from advisor.recommendation import Recommendation
+from advisor.memory import MemoryBudget, gib
+from advisor.results import Recommendation
 from advisor.trial.orders import WindowOrder
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from benchmarks.remeasure import paired_speedup

@@ -17,7 +17,7 @@ from pathlib import Path
 from advisor.decide.claims import COVERAGE
 from advisor.decide.paired_ratio import paired_ratio
 from advisor.knobs import TrialConfig
-from advisor.recommendation import Recommendation
+from advisor.results import Recommendation
 from advisor.trial.orders import WindowOrder
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 

@@ -47,7 +47,7 @@ from advisor.api import make_settings, validate
 from advisor.knobs import TrialConfig
 from advisor.search.space import build_space
 from advisor.trial.orders import WindowOrder
-from advisor.trial.parent.probe import probe_isolated
+from advisor.trial.parent.hardware import probe_isolated
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 
 RESULTS = Path(__file__).parent / "results"

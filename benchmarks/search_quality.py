@@ -27,7 +27,7 @@ from typing import Any
 
 import advisor
 from advisor.knobs import TrialConfig
-from advisor.trial.child.probe import probe
+from advisor.trial.child.hardware import probe
 from advisor.trial.orders import WindowOrder
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 

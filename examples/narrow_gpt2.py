@@ -2,7 +2,7 @@
 activation checkpointing pays.
 
     pip install -e ".[integrations]" cmeel-mimalloc
-    LD_PRELOAD=$(python -m advisor.allocator) advisor tune examples/narrow_gpt2.py:factory \\
+    LD_PRELOAD=$(python -m advisor.memory) advisor tune examples/narrow_gpt2.py:factory \\
         --memory-budget 420MiB --global-batch-size 64
 
 Forty-eight blocks 32 wide over 32-token sequences: a step runs thousands of small operators, so

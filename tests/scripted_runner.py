@@ -12,10 +12,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from advisor.convergence import GradientNorms, LrPlan, RaceCurve, RacePoint
 from advisor.knobs import TrialConfig
 from advisor.progress import NullProgress, Progress
-from advisor.results import HardwareProfile, TaskSummary, TrialResult
+from advisor.results import (
+    GradientNorms,
+    HardwareProfile,
+    LrPlan,
+    RaceCurve,
+    RacePoint,
+    TaskSummary,
+    TrialResult,
+)
 from advisor.search.context import SearchContext
 from advisor.search.space import build_space
 from advisor.settings import TuneSettings

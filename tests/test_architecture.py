@@ -16,15 +16,11 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "advisor"
 # Lower layers never import higher ones; a module may import its own layer.
 LAYERS = (
-    ("errors", "frozen", "allocator"),
-    ("knob_rules",),
-    ("knob_row",),
-    ("knobs", "memory_budget"),
+    ("errors", "frozen", "memory"),
+    ("knobs",),
     ("settings",),
-    ("convergence",),
-    ("results", "task"),
-    ("noise_scale", "memory_limit", "confirmation"),
-    ("recommendation", "progress"),
+    ("results",),  # what was measured and concluded
+    ("noise_scale", "task", "progress"),
     ("trial",),
     ("search",),  # proposes and measures
     ("decide",),  # decides from what the search measured

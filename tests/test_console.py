@@ -5,9 +5,8 @@ import io
 from rich.console import Console
 
 from advisor.console import ConsoleProgress
-from advisor.convergence import NoiseScale
 from advisor.knobs import TrialConfig
-from advisor.results import TrialRecord, TrialResult
+from advisor.results import NoiseScale, TrialRecord, TrialResult
 
 CONFIG = TrialConfig(batch_size=32, amp="bf16")
 

@@ -10,7 +10,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from advisor.recommendation import Recommendation
+from advisor.results import Recommendation
 from tests.conftest import ROOT, TINY, run_advisor, survivors
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ import pytest
 
 from advisor.knobs import TrialConfig
 from advisor.search.checks import maths_problem
-from advisor.trial.child.probe import probe
+from advisor.trial.child.hardware import probe
 from advisor.trial.orders import ReferenceOrder, WindowOrder
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import ROOT, TINY

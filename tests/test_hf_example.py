@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from advisor.allocator import mimalloc_library
+from advisor.memory import mimalloc_library
 from tests.conftest import run_advisor
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,7 @@ from pydantic import ValidationError
 import advisor
 from advisor.api import validate
 from advisor.errors import SettingsError
-from advisor.knob_row import FRAMEWORKS, IN_LOADER
-from advisor.knobs import KNOB, KNOB_GROUPS, KNOBS, TrialConfig
+from advisor.knobs import FRAMEWORKS, IN_LOADER, KNOB, KNOB_GROUPS, KNOBS, TrialConfig
 from advisor.results import GpuInfo, TrialResult
 from advisor.search.checks import maths_problem
 from advisor.search.space import build_space

@@ -19,8 +19,8 @@ import pytest
 import advisor
 from advisor import TuneResult
 from advisor.decide.race.verdict import pick_at_batch0
-from advisor.recommendation import Recommendation
 from advisor.report.render import render_html
+from advisor.results import Recommendation
 from tests.browser import needs_chromium, rendered_dom, screenshot
 from tests.conftest import ROOT, TINY, run_advisor, trials_counted
 

@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from typing import Literal
 
 from advisor.knobs import KNOB, KNOBS
-from advisor.recommendation import (
+from advisor.results import (
     BatchEffort,
     Bottleneck,
     KnobEffect,
@@ -15,8 +15,8 @@ from advisor.recommendation import (
     Recommendation,
     RejectedValue,
     SearchEffort,
+    TrialRecord,
 )
-from advisor.results import TrialRecord
 
 __all__ = [
     "best_by_layout",

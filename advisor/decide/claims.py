@@ -21,10 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from advisor.confirmation import Confirmation
 from advisor.decide.paired_ratio import paired_ratio
 from advisor.decide.reruns import Selection, rerun_pairs, run_round
-from advisor.results import MachineLoad, TrialRecord
+from advisor.results import Confirmation, MachineLoad, TrialRecord
 from advisor.search.context import SearchContext
 
 __all__ = [

@@ -14,8 +14,6 @@ from pathlib import Path
 
 import optuna
 
-from advisor.confirmation import Confirmation
-from advisor.convergence import BatchPrediction, LrPlan, NoiseScale
 from advisor.decide.analysis import (
     best_by_layout,
     diagnose,
@@ -34,16 +32,23 @@ from advisor.decide.reruns import Selection, failure_summary, select_winner
 from advisor.errors import NoFeasibleConfigError, StorageError
 from advisor.knobs import KNOBS, TrialConfig
 from advisor.noise_scale import predict_batches, race_finalists
-from advisor.recommendation import (
+from advisor.results import (
+    BatchPrediction,
+    Confirmation,
     Efficiency,
+    HardwareProfile,
+    LrPlan,
+    NoiseScale,
+    PrunedProposal,
     RaceSummary,
     Recommendation,
     ScheduleSummary,
-    StudyContext,
+    StudySetup,
+    TaskSummary,
     ThroughputPick,
+    TrialRecord,
     TuneResult,
 )
-from advisor.results import HardwareProfile, PrunedProposal, TaskSummary, TrialRecord
 from advisor.search.context import SearchContext
 from advisor.search.dominance import rejected_in_search
 from advisor.search.memory import budget_summary
@@ -65,7 +70,7 @@ __all__ = [
 
 
 def conclude(
-    study: optuna.Study, search: SearchContext, context: StudyContext, records: list[TrialRecord]
+    study: optuna.Study, search: SearchContext, context: StudySetup, records: list[TrialRecord]
 ) -> tuple[Recommendation, Selection]:
     """Re-measure the finalists and, for the time-to-loss objective, race them: the
     recommendation, and the re-runs it rests on."""
@@ -103,7 +108,7 @@ def conclude(
 def _schedule(
     study: optuna.Study,
     search: SearchContext,
-    context: StudyContext,
+    context: StudySetup,
     records: list[TrialRecord],
     rec: Recommendation,
 ) -> ScheduleSummary:
@@ -174,7 +179,7 @@ def tune_result(
 
 def confirmed_recommendation(
     settings: TuneSettings,
-    context: StudyContext,
+    context: StudySetup,
     selection: Selection,
     trials: list[TrialRecord],
     race: RaceSummary | None = None,
@@ -257,7 +262,7 @@ def _time_to_loss_speedup(race: RaceSummary | None) -> float | None:
 
 
 def provisional_recommendation(
-    settings: TuneSettings, context: StudyContext, trials: list[TrialRecord]
+    settings: TuneSettings, context: StudySetup, trials: list[TrialRecord]
 ) -> Recommendation:
     """The best search window so far against the baseline's, for a tune that did not finish."""
     measured = [t for t in trials if t.role in ("baseline", "search")]
@@ -287,7 +292,7 @@ def provisional_recommendation(
 
 def _recommendation(
     settings: TuneSettings,
-    context: StudyContext,
+    context: StudySetup,
     trials: list[TrialRecord],
     confirmations: tuple[TrialRecord, ...],
     winner: TrialRecord,

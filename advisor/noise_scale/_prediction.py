@@ -9,10 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from advisor.convergence import BatchPrediction, NoisePoint, NoiseScale, NoiseTrack, RaceCurve
 from advisor.knobs import TrialConfig
 from advisor.noise_scale._estimate import estimate_noise_scale
-from advisor.results import TrialRecord
+from advisor.results import (
+    BatchPrediction,
+    NoisePoint,
+    NoiseScale,
+    NoiseTrack,
+    RaceCurve,
+    TrialRecord,
+)
 
 __all__ = [
     "MAX_RACE_BATCHES",

@@ -7,10 +7,9 @@ import os
 import shlex
 from pathlib import Path
 
-from advisor.convergence import LrPlan
 from advisor.knobs import TrialConfig
-from advisor.recommendation import Recommendation
 from advisor.report.templating import docstring_safe, template_environment
+from advisor.results import LrPlan, Recommendation
 from advisor.task import is_file_spec
 
 __all__ = ["launch_command", "render_launch_script", "render_training_script"]

@@ -4,7 +4,7 @@ arguments for Hugging Face's `TrainingArguments`, a Lightning `Trainer`, an acce
 Each file names the measured speed-up and the study, carries the learning-rate rule where the
 global batch changed, and lists the knobs its framework has no setting for, with how to apply
 them by hand, rather than dropping them. What each knob becomes in each framework is the knob
-table's `exports` column (`advisor.knob_row`); this module reads it, and adds what is not a knob:
+table's `exports` column (`advisor.knobs._row`); this module reads it, and adds what is not a knob:
 the device, the learning rate, the launch line.
 """
 
@@ -17,12 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from advisor.convergence import LrPlan
-from advisor.knob_row import FRAMEWORKS, Framework, Target
-from advisor.knobs import KNOBS
-from advisor.recommendation import Racer, Recommendation, ScheduleSummary
+from advisor.knobs import FRAMEWORKS, KNOBS, Framework, Target
 from advisor.report.fsdp_export import CPU_NOTE, accelerate_fsdp, fsdp_export, hf_fsdp
 from advisor.report.templating import docstring_safe, template_environment
+from advisor.results import LrPlan, Racer, Recommendation, ScheduleSummary
 
 __all__ = ["EXPORT_FILES", "render_export", "write_exports"]
 

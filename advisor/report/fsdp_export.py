@@ -3,7 +3,7 @@ advisor sharded (the model's repeated block), whether it resharded after the for
 whether the blocks were also checkpointed.
 
 Each framework applies FSDP's checkpointing of the blocks itself, so under FSDP the knob table's
-generic checkpointing setting and line say nothing there (`advisor.knob_row`): HF refuses both
+generic checkpointing setting and line say nothing there (`advisor.knobs._row`): HF refuses both
 at once.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from advisor.recommendation import Recommendation
+from advisor.results import Recommendation
 
 __all__ = ["CPU_NOTE", "FsdpExport", "accelerate_fsdp", "fsdp_export", "hf_fsdp"]
 

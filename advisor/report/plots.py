@@ -11,8 +11,7 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
-from advisor.recommendation import Racer, RaceSummary, ScheduleSummary
-from advisor.results import TrialRecord
+from advisor.results import Racer, RaceSummary, ScheduleSummary, TrialRecord
 
 __all__ = [
     "batch_amp_svg",

@@ -8,18 +8,21 @@ import shlex
 from collections import Counter, defaultdict
 
 from advisor.knobs import KNOBS
-from advisor.recommendation import (
+from advisor.report.codegen import launch_command
+from advisor.report.race_view import race_view
+from advisor.report.schedule_view import schedule_view
+from advisor.report.templating import template_environment
+from advisor.results import (
     LayoutBest,
+    MachineLoad,
+    PrunedProposal,
     Recommendation,
     SearchEffort,
+    TrialRecord,
     TuneResult,
+    relative_spread,
     shown_knobs,
 )
-from advisor.report.codegen import launch_command
-from advisor.report.race import race_view
-from advisor.report.schedule import schedule_view
-from advisor.report.templating import template_environment
-from advisor.results import MachineLoad, PrunedProposal, TrialRecord, relative_spread
 from advisor.settings import TuneSettings, mask_url
 
 __all__ = [

@@ -17,8 +17,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from advisor.recommendation import Rejected
-from advisor.results import TrialRecord
+from advisor.results import Rejected, TrialRecord
 
 __all__ = ["MIN_TRIALS", "REJECT_BELOW", "rejected_in_search", "rejected_values"]
 

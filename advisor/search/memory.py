@@ -1,6 +1,6 @@
 """The memory a configuration may use, and how the configurations that ran stood against it.
 
-The limit is `--memory-budget` (`advisor.memory_budget`), or without one the device less
+The limit is `--memory-budget` (`advisor.memory`), or without one the device less
 `--memory-headroom`. What it covers is the trial's measured peak
 (`TrialResult.peak_memory_bytes`): each GPU's `max_memory_reserved` on CUDA, and on CPU the
 resident memory of the trial's whole process tree, every rank and loader worker together, since
@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from advisor.knobs import TrialConfig
-from advisor.memory_budget import MemoryBudget, gib
-from advisor.memory_limit import BudgetSummary, MemoryLimit
+from advisor.memory import BudgetSummary, MemoryBudget, MemoryLimit, gib
 from advisor.results import HardwareProfile, TrialRecord
 
 __all__ = [
@@ -35,7 +34,7 @@ MEMORY_GATE = (
 GLIBC_NOTE = (
     "under glibc's malloc, which keeps freed buffers in its heaps, checkpointing lowers a CPU "
     "trial's resident peak far less than what its tensors need; preload mimalloc to measure "
-    "under an allocator that reuses them: LD_PRELOAD=$(python -m advisor.allocator)"
+    "under an allocator that reuses them: LD_PRELOAD=$(python -m advisor.memory)"
 )
 
 

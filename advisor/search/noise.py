@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import optuna
 
-from advisor.convergence import NoiseScale
 from advisor.knobs import TrialConfig
 from advisor.noise_scale import estimate_noise_scale
-from advisor.results import TrialResult
+from advisor.results import NoiseScale, TrialResult
 from advisor.search.context import SearchContext
 from advisor.search.records import read_noise, write_noise
 from advisor.trial.orders import NoiseOrder

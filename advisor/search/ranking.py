@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import optuna
 
-from advisor.convergence import NoiseScale
 from advisor.noise_scale import optimistic_ratio
+from advisor.results import NoiseScale
 from advisor.search.context import SearchContext
 from advisor.search.noise import measure_noise_scale
 

@@ -22,8 +22,14 @@ from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ValidationError
 
 from advisor.errors import StorageError
-from advisor.recommendation import Racer, Recommendation, StudyContext
-from advisor.results import PrunedProposal, TrialRecord, TrialResult
+from advisor.results import (
+    PrunedProposal,
+    Racer,
+    Recommendation,
+    StudySetup,
+    TrialRecord,
+    TrialResult,
+)
 from advisor.search.storage import STALE_AFTER_S
 from advisor.settings import TuneSettings, mask_url
 
@@ -184,7 +190,7 @@ def planned_params(trial: FrozenTrial) -> dict[str, Any]:
     return trial.system_attrs.get(_ENQUEUED_PARAMS) or trial.params
 
 
-def write_start(study: optuna.Study, settings: TuneSettings, context: StudyContext) -> None:
+def write_start(study: optuna.Study, settings: TuneSettings, context: StudySetup) -> None:
     """Store what the reports need besides the trials, before the first trial runs."""
     stored = settings.model_copy(
         update={"storage": mask_url(settings.storage) if settings.storage else None}
@@ -262,7 +268,7 @@ class StoredStudy:
     name: str
     settings: TuneSettings
     recommendation: Recommendation | None  # None until a tune finished
-    context: StudyContext | None  # read only where there is no recommendation
+    context: StudySetup | None  # read only where there is no recommendation
     confirmations: tuple[TrialRecord, ...]
     trials: list[TrialRecord]
     pruned: tuple[PrunedProposal, ...]
@@ -285,7 +291,7 @@ def read_study(study: optuna.Study) -> StoredStudy:
             name=study.study_name,
             settings=TuneSettings.model_validate(attrs[StudyKey.SETTINGS]),
             recommendation=recommendation,
-            context=None if recommendation else _optional(StudyContext, attrs[StudyKey.CONTEXT]),
+            context=None if recommendation else _optional(StudySetup, attrs[StudyKey.CONTEXT]),
             confirmations=tuple(
                 TrialRecord.model_validate(c) for c in attrs.get(StudyKey.CONFIRMATIONS, [])
             ),

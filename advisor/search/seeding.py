@@ -21,8 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from advisor.knobs import KNOBS
-from advisor.recommendation import Rejected
-from advisor.results import TrialRecord
+from advisor.results import Rejected, TrialRecord
 from advisor.search.checks import known_out_of_memory
 from advisor.search.space import SearchSpace
 from advisor.settings import TuneSettings

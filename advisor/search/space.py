@@ -19,10 +19,18 @@ from math import prod
 from typing import TYPE_CHECKING, Any
 
 from advisor.errors import SettingsError
-from advisor.knob_rules import Device, Facts, parse_parallel
-from advisor.knobs import KNOB, KNOB_GROUPS, KNOBS, MEMORY_GROUP, Knob, TrialConfig
-from advisor.recommendation import FixedKnob
-from advisor.results import HardwareProfile, TaskSummary
+from advisor.knobs import (
+    KNOB,
+    KNOB_GROUPS,
+    KNOBS,
+    MEMORY_GROUP,
+    Device,
+    Facts,
+    Knob,
+    TrialConfig,
+    parse_parallel,
+)
+from advisor.results import FixedKnob, HardwareProfile, TaskSummary
 from advisor.settings import TuneSettings
 
 if TYPE_CHECKING:

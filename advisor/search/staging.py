@@ -31,8 +31,7 @@ from typing import Any, Literal
 
 from advisor.knobs import KNOBS, TrialConfig
 from advisor.noise_scale import predict_batches, race_finalists
-from advisor.recommendation import Rejected
-from advisor.results import TrialRecord
+from advisor.results import Rejected, TrialRecord
 from advisor.search.checks import known_out_of_memory
 from advisor.search.memory import memory_gate, over_memory
 from advisor.search.ranking import Ranking

@@ -24,10 +24,9 @@ from typing import Annotated, Literal, Protocol
 
 from pydantic import Field
 
-from advisor.convergence import BatchSchedule, LrPlan, RaceCurve
 from advisor.frozen import Frozen
 from advisor.knobs import TrialConfig
-from advisor.results import TrialResult
+from advisor.results import BatchSchedule, LrPlan, RaceCurve, TrialResult
 
 __all__ = [
     "HELD_OUT_MAX",

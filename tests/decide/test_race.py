@@ -8,7 +8,6 @@ import optuna
 import pytest
 
 from advisor.api import validate
-from advisor.convergence import BatchPrediction, LrPlan, NoiseScale, RaceCurve, RacePoint
 from advisor.decide.decision import race_choice
 from advisor.decide.race.plan import RacePlan, lr_rule
 from advisor.decide.race.run import run_race
@@ -17,8 +16,16 @@ from advisor.decide.reruns import Selection
 from advisor.knobs import TrialConfig
 from advisor.noise_scale import predict_batches, race_finalists
 from advisor.progress import NullProgress
-from advisor.recommendation import Racer
-from advisor.results import TrialRecord, TrialResult
+from advisor.results import (
+    BatchPrediction,
+    LrPlan,
+    NoiseScale,
+    RaceCurve,
+    RacePoint,
+    Racer,
+    TrialRecord,
+    TrialResult,
+)
 from advisor.search.context import SearchContext
 from advisor.search.records import read_racers
 from advisor.search.space import build_space

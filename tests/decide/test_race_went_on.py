@@ -6,14 +6,12 @@ from pathlib import Path
 import optuna
 
 from advisor.api import validate
-from advisor.convergence import LrPlan, RaceCurve, RacePoint
 from advisor.decide.race.extend import go_on, going_on, why_not_go_on
 from advisor.decide.race.plan import RacePlan, lr_rule
 from advisor.decide.race.run import run_race
 from advisor.decide.race.verdict import decide_race
 from advisor.knobs import TrialConfig
-from advisor.recommendation import Racer
-from advisor.results import TrialResult
+from advisor.results import LrPlan, RaceCurve, RacePoint, Racer, TrialResult
 from advisor.search.context import SearchContext
 from advisor.search.records import StudyKey, read_racers
 from advisor.search.space import build_space

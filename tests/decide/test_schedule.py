@@ -8,15 +8,6 @@ import optuna
 import pytest
 
 from advisor.api import validate
-from advisor.convergence import (
-    BatchSchedule,
-    LrPlan,
-    NoisePoint,
-    NoiseTrack,
-    RaceCurve,
-    RacePoint,
-    ScheduleStage,
-)
 from advisor.decide.race.schedule import (
     StageOption,
     decide_schedule,
@@ -27,8 +18,18 @@ from advisor.decide.race.schedule import (
 )
 from advisor.knobs import TrialConfig
 from advisor.progress import NullProgress
-from advisor.recommendation import Racer
-from advisor.results import TrialRecord, TrialResult
+from advisor.results import (
+    BatchSchedule,
+    LrPlan,
+    NoisePoint,
+    NoiseTrack,
+    RaceCurve,
+    RacePoint,
+    Racer,
+    ScheduleStage,
+    TrialRecord,
+    TrialResult,
+)
 from advisor.search.context import SearchContext
 from advisor.search.records import StudyKey, read_racers
 from advisor.search.space import build_space

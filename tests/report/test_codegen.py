@@ -14,17 +14,24 @@ import numpy
 import pytest
 import torch
 
-from advisor.allocator import mimalloc_library
-from advisor.convergence import BatchSchedule, LrPlan, ScheduleStage
 from advisor.knobs import TrialConfig
-from advisor.recommendation import Racer, Recommendation, ScheduleSummary
+from advisor.memory import mimalloc_library
 from advisor.report.codegen import render_launch_script, render_training_script
 from advisor.report.exports import render_export
-from advisor.results import HardwareProfile, TrialResult
+from advisor.results import (
+    BatchSchedule,
+    HardwareProfile,
+    LrPlan,
+    Racer,
+    Recommendation,
+    ScheduleStage,
+    ScheduleSummary,
+    TrialResult,
+)
 from advisor.search.checks import preflight
 from advisor.task import build_task
+from advisor.trial.child.hardware import probe
 from advisor.trial.child.loop import Trainer
-from advisor.trial.child.probe import probe
 from advisor.trial.child.racing import enter_stage
 from advisor.trial.orders import ReferenceOrder
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
@@ -350,7 +357,7 @@ def test_launch_sh_and_the_exports_start_the_run_under_the_allocator_measured(tm
     (tmp_path / "launch.sh").write_text(render_launch_script(rec))
     # A stand-in train.py that says what it runs under: launch.sh starts it as it would yours.
     (tmp_path / "train.py").write_text(
-        "from advisor.allocator import running_allocator\nprint(running_allocator())\n"
+        "from advisor.memory import running_allocator\nprint(running_allocator())\n"
     )
     env_free = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     with pytest.MonkeyPatch.context() as patch:

@@ -14,11 +14,23 @@ from pathlib import Path
 import pytest
 import yaml
 
-from advisor.convergence import BatchSchedule, LrPlan, RaceCurve, RacePoint, ScheduleStage
 from advisor.knobs import TrialConfig
-from advisor.recommendation import FixedKnob, Racer, Recommendation, ScheduleSummary
 from advisor.report.exports import EXPORT_FILES, render_export, write_exports
-from advisor.results import GpuInfo, HardwareProfile, TaskSummary, TrialResult
+from advisor.results import (
+    BatchSchedule,
+    FixedKnob,
+    GpuInfo,
+    HardwareProfile,
+    LrPlan,
+    RaceCurve,
+    RacePoint,
+    Racer,
+    Recommendation,
+    ScheduleStage,
+    ScheduleSummary,
+    TaskSummary,
+    TrialResult,
+)
 from tests.conftest import run_advisor
 
 _GPU = GpuInfo(name="A100", memory_bytes=80 * 2**30, capability="8.0", bf16=True)

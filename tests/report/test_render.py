@@ -2,19 +2,22 @@
 
 from pathlib import Path
 
-from advisor.convergence import BatchPrediction, LrPlan, NoiseScale
 from advisor.decide.analysis import search_effort
 from advisor.decide.race.verdict import decide_race
 from advisor.knobs import KNOB, TrialConfig
-from advisor.recommendation import (
+from advisor.report.render import effort_summary, render_html, render_markdown
+from advisor.results import (
+    BatchPrediction,
     FixedKnob,
+    LrPlan,
+    NoiseScale,
     RaceSummary,
     Recommendation,
     ThroughputPick,
+    TrialRecord,
+    TrialResult,
     TuneResult,
 )
-from advisor.report.render import effort_summary, render_html, render_markdown
-from advisor.results import TrialRecord, TrialResult
 from advisor.settings import TuneSettings
 from tests.conftest import CPU_PROFILE
 from tests.search.test_race import _racer
@@ -101,7 +104,7 @@ def test_a_kept_baseline_is_said_to_have_won_a_race_only_where_one_ran():
 
 def test_the_report_names_both_targets_a_race_verdict_must_hold_at():
     from advisor.decide.race.verdict import decide_race
-    from advisor.report.race import _target_text
+    from advisor.report.race_view import _target_text
     from tests.search.test_race import BIG, SMALL, _half_seconds, _plateau
 
     racers = [

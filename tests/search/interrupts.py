@@ -2,7 +2,7 @@
 
 from advisor.knobs import TrialConfig
 from advisor.progress import NullProgress
-from advisor.recommendation import Racer
+from advisor.results import Racer
 
 
 class StopAfterFirstRacer(NullProgress):

@@ -1,5 +1,5 @@
 """`--memory-budget`: what it accepts, what it covers, and a tune whose own configuration does
-not fit it (`advisor.memory_budget`, the walk in `advisor.search.staging`)."""
+not fit it (`advisor.memory`, the walk in `advisor.search.staging`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 import advisor
 from advisor.knobs import TrialConfig
-from advisor.memory_budget import MemoryBudget
+from advisor.memory import MemoryBudget
 from advisor.results import GpuInfo, HardwareProfile
 from advisor.search.memory import GLIBC_NOTE, budget_summary, memory_limit
 from advisor.settings import TuneSettings

@@ -12,9 +12,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import advisor
-from advisor.convergence import NoiseScale
 from advisor.knobs import TrialConfig
-from advisor.results import TrialRecord, TrialResult
+from advisor.results import NoiseScale, TrialRecord, TrialResult
 from advisor.search.ranking import Ranking
 from advisor.search.staging import next_move, raced_batches, stage_budget
 from tests.search.test_race import CONVERGENCE

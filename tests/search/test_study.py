@@ -8,7 +8,7 @@ from advisor.api import validate
 from advisor.decide import reruns as selection_module
 from advisor.decide.reruns import failure_summary, select_winner
 from advisor.knobs import TrialConfig
-from advisor.memory_budget import MemoryBudget
+from advisor.memory import MemoryBudget
 from advisor.progress import NullProgress
 from advisor.results import TrialRecord, TrialResult
 from advisor.search.checks import memory_problem

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from advisor.convergence import LrPlan
 from advisor.decide.race.run import held_out_size
 from advisor.knobs import TrialConfig
 from advisor.noise_scale import NoiseScaleEstimate, estimate_noise_scale, noise_track
+from advisor.results import LrPlan
 from advisor.task import build_task
 from advisor.trial.child.loop import Trainer, apply_lr
 from advisor.trial.child.racing import (

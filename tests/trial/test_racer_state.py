@@ -4,8 +4,8 @@ continues that training: the same weights, optimizer moments, warm-up position a
 import pytest
 import torch
 
-from advisor.convergence import LrPlan
 from advisor.knobs import TrialConfig
+from advisor.results import LrPlan
 from advisor.task import build_task
 from advisor.trial.child.loop import Trainer
 from advisor.trial.child.racer_state import load_racer, save_racer

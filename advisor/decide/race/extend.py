@@ -28,7 +28,7 @@ import optuna
 from advisor.decide.race.plan import RacePlan
 from advisor.decide.race.run import run_race
 from advisor.decide.race.verdict import decide_race
-from advisor.recommendation import Racer, RaceSummary
+from advisor.results import Racer, RaceSummary
 from advisor.search.context import SearchContext
 from advisor.search.records import StudyKey
 

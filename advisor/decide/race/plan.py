@@ -7,11 +7,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from advisor.convergence import BatchPrediction, LrPlan
 from advisor.decide.reruns import Selection
 from advisor.knobs import TrialConfig
-from advisor.recommendation import Racer
-from advisor.results import TrialRecord
+from advisor.results import BatchPrediction, LrPlan, Racer, TrialRecord
 
 __all__ = ["RacePlan", "lr_rule", "plan_racers"]
 

@@ -37,10 +37,9 @@ from pathlib import Path
 
 import optuna
 
-from advisor.convergence import RaceCurve
 from advisor.decide.race.plan import RacePlan
 from advisor.decide.race.verdict import RACE_MARGIN, pick_at_batch0, time_to_loss
-from advisor.recommendation import Racer, did_not_fall, reference_racer
+from advisor.results import RaceCurve, Racer, did_not_fall, reference_racer
 from advisor.search.context import SearchContext
 from advisor.search.records import StudyKey, read_noise, read_racers, write_racer
 from advisor.trial.orders import HELD_OUT_MAX, RACE_EVALUATIONS, TRACK_POINTS, RaceOrder

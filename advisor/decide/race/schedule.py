@@ -31,13 +31,21 @@ from dataclasses import dataclass
 
 import optuna
 
-from advisor.convergence import BatchSchedule, LrPlan, LrRule, NoiseTrack, ScheduleStage
 from advisor.decide.race.plan import lr_rule
 from advisor.decide.race.verdict import RACE_MARGIN, beats, time_to_loss, timed_to
 from advisor.knobs import TrialConfig
 from advisor.noise_scale import noise_track
-from advisor.recommendation import Racer, ScheduleSummary
-from advisor.results import TrialRecord, TrialResult
+from advisor.results import (
+    BatchSchedule,
+    LrPlan,
+    LrRule,
+    NoiseTrack,
+    Racer,
+    ScheduleStage,
+    ScheduleSummary,
+    TrialRecord,
+    TrialResult,
+)
 from advisor.search.context import SearchContext
 from advisor.search.records import (
     StudyKey,

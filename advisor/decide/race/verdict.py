@@ -23,9 +23,8 @@ import statistics
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from advisor.convergence import RaceCurve
 from advisor.knobs import TrialConfig
-from advisor.recommendation import Racer, RaceSummary, did_not_fall, reference_racer
+from advisor.results import RaceCurve, Racer, RaceSummary, did_not_fall, reference_racer
 
 __all__ = [
     "RACE_MARGIN",

@@ -18,9 +18,9 @@ from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 from torch.utils.data._utils import signal_handling
 
-from advisor.convergence import LrPlan
 from advisor.errors import ContractError
 from advisor.knobs import TrialConfig
+from advisor.results import LrPlan
 from advisor.task import TrainingTask
 from advisor.trial.child.batches import (
     BatchKind,
@@ -31,7 +31,7 @@ from advisor.trial.child.batches import (
     to_device,
 )
 from advisor.trial.child.blocks import checkpoint_blocks, repeated_block, shard_blocks
-from advisor.trial.child.probe import usable_cores
+from advisor.trial.child.hardware import usable_cores
 
 __all__ = ["DivergedError", "Trainer", "apply_lr", "wrap_model"]
 

@@ -26,10 +26,9 @@ import torch.distributed as dist
 from torch.utils.data import Dataset
 from torch.utils.flop_counter import FlopCounterMode
 
-from advisor.convergence import LrPlan
 from advisor.errors import AdvisorError, BadInputError
 from advisor.knobs import TrialConfig
-from advisor.results import FailurePhase, TaskSummary, TrialResult
+from advisor.results import FailurePhase, LrPlan, TaskSummary, TrialResult
 from advisor.task import TrainingTask, build_task, user_batch_size
 from advisor.trial.child.agreement import ParentWatch
 from advisor.trial.child.blocks import repeated_block

@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
-from advisor.convergence import (
+from advisor.noise_scale import estimate_noise_scale
+from advisor.results import (
     BatchSchedule,
     GradientNorms,
     NoiseProbe,
@@ -34,7 +35,6 @@ from advisor.convergence import (
     RacePoint,
     ScheduleStage,
 )
-from advisor.noise_scale import estimate_noise_scale
 from advisor.task import TrainingTask
 from advisor.trial.child.batches import compute_loss, to_device
 from advisor.trial.child.loop import DivergedError, Trainer

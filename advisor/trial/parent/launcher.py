@@ -165,7 +165,7 @@ def _run_child(order: LaunchOrder) -> None:
 
         worker.exit_with_parent()
         if order.job == "probe":
-            from advisor.trial.child.probe import write_profile
+            from advisor.trial.child.hardware import write_profile
 
             code = write_profile(order.request_path)
         else:

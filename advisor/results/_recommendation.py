@@ -11,8 +11,11 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from advisor.confirmation import Confirmation
-from advisor.convergence import (
+from advisor.frozen import Frozen
+from advisor.knobs import BASE_GROUP, KNOBS, Knob, TrialConfig
+from advisor.memory import BudgetSummary
+from advisor.results._confirmation import Confirmation
+from advisor.results._convergence import (
     BatchSchedule,
     LossKind,
     LrPlan,
@@ -20,10 +23,13 @@ from advisor.convergence import (
     NoiseTrack,
     RaceCurve,
 )
-from advisor.frozen import Frozen
-from advisor.knobs import BASE_GROUP, KNOBS, Knob, TrialConfig
-from advisor.memory_limit import BudgetSummary
-from advisor.results import HardwareProfile, PrunedProposal, TaskSummary, TrialRecord, TrialResult
+from advisor.results._trial import (
+    HardwareProfile,
+    PrunedProposal,
+    TaskSummary,
+    TrialRecord,
+    TrialResult,
+)
 from advisor.settings import Objective, TuneSettings
 
 __all__ = [
@@ -40,7 +46,7 @@ __all__ = [
     "RejectedValue",
     "ScheduleSummary",
     "SearchEffort",
-    "StudyContext",
+    "StudySetup",
     "ThroughputPick",
     "TuneResult",
     "did_not_fall",
@@ -120,7 +126,7 @@ class LayoutBest(Frozen):
     config_label: str | None = None
 
 
-class StudyContext(Frozen):
+class StudySetup(Frozen):
     """What a tune stores with its study before the first trial, so that even an interrupted
     study can be reported without the machine or the user's code."""
 

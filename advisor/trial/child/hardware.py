@@ -1,7 +1,7 @@
 """Probe the machine into a `HardwareProfile`, its matmul peak measured, not read off a datasheet.
 
 `probe()` imports torch in the calling process (and initialises CUDA where present); the tuning
-parent runs it in a child (`advisor.trial.parent.probe.probe_isolated`), so that it holds no
+parent runs it in a child (`advisor.trial.parent.hardware.probe_isolated`), so that it holds no
 CUDA context.
 
 The peak is the yardstick for "fraction of peak": a large square matmul is the fastest thing the
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import psutil
 import torch
 
-from advisor.allocator import preloaded_allocator, running_allocator
+from advisor.memory import preloaded_allocator, running_allocator
 from advisor.results import GpuInfo, HardwareProfile
 
 __all__ = ["matmul_flops", "probe", "usable_cores", "write_profile"]

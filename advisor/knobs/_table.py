@@ -4,12 +4,12 @@ Each knob is a field of `TrialConfig` whose annotation carries its row (`Knob`):
 group, the values to search (ordered from the default outwards), whether it changes the arithmetic
 and not only its speed, its title and unit, how it reads in a one-line label, and the rules under
 which it cannot matter, each with the reason the report gives. The rules read `Facts` (the device,
-the machine, the task), nothing else (`advisor.knob_rules`). Generic code reads the table: the
+the machine, the task), nothing else (`advisor.knobs._rules`). Generic code reads the table: the
 search space, the `--knobs` groups, labels, the order of reports and knob effects, the numerics
 check.
 
 Each row also names how every framework advisor exports to sets the knob (`exports`,
-`advisor.knob_row`). Adding a knob takes a field here, plus the one spot in the trial loop
+`advisor.knobs._row`). Adding a knob takes a field here, plus the one spot in the trial loop
 (`advisor/trial/child/loop.py`) and the one in the training-script template
 (`advisor/report/templates/train.py.j2`) that apply it.
 """
@@ -22,38 +22,40 @@ from pydantic import Field, model_validator
 from pydantic_core import PydanticUndefined
 
 from advisor.frozen import Frozen
-from advisor.knob_row import (
+from advisor.knobs._frameworks import (
     CHANNELS_LAST,
     CUDNN_BENCHMARK,
     CUDNN_DETERMINISTIC,
-    FRAMEWORKS,
-    IN_LOADER,
-    Knob,
     accelerate_accumulation,
     accelerate_checkpointing,
     accelerate_dp,
     accelerate_layout,
-    by_hand,
     compile_by_hand,
-    elsewhere,
     hf_checkpointing,
     hf_checkpointing_note,
     hf_compile,
     hf_foreach,
     hf_optimizer,
-    in_loader,
-    key,
     lightning_checkpointing,
     lightning_dp,
     lightning_layout,
     loader_with_workers,
     matmul_by_hand,
     optimizer_by_hand,
-    setting,
-    when_set,
     with_workers,
 )
-from advisor.knob_rules import (
+from advisor.knobs._row import (
+    FRAMEWORKS,
+    IN_LOADER,
+    Knob,
+    by_hand,
+    elsewhere,
+    in_loader,
+    key,
+    setting,
+    when_set,
+)
+from advisor.knobs._rules import (
     GRAD_OP,
     Device,
     ParallelMode,
@@ -79,9 +81,6 @@ __all__ = [
     "KNOB_GROUPS",
     "MEMORY_GROUP",
     "AmpMode",
-    "Device",
-    "Knob",
-    "ParallelMode",
     "TrialConfig",
 ]
 

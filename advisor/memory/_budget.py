@@ -18,7 +18,10 @@ from pydantic import model_validator
 
 from advisor.frozen import Frozen
 
-__all__ = ["MemoryBudget", "gib"]
+__all__ = [
+    "MemoryBudget",
+    "gib",
+]
 
 _UNITS = {
     "": 1, "b": 1,

@@ -7,7 +7,9 @@ from pydantic import Field
 
 from advisor.frozen import Frozen
 
-__all__ = ["Confirmation"]
+__all__ = [
+    "Confirmation",
+]
 
 
 class Confirmation(Frozen):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from advisor.convergence import NoiseScale
-from advisor.recommendation import (
+from advisor.results import (
+    NoiseScale,
     Racer,
     RaceSummary,
     Recommendation,

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.knob_rules import SLOW_PRECISION
+from advisor.knobs import SLOW_PRECISION
 from advisor.search.space import build_space
 from advisor.settings import TuneSettings
-from advisor.trial.parent.probe import probe_isolated
+from advisor.trial.parent.hardware import probe_isolated
 from tests.conftest import ROOT
 from tests.search.test_space import TASK
 

@@ -1,4 +1,4 @@
-"""Parent side of the hardware probe: `advisor.trial.child.probe.probe()` run in a child process.
+"""Parent side of the hardware probe: `advisor.trial.child.hardware.probe()` run in a child process.
 
 The child is a fork of the pre-imported trial launcher, as trials are, so that it measures as
 they run and the parent never imports torch or holds a CUDA context. An environment the
@@ -23,7 +23,7 @@ __all__ = ["probe_isolated"]
 
 
 def probe_isolated() -> HardwareProfile:
-    """`advisor.trial.child.probe.probe()` in a child process: a fork of the pre-imported trial
+    """`advisor.trial.child.hardware.probe()` in a child process: a fork of the pre-imported trial
     launcher (the child then measures as trials run), else a fresh interpreter."""
     env = child_env()
     if json_safe(env):
@@ -49,7 +49,7 @@ def _probe_forked(env: dict[str, str], scratch: Path) -> HardwareProfile:
 
 
 def _probe_subprocess(env: dict[str, str]) -> HardwareProfile:
-    code = "from advisor.trial.child.probe import probe; print(probe().model_dump_json())"
+    code = "from advisor.trial.child.hardware import probe; print(probe().model_dump_json())"
     completed = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env
     )

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from advisor.convergence import NoisePoint, NoiseTrack
-from advisor.recommendation import Racer, ScheduleSummary
+from advisor.results import NoisePoint, NoiseTrack, Racer, ScheduleSummary
 
 __all__ = [
     "NoiseRow",

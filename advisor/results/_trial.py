@@ -1,5 +1,5 @@
 """What advisor measured: the hardware, the task, each trial's result and its record in the study.
-What it concluded from them is `advisor.recommendation`."""
+What it concluded from them is `advisor.results._recommendation`."""
 
 from __future__ import annotations
 
@@ -9,12 +9,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from advisor.convergence import (
-    GradientNorms,
-    RaceCurve,
-)
 from advisor.frozen import Frozen
 from advisor.knobs import TrialConfig
+from advisor.results._convergence import GradientNorms, RaceCurve
 
 __all__ = [
     "FailurePhase",

@@ -1,5 +1,5 @@
 """Which allocator a process runs, where mimalloc lies, and the runs that keep it
-(`advisor.allocator`, the probe, launch.sh and the exports' launch line)."""
+(`advisor.memory`, the probe, launch.sh and the exports' launch line)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import sys
 import pytest
 
 from advisor import allocator
-from advisor.allocator import mimalloc_library, preloaded_allocator, running_allocator
+from advisor.memory import mimalloc_library, preloaded_allocator, running_allocator
 
 MAPS = "7f0 r-xp 0 08:01 12 /usr/lib/x86_64-linux-gnu/libc.so.6\n"
 
 
 def _in_a_fresh_python(preload: str | None) -> str:
     env = {**os.environ, "LD_PRELOAD": preload or ""}
-    code = "from advisor.allocator import running_allocator as r; print(r())"
+    code = "from advisor.memory import running_allocator as r; print(r())"
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     return run.stdout.strip()

@@ -5,9 +5,12 @@ computes both (`advisor.search.memory`); the reports render the summary."""
 from __future__ import annotations
 
 from advisor.frozen import Frozen
-from advisor.memory_budget import gib
+from advisor.memory._budget import gib
 
-__all__ = ["BudgetSummary", "MemoryLimit"]
+__all__ = [
+    "BudgetSummary",
+    "MemoryLimit",
+]
 
 
 class MemoryLimit(Frozen):

@@ -9,7 +9,7 @@ before Python starts (`LD_PRELOAD`); advisor records it with the machine
 (`HardwareProfile.allocator`) and the launch script keeps it.
 
     pip install cmeel-mimalloc
-    LD_PRELOAD=$(python -m advisor.allocator) advisor tune ...
+    LD_PRELOAD=$(python -m advisor.memory) advisor tune ...
 """
 
 from __future__ import annotations
@@ -19,7 +19,13 @@ import sys
 import sysconfig
 from pathlib import Path
 
-__all__ = ["MIMALLOC_PACKAGE", "mimalloc_library", "preloaded_allocator", "running_allocator"]
+__all__ = [
+    "MIMALLOC_PACKAGE",
+    "main",
+    "mimalloc_library",
+    "preloaded_allocator",
+    "running_allocator",
+]
 
 MIMALLOC_PACKAGE = "cmeel-mimalloc"
 # Allocator libraries by the name advisor reports, as they appear in a process's mapped files.
@@ -67,7 +73,3 @@ def main() -> int:
         return 1
     print(library)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

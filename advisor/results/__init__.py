@@ -1,0 +1,110 @@
+"""What was measured and what was concluded, as data (pydantic, frozen).
+
+- `_trial`: the machine (`HardwareProfile`), the task (`TaskSummary`), one trial's
+  `TrialResult` and its stored `TrialRecord`;
+- `_convergence`: the learning rate a racer trains with, its loss curve, gradient norms, the
+  noise scale and what it predicts, a batch-size schedule;
+- `_confirmation`: whether the paired re-runs support the speed-up claimed;
+- `_recommendation`: the racers, the race and schedule summaries, the `Recommendation` and the
+  `TuneResult`.
+"""
+
+from advisor.results._confirmation import (
+    Confirmation,
+)
+from advisor.results._convergence import (
+    BatchPrediction,
+    BatchSchedule,
+    GradientNorms,
+    LossKind,
+    LrPlan,
+    LrRule,
+    NoisePoint,
+    NoiseProbe,
+    NoiseScale,
+    NoiseTrack,
+    RaceCurve,
+    RacePoint,
+    ScheduleStage,
+)
+from advisor.results._recommendation import (
+    BatchEffort,
+    Bottleneck,
+    Efficiency,
+    FixedKnob,
+    KnobEffect,
+    LayoutBest,
+    Racer,
+    RaceSummary,
+    Recommendation,
+    Rejected,
+    RejectedValue,
+    ScheduleSummary,
+    SearchEffort,
+    StudySetup,
+    ThroughputPick,
+    TuneResult,
+    did_not_fall,
+    reference_racer,
+    shown_knobs,
+)
+from advisor.results._trial import (
+    FailurePhase,
+    GpuInfo,
+    HardwareProfile,
+    MachineLoad,
+    PrunedProposal,
+    RankResult,
+    TaskSummary,
+    TrialRecord,
+    TrialResult,
+    TrialStatus,
+    relative_spread,
+)
+
+__all__ = [
+    "BatchEffort",
+    "BatchPrediction",
+    "BatchSchedule",
+    "Bottleneck",
+    "Confirmation",
+    "Efficiency",
+    "FailurePhase",
+    "FixedKnob",
+    "GpuInfo",
+    "GradientNorms",
+    "HardwareProfile",
+    "KnobEffect",
+    "LayoutBest",
+    "LossKind",
+    "LrPlan",
+    "LrRule",
+    "MachineLoad",
+    "NoisePoint",
+    "NoiseProbe",
+    "NoiseScale",
+    "NoiseTrack",
+    "PrunedProposal",
+    "RaceCurve",
+    "RacePoint",
+    "RaceSummary",
+    "Racer",
+    "RankResult",
+    "Recommendation",
+    "Rejected",
+    "RejectedValue",
+    "ScheduleStage",
+    "ScheduleSummary",
+    "SearchEffort",
+    "StudySetup",
+    "TaskSummary",
+    "ThroughputPick",
+    "TrialRecord",
+    "TrialResult",
+    "TrialStatus",
+    "TuneResult",
+    "did_not_fall",
+    "reference_racer",
+    "relative_spread",
+    "shown_knobs",
+]
