@@ -38,6 +38,7 @@ from advisor.knobs import FRAMEWORKS, Framework
 from advisor.report.codegen import launch_command
 from advisor.report.race_view import baseline_kept, went_on_brief
 from advisor.report.render import effort_summary, reproduce_command
+from advisor.report.verdicts import race_verdict, schedule_verdict
 from advisor.settings import TuneSettings, mask_url, read_settings_file, setting_help
 
 __all__ = ["cli", "main"]
@@ -124,11 +125,11 @@ def tune(spec: str | None, config: Path | None, as_json: bool, quiet: bool, **fl
     if rec.memory_budget is not None:
         out.print(f"memory: {rec.memory_budget.statement}", highlight=False, soft_wrap=True)
     if rec.race is not None:
-        out.print(f"race: {escape(rec.race.verdict)}", highlight=False, soft_wrap=True)
+        out.print(f"race: {escape(race_verdict(rec.race))}", highlight=False, soft_wrap=True)
         if (went_on := went_on_brief(rec.race)) is not None:
             out.print(f"  ({escape(went_on)})", highlight=False, soft_wrap=True)
     if rec.schedule is not None:
-        verdict = escape(rec.schedule.verdict)
+        verdict = escape(schedule_verdict(rec.schedule, rec.race))
         trains = "; train.py trains it" if rec.schedule.schedule is not None else ""
         out.print(f"schedule: {verdict}{trains}", highlight=False, soft_wrap=True)
     for warning in rec.warnings:

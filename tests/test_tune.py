@@ -20,6 +20,7 @@ import advisor
 from advisor import TuneResult
 from advisor.decide.race.verdict import pick_at_batch0
 from advisor.report.render import render_html
+from advisor.report.verdicts import race_verdict
 from advisor.results import Recommendation
 from tests.browser import needs_chromium, rendered_dom, screenshot
 from tests.conftest import ROOT, TINY, run_advisor, trials_counted
@@ -96,7 +97,7 @@ def test_outputs_are_written(first_run):
         assert (out / name).is_file(), name
     assert (out / "logs" / "trial-0.log").is_file()
     rec = Recommendation.model_validate_json((out / "recommendation.json").read_text())
-    assert rec == first_run.recommendation and rec.schema_version == 2
+    assert rec == first_run.recommendation and rec.schema_version == 3
     rows = list(csv.DictReader((out / "trials.csv").open()))
     assert len(rows) == len(first_run.trials) + len(first_run.confirmations)
     report = (out / "report.md").read_text()
@@ -425,7 +426,7 @@ def test_a_race_from_the_same_weights_decides_and_the_reports_show_it(first_run)
         (first_run.out_dir / "recommendation.json").read_text()
     )
     report = (first_run.out_dir / "report.md").read_text()
-    assert "## Time to your loss" in report and stored.race.verdict in report
+    assert "## Time to your loss" in report and race_verdict(stored.race) in report
     assert "| racer | role | global batch | lr |" in report
     html = (first_run.out_dir / "report.html").read_text()
     assert "Loss against training time" in html and "<svg" in html

@@ -26,7 +26,7 @@ from advisor.decide.claims import COVERAGE, confirm_claim
 from advisor.decide.paired_ratio import paired_ratio
 from advisor.decide.race.extend import race_to_loss
 from advisor.decide.race.plan import plan_racers
-from advisor.decide.race.schedule import GOODPUT_RULE, schedule_bound, tune_schedule
+from advisor.decide.race.schedule import schedule_bound, tune_schedule
 from advisor.decide.race.verdict import pick_at_batch0
 from advisor.decide.reruns import Selection, failure_summary, select_winner
 from advisor.errors import NoFeasibleConfigError, StorageError
@@ -43,6 +43,7 @@ from advisor.results import (
     RaceSummary,
     Recommendation,
     ScheduleSummary,
+    ScheduleVerdict,
     StudySetup,
     TaskSummary,
     ThroughputPick,
@@ -116,21 +117,14 @@ def _schedule(
     the fixed recommendation; only after a race that set a target."""
     race, settings = rec.race, search.settings
     bound = schedule_bound(settings.schedule_seconds)
-    why = None
+    why: ScheduleVerdict | None = None
     if race is None or race.target_loss is None:
-        why = "no race set a target loss" if race is None else race.verdict
+        why = ScheduleVerdict(kind="no-race" if race is None else "race-kept")
     elif settings.timeout is not None and bound > settings.timeout:
-        why = (
-            f"it takes up to about {bound:.0f} s, more than --timeout {settings.timeout:g} s "
-            "allows (raise --timeout, or lower --schedule-seconds)"
-        )
-    if race is None or why is not None:
-        return ScheduleSummary(
-            seconds=settings.schedule_seconds,
-            track=None,
-            rule=GOODPUT_RULE,
-            verdict=f"no schedule was tried: {why}",
-        )
+        why = ScheduleVerdict(kind="timeout", bound_s=bound, timeout_s=settings.timeout)
+    if why is not None or race is None:
+        why = why or ScheduleVerdict(kind="no-race")
+        return ScheduleSummary(seconds=settings.schedule_seconds, track=None, verdict=why)
     base = race.racers[pick_at_batch0(race.racers)].config
     return tune_schedule(
         study, search, base, (rec.config, rec.lr), records, context.task.optimizer_class

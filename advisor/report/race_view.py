@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from advisor.report.verdicts import race_verdict
 from advisor.results import (
     NoiseScale,
     Racer,
@@ -81,7 +82,7 @@ def race_view(rec: Recommendation) -> RaceView:
     race = rec.race
     return RaceView(
         headline=_headline(rec),
-        verdict=race.verdict if race else None,
+        verdict=race_verdict(race) if race else None,
         loss_text=_loss_text(race) if race else None,
         target=_target_text(race) if race else None,
         rows=_rows(race) if race else (),
@@ -114,12 +115,16 @@ def went_on_text(race: RaceSummary) -> str | None:
         return None
     went = [r.label for r in race.racers if r.race_seconds > race.went_on_from]
     return (
-        f"after {race.went_on_from:g} s, {race.first_verdict or 'the race kept your global batch'}"
+        f"after {race.went_on_from:g} s, {_first_verdict(race)}"
         f". A race that short sees only the start of training, where the smallest batch does "
         f"best, so {', '.join(went) or 'its finalists'} went on from where they stopped, each "
         f"from its saved weights and optimizer state, to {race.seconds:g} s of training, and "
         "the verdict above was decided there"
     )
+
+
+def _first_verdict(race: RaceSummary) -> str:
+    return race_verdict(race.first_race) if race.first_race else "the race kept your global batch"
 
 
 def _target_text(race: RaceSummary) -> str | None:

@@ -114,7 +114,7 @@ def render_markdown(result: TuneResult) -> str:
         .render(
             rec=rec,
             view=race_view(rec),
-            schedule=schedule_view(rec.schedule) if rec.schedule else None,
+            schedule=schedule_view(rec.schedule, rec.race) if rec.schedule else None,
             knobs=_knob_rows(rec),
             what=WHAT_FIELD,
             baseline_memory=baseline.result.peak_memory_bytes if baseline else None,
@@ -168,7 +168,7 @@ def render_html(result: TuneResult) -> str:
         rec=rec,
         view=race_view(rec),
         race_plot=race_svg(rec.race),
-        schedule=schedule_view(rec.schedule) if rec.schedule else None,
+        schedule=schedule_view(rec.schedule, rec.race) if rec.schedule else None,
         schedule_plot=schedule_svg(rec.schedule),
         knobs=_knob_rows(rec),
         what=WHAT_FIELD,

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from advisor.results import NoisePoint, NoiseTrack, Racer, ScheduleSummary
+from advisor.report.verdicts import schedule_rule, schedule_verdict
+from advisor.results import NoisePoint, NoiseTrack, Racer, RaceSummary, ScheduleSummary
 
 __all__ = [
     "NoiseRow",
@@ -70,8 +71,8 @@ class ScheduleView:
     cost: str
 
 
-def schedule_view(summary: ScheduleSummary) -> ScheduleView:
-    """The schedule's section of a report."""
+def schedule_view(summary: ScheduleSummary, race: RaceSummary | None) -> ScheduleView:
+    """The schedule's section of a report; `race` is the race before it."""
     shipped = summary.shipped_racer
     stages: tuple[StageRow, ...] = ()
     if shipped is not None and shipped.schedule is not None:
@@ -88,12 +89,12 @@ def schedule_view(summary: ScheduleSummary) -> ScheduleView:
         )
     return ScheduleView(
         headline=schedule_headline(summary),
-        verdict=summary.verdict,
+        verdict=schedule_verdict(summary, race),
         growth=growth_text(summary.track),
         noise_rows=tuple(
             _noise_row(point) for point in (summary.track.points if summary.track else ())
         ),
-        rule=summary.rule,
+        rule=schedule_rule(summary),
         rows=tuple(
             _row(racer, index == summary.shipped) for index, racer in enumerate(summary.racers)
         ),

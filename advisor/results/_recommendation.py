@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from advisor.frozen import Frozen
 from advisor.knobs import BASE_GROUP, KNOBS, Knob, TrialConfig
@@ -40,11 +40,13 @@ __all__ = [
     "KnobEffect",
     "LayoutBest",
     "RaceSummary",
+    "RaceVerdict",
     "Racer",
     "Recommendation",
     "Rejected",
     "RejectedValue",
     "ScheduleSummary",
+    "ScheduleVerdict",
     "SearchEffort",
     "StudySetup",
     "ThroughputPick",
@@ -54,7 +56,8 @@ __all__ = [
     "shown_knobs",
 ]
 
-RECOMMENDATION_SCHEMA_VERSION = 2  # 2: the objective, the race, the noise scale, the lr
+# 2: the objective, the race, the noise scale, the lr; 3: the verdicts as data
+RECOMMENDATION_SCHEMA_VERSION = 3
 
 
 class FixedKnob(Frozen):
@@ -186,6 +189,31 @@ def did_not_fall(racers: Sequence[Racer]) -> bool:
     return reference is not None and reference.curve is not None and not reference.curve.fell
 
 
+RaceVerdictKind = Literal["failed", "no-fall", "won", "won-level", "kept", "stated"]
+
+
+class RaceVerdict(Frozen):
+    """What the race decided and on which figures, as data (`advisor.report.verdicts` words it):
+
+    - `failed`: the race at your global batch failed (`reason`, the trial's);
+    - `no-fall`: your loss did not fall beyond its noise: nothing can be timed to it;
+    - `won`: the candidate `RaceSummary.winner` reached the target more than `margin` sooner
+      than `kept`, the best at your global batch;
+    - `won-level`: in a race that went on, a larger global batch reached it no later;
+    - `kept`: `kept` stands; `best` is the other global batch that came nearest (None: none
+      reached the target); `precision_kept`: the faster racer at your batch changed the
+      precision without earning it, so your configuration stands;
+    - `stated`: a study stored before verdicts were data keeps its sentence (`reason`).
+    """
+
+    kind: RaceVerdictKind
+    kept: int | None = Field(default=None, description="index into racers: the pick at B0")
+    best: int | None = Field(default=None, description="index into racers: the best candidate")
+    margin: float = Field(default=0.15, description="how much sooner a winner must be")
+    precision_kept: bool = False
+    reason: str | None = None
+
+
 class RaceSummary(Frozen):
     """The convergence race that decided the recommendation (objective time-to-loss)."""
 
@@ -202,15 +230,64 @@ class RaceSummary(Frozen):
         description="index into racers; None where no target was set: the user's global batch "
         "is kept"
     )
-    verdict: str = Field(description="why the winner won, or why nothing could, in a sentence")
+    verdict: RaceVerdict
     went_on_from: float | None = Field(
         default=None,
         description="the race's length before its finalists went on to `seconds` "
         "(advisor.decide.race.extend); None where it did not go on",
     )
-    first_verdict: str | None = Field(
-        default=None, description="the verdict after `went_on_from` seconds, before it went on"
+    first_race: RaceSummary | None = Field(
+        default=None, description="the race after `went_on_from` seconds, before it went on"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stored_sentences(cls, data: Any) -> Any:
+        """A study stored when verdicts were sentences: its sentence is kept as stated."""
+        if isinstance(data, dict) and isinstance(data.get("verdict"), str):
+            data = {**data, "verdict": {"kind": "stated", "reason": data["verdict"]}}
+            first = data.pop("first_verdict", None)
+            if first is not None:
+                stated = {"kind": "stated", "reason": first}
+                data["first_race"] = {**data, "verdict": stated, "went_on_from": None}
+        return data
+
+
+ScheduleVerdictKind = Literal[
+    "no-race",
+    "race-kept",
+    "timeout",
+    "processes",
+    "long-run-failed",
+    "did-not-fall",
+    "phi-unmeasured",
+    "phi-flat",
+    "one-stage",
+    "none-reached",
+    "ships",
+    "not-by-margin",
+    "stated",
+]
+
+
+class ScheduleVerdict(Frozen):
+    """What the schedule's tune decided, as data (`advisor.report.verdicts` words it). No
+    schedule was tried after `no-race`, `race-kept` (the race set no target), `timeout` (it
+    takes about `bound_s`, more than `timeout_s`), `processes` (phi is tracked in one process;
+    yours runs `processes`), `long-run-failed` (`reason`), `did-not-fall`, `phi-unmeasured`,
+    `phi-flat` or `one-stage` (global batch `batch` kept the most goodput throughout). One was
+    raced after `none-reached`, `ships` and `not-by-margin` (`best` against `fixed`, indices
+    into racers)."""
+
+    kind: ScheduleVerdictKind
+    best: int | None = None
+    fixed: int | None = None
+    margin: float = 0.15
+    bound_s: float | None = None
+    timeout_s: float | None = None
+    processes: int | None = None
+    batch: int | None = None
+    reason: str | None = None
 
 
 class ScheduleSummary(Frozen):
@@ -220,7 +297,11 @@ class ScheduleSummary(Frozen):
 
     seconds: float = Field(description="training time each racer of the schedule race had")
     track: NoiseTrack | None = Field(description="phi along the baseline's run; None if untracked")
-    rule: str = Field(description="how the stages were chosen from phi, in a sentence")
+    rule: Literal["goodput"] = Field(
+        default="goodput",
+        description="how the stages were chosen from phi: goodput, samples/s x (phi + B0) / "
+        "(phi + B), at each point phi was measured along your run",
+    )
     racers: tuple[Racer, ...] = ()
     target_loss: float | None = Field(
         default=None, description="the baseline's lowest loss within the horizon"
@@ -228,8 +309,18 @@ class ScheduleSummary(Frozen):
     shipped: int | None = Field(
         default=None, description="index into racers of the schedule that ships; None: none"
     )
-    verdict: str = Field(description="what was decided and why, in a sentence")
+    verdict: ScheduleVerdict
     cost_s: float = Field(default=0.0, description="wall seconds the schedule's tune took")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stored_sentences(cls, data: Any) -> Any:
+        """A study stored when verdicts were sentences: its sentence is kept as stated."""
+        if isinstance(data, dict) and isinstance(data.get("verdict"), str):
+            data = {**data, "verdict": {"kind": "stated", "reason": data["verdict"]}}
+        if isinstance(data, dict) and isinstance(data.get("rule"), str):
+            data = {**data, "rule": "goodput"}  # the only rule there has been
+        return data
 
     @property
     def schedule(self) -> BatchSchedule | None:

@@ -16,6 +16,7 @@ from advisor.decide.reruns import Selection
 from advisor.knobs import TrialConfig
 from advisor.noise_scale import predict_batches, race_finalists
 from advisor.progress import NullProgress
+from advisor.report.verdicts import race_verdict
 from advisor.results import (
     BatchPrediction,
     LrPlan,
@@ -72,7 +73,7 @@ def test_the_race_keeps_the_small_batch_where_a_big_one_loses(tmp_path):
     race = decide_race(run_race(_study(tmp_path), context, _plans()), 2.5)
     assert race.loss_kind == "held-out"
     assert race.racers[race.winner].config == SMALL, race.verdict
-    assert "no other global batch" in race.verdict
+    assert "no other global batch" in race_verdict(race)
     # Past 85 % of the baseline's time to its loss a candidate can no longer win: it stops there.
     baseline = race.racers[0]
     assert baseline.curve.points[-1].seconds >= 2.5  # the baseline sets the target: all of it
@@ -123,7 +124,8 @@ def test_a_loss_that_does_not_fall_decides_no_race_and_skips_the_other_racers(tm
     race = decide_race(racers, 2.5)
 
     assert race.winner is None and race.target_loss is None
-    assert race.verdict.startswith("your loss did not fall beyond its noise"), race.verdict
+    assert race.verdict.kind == "no-fall"
+    assert race_verdict(race).startswith("your loss did not fall beyond its noise")
 
 
 def test_a_loss_that_rises_from_the_start_did_not_fall():
@@ -139,7 +141,7 @@ def test_a_loss_that_rises_from_the_start_did_not_fall():
     race = decide_race(racers, 10)
 
     assert race.winner is None and race.target_loss is None
-    assert "2.3 at the start, lowest 2.3, 2.78 after 10.0 s" in race.verdict
+    assert "2.3 at the start, lowest 2.3, 2.78 after 10.0 s" in race_verdict(race)
 
 
 def test_a_short_flat_curve_did_not_fall_though_one_evaluation_dipped():
@@ -329,10 +331,8 @@ def test_a_change_of_precision_at_your_batch_must_earn_its_place_by_the_margin()
         return race.racers[race.winner].config
 
     assert kept(level, 110.0) == SMALL
-    assert (
-        "your precision is kept"
-        in decide_race([baseline, level.model_copy(update={"samples_per_s": 110.0})], 5).verdict
-    )
+    slow = decide_race([baseline, level.model_copy(update={"samples_per_s": 110.0})], 5)
+    assert slow.verdict.precision_kept and "your precision is kept" in race_verdict(slow)
     assert kept(level, 120.0) == bf16  # 1.2x the samples/s
     sooner = _racer("your batch", bf16, [4, 2, 1.2, 1.0, 0.9, 0.8])  # 1.0 at 3 s
     assert kept(sooner, 103.0) == bf16

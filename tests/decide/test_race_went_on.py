@@ -11,6 +11,7 @@ from advisor.decide.race.plan import RacePlan, lr_rule
 from advisor.decide.race.run import run_race
 from advisor.decide.race.verdict import decide_race
 from advisor.knobs import TrialConfig
+from advisor.report.verdicts import race_verdict
 from advisor.results import LrPlan, RaceCurve, RacePoint, Racer, TrialResult
 from advisor.search.context import SearchContext
 from advisor.search.records import StudyKey, read_racers
@@ -67,11 +68,7 @@ def test_a_race_that_kept_your_batch_goes_on_from_where_its_finalists_stopped(tm
 
     went = go_on(study, context, race)
 
-    assert (went.seconds, went.went_on_from, went.first_verdict) == (
-        2 * RACE_S,
-        RACE_S,
-        race.verdict,
-    )
+    assert (went.seconds, went.went_on_from, went.first_race) == (2 * RACE_S, RACE_S, race)
     assert went.racers[went.winner].config == SMALL, went.verdict
     baseline = went.racers[0]
     first = race.racers[0].curve.points
@@ -139,7 +136,8 @@ def test_where_the_race_went_on_a_larger_batch_level_with_yours_wins_the_tie():
 
     assert first.racers[first.winner].config == SMALL
     assert went_on.racers[went_on.winner].config == BIG, went_on.verdict
-    assert "no later than the best at your global batch 8" in went_on.verdict
+    assert went_on.verdict.kind == "won-level"
+    assert "no later than the best at your global batch 8" in race_verdict(went_on)
     for other in (later, smaller):
         kept = decide_race([baseline, other], 6, went_on=True)
         assert kept.racers[kept.winner].config == SMALL, kept.verdict

@@ -18,6 +18,7 @@ from advisor.decide.race.schedule import (
 )
 from advisor.knobs import TrialConfig
 from advisor.progress import NullProgress
+from advisor.report.verdicts import schedule_verdict
 from advisor.results import (
     BatchSchedule,
     LrPlan,
@@ -27,6 +28,7 @@ from advisor.results import (
     RacePoint,
     Racer,
     ScheduleStage,
+    ScheduleSummary,
     TrialRecord,
     TrialResult,
 )
@@ -131,7 +133,9 @@ def test_a_schedule_ships_only_if_it_beats_the_fixed_one_by_the_margin(schedule_
     shipped, target, timed, verdict = decide_schedule(racers)
     assert target == 1.0 and timed[1].time_to_target_s == pytest.approx(50.0)
     assert (shipped == 2) is ships, verdict
-    assert ("it ships" in verdict) is ships
+    assert verdict.kind == ("ships" if ships else "not-by-margin")
+    worded = schedule_verdict(_summary(timed, shipped, target, verdict), None)
+    assert ("it ships" in worded) is ships
 
 
 CONVERGENCE = "tests/workloads/convergence.py"
@@ -193,7 +197,16 @@ def test_a_schedule_stopped_before_your_loss_does_not_ship_and_says_what_it_had_
         _racer("fixed", [(0, 2.0), (8.8, 1.0)]),
         _racer("schedule", [(0, 2.0), (7.5, 1.2)], SCHEDULE),  # stopped at 0.85 x 8.8 s
     ]
-    shipped, _, _, verdict = decide_schedule(racers)
-    assert shipped is None
-    assert "more than 15% sooner than the fixed recommendation" in verdict
-    assert "which took 8.8 s: none ships" in verdict
+    shipped, target, timed, verdict = decide_schedule(racers)
+    assert shipped is None and verdict.kind == "none-reached"
+    worded = schedule_verdict(_summary(timed, shipped, target, verdict), None)
+    assert "more than 15% sooner than the fixed recommendation" in worded
+    assert "which took 8.8 s: none ships" in worded
+
+
+def _summary(racers, shipped, target, verdict) -> ScheduleSummary:
+    """A schedule's tune that decided `verdict` on `racers`, as the reports see it."""
+    return ScheduleSummary(
+        seconds=60, track=None, racers=racers, target_loss=target, shipped=shipped,
+        verdict=verdict,
+    )  # fmt: skip

@@ -87,7 +87,7 @@ def _trial_losses(
     """The losses of a trial's first optimizer steps, from the same seed (0)."""
     launch = TrialLaunch(spec=spec, cwd=ROOT, warmup_steps=2, trial_seconds=0.1, timeout_s=300)
     reference = ProcessRunner(launch).run(
-        ReferenceOrder(config=config, lr=lr), tmp_path / "reference.log"
+        ReferenceOrder(config=config, lr=lr or LrPlan()), tmp_path / "reference.log"
     )
     assert reference.status == "ok", reference.reason
     return reference.early_losses

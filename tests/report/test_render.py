@@ -6,12 +6,14 @@ from advisor.decide.analysis import search_effort
 from advisor.decide.race.verdict import decide_race
 from advisor.knobs import KNOB, TrialConfig
 from advisor.report.render import effort_summary, render_html, render_markdown
+from advisor.report.verdicts import race_verdict
 from advisor.results import (
     BatchPrediction,
     FixedKnob,
     LrPlan,
     NoiseScale,
     RaceSummary,
+    RaceVerdict,
     Recommendation,
     ThroughputPick,
     TrialRecord,
@@ -20,7 +22,7 @@ from advisor.results import (
 )
 from advisor.settings import TuneSettings
 from tests.conftest import CPU_PROFILE
-from tests.search.test_race import _racer
+from tests.decide.test_race import _racer
 from tests.search.test_space import TASK
 
 WINNER = TrialConfig(parallel_mode="ddp", world_size=2, batch_size=256, accumulation_steps=2)
@@ -105,7 +107,7 @@ def test_a_kept_baseline_is_said_to_have_won_a_race_only_where_one_ran():
 def test_the_report_names_both_targets_a_race_verdict_must_hold_at():
     from advisor.decide.race.verdict import decide_race
     from advisor.report.race_view import _target_text
-    from tests.search.test_race import BIG, SMALL, _half_seconds, _plateau
+    from tests.decide.test_race import BIG, SMALL, _half_seconds, _plateau
 
     racers = [
         _half_seconds("baseline", SMALL, _plateau(1.5, {8.5: 2.3020})),
@@ -238,7 +240,7 @@ def test_a_throughput_pick_is_judged_by_the_lr_that_ended_lower_as_the_verdict_j
     """On an H200, batch 256 reached the race loss sooner with lr x4 than the winner, then
     rose far above where your lr left it: the report must not say the winner was sooner
     without saying why the faster run did not count."""
-    from tests.search.test_race import SMALL, _racer
+    from tests.decide.test_race import SMALL, _racer
 
     mid = TrialConfig(batch_size=64)
     rule = LrPlan(scale=4.0, rule="sqrt")
@@ -264,14 +266,39 @@ def test_a_race_that_went_on_says_so_and_which_racers_did_not():
     baseline = _racer("baseline", small, longer)
     candidate = _racer("candidate", big, [2.3 - 0.04 * i for i in range(11)])  # 1.9 at 10 s
     race = decide_race([baseline, candidate], 30).model_copy(
-        update={"went_on_from": 10.0, "first_verdict": "the best at your global batch 32 won"}
+        update={
+            "went_on_from": 10.0,
+            "first_race": decide_race([baseline, candidate], 30).model_copy(
+                update={"verdict": RaceVerdict(kind="stated", reason="the best at 32 won")}
+            ),
+        }
     )
 
     markdown = _with_race(race, small)
 
     assert "Each racer trained for 10 s of training time" in markdown
-    assert "The race went on: after 10 s, the best at your global batch 32 won." in markdown
+    assert "The race went on: after 10 s, the best at 32 won." in markdown
     assert "bs=32 acc=1 amp=off workers=0, your lr went on from where they stopped" in markdown
     assert "to 30 s of training" in markdown
     assert "not within its 10 s (it did not go on)" in markdown
     assert "The race went on: after 10 s" in _with_race(race, small, html=True)
+
+
+def test_a_stored_race_keeps_its_figures_and_is_worded_when_rendered():
+    """The decision stores a kind and its racers, not a sentence: a race read back from its
+    JSON renders the same words, and a race stored when verdicts were sentences keeps its
+    sentence (and the sentence of the race before it went on)."""
+    from tests.decide.test_race import BIG, SMALL
+
+    baseline = _racer("baseline", SMALL, [2.3 - 0.03 * i for i in range(11)])
+    candidate = _racer("candidate", BIG, [2.3 - 0.06 * i for i in range(11)])
+    race = decide_race([baseline, candidate], 10)
+    stored = race.model_dump_json()
+    assert race.verdict.kind == "won" and "reached your race loss" not in stored
+    assert race_verdict(RaceSummary.model_validate_json(stored)) == race_verdict(race)
+
+    old = {**race.model_dump(), "verdict": "batch 64 won", "first_verdict": "batch 32 won"}
+    old.pop("first_race")
+    legacy = RaceSummary.model_validate(old)
+    assert race_verdict(legacy) == "batch 64 won"
+    assert legacy.first_race is not None and race_verdict(legacy.first_race) == "batch 32 won"

@@ -16,7 +16,7 @@ from advisor.knobs import TrialConfig
 from advisor.results import NoiseScale, TrialRecord, TrialResult
 from advisor.search.ranking import Ranking
 from advisor.search.staging import next_move, raced_batches, stage_budget
-from tests.search.test_race import CONVERGENCE
+from tests.decide.test_race import CONVERGENCE
 from tests.search.test_seeding import SPACE
 
 BATCH0 = SPACE.baseline.global_batch_size  # 32

@@ -95,7 +95,7 @@ def go_on(study: optuna.Study, context: SearchContext, race: RaceSummary) -> Rac
     went_on = run_race(study, context, plans, horizon, key=StudyKey.RACERS_WENT_ON)
     merged = [_after(racer, went_on) for racer in race.racers]
     decided = decide_race(merged, horizon, went_on=True)
-    return decided.model_copy(update={"went_on_from": race.seconds, "first_verdict": race.verdict})
+    return decided.model_copy(update={"went_on_from": race.seconds, "first_race": race})
 
 
 def _nearest_candidate(racers: Sequence[Racer]) -> Racer | None:

@@ -43,6 +43,7 @@ from advisor.results import (
     Racer,
     ScheduleStage,
     ScheduleSummary,
+    ScheduleVerdict,
     TrialRecord,
     TrialResult,
 )
@@ -57,7 +58,6 @@ from advisor.search.records import (
 from advisor.trial.orders import TRACK_POINTS, RaceOrder, WindowOrder
 
 __all__ = [
-    "GOODPUT_RULE",
     "GROWTH",
     "StageOption",
     "decide_schedule",
@@ -69,13 +69,6 @@ __all__ = [
     "tune_schedule",
 ]
 
-GOODPUT_RULE = (
-    "from the best configuration at your global batch (the race's pick for the first "
-    "seconds), then at each later point where phi was measured along your run, the global "
-    "batch with the most goodput, samples/s x (phi + B0) / (phi + B), among those measured "
-    "with the same knobs, where it is larger than the stage before; a stage starts after as "
-    "many samples as your run had trained there"
-)
 GROWTH = (2, 4, 8, 16)  # global batches a schedule may grow to, times the base's
 _LAYOUT = frozenset({"batch_size", "accumulation_steps"})
 
@@ -180,7 +173,7 @@ def tune_schedule(
     baseline = context.space.baseline
     race = _ScheduleRace(study, context, seconds)
     if baseline.world_size > 1:
-        processes = f"phi is tracked in one process; yours runs {baseline.world_size}"
+        processes = ScheduleVerdict(kind="processes", processes=baseline.world_size)
         return race.summary(None, processes)
     context.progress.stage(
         f"batch-size schedule: training your configuration for {seconds:g} s, measuring the "
@@ -196,8 +189,8 @@ def tune_schedule(
     options[base.global_batch_size] = StageOption(base, known.samples_per_s if known else 0.0)
     starts = follow_noise(track, options, base.global_batch_size)
     if len(starts) < 2:
-        kept = f"at every phi measured along your run, global batch {starts[0][1]} kept the "
-        return race.summary(track, kept + "most goodput", started)
+        kept = ScheduleVerdict(kind="one-stage", batch=starts[0][1])
+        return race.summary(track, kept, started)
     schedules = make_schedules(starts, options, baseline.global_batch_size, optimizer_class)
     _race_schedules(race, reference, base, fixed, schedules)
     return race.summary(track, None, started)
@@ -227,18 +220,16 @@ def _race_schedules(
         race.run("schedule", base, LrPlan(), target=target, schedule=schedule, limit=limit)
 
 
-def _why_no_schedule(reference: Racer, track: NoiseTrack | None) -> str | None:
+def _why_no_schedule(reference: Racer, track: NoiseTrack | None) -> ScheduleVerdict | None:
     if reference.curve is None:
         why = reference.result.reason or reference.result.status
-        return f"your configuration's long run failed ({why})"
+        return ScheduleVerdict(kind="long-run-failed", reason=why)
     if not reference.curve.fell:
-        return "your loss did not fall in the long run: nothing can be timed to it"
+        return ScheduleVerdict(kind="did-not-fall")
     if track is None or len(track.measured) < 2:
-        return "the noise scale could not be measured along your run"
+        return ScheduleVerdict(kind="phi-unmeasured")
     if not track.grew:
-        return (
-            "the noise scale did not grow beyond its noise along your run: no schedule is proposed"
-        )
+        return ScheduleVerdict(kind="phi-flat")
     return None
 
 
@@ -354,7 +345,7 @@ class _ScheduleRace:
         return racer
 
     def summary(
-        self, track: NoiseTrack | None, why: str | None, started: float | None = None
+        self, track: NoiseTrack | None, why: ScheduleVerdict | None, started: float | None = None
     ) -> ScheduleSummary:
         """What the schedule's tune found: `why` none was raced, or the race's verdict."""
         cost = time.perf_counter() - started if started is not None else 0.0
@@ -366,7 +357,6 @@ class _ScheduleRace:
         return ScheduleSummary(
             seconds=self._seconds,
             track=track,
-            rule=GOODPUT_RULE,
             racers=racers,
             target_loss=target,
             shipped=shipped,
@@ -377,7 +367,7 @@ class _ScheduleRace:
 
 def decide_schedule(
     racers: Sequence[Racer],
-) -> tuple[int | None, float | None, tuple[Racer, ...], str]:
+) -> tuple[int | None, float | None, tuple[Racer, ...], ScheduleVerdict]:
     """Time every racer to each loss the baseline's curve sets (`RaceCurve.target_losses`); the
     schedule that reached the lowest soonest ships if, at every one of them, it beat the fixed
     recommendation by more than `RACE_MARGIN`. Returns the shipped index (or None), the target
@@ -388,30 +378,16 @@ def decide_schedule(
     timed_at = [timed_to(racers, target) for target in targets]
     timed = timed_at[0]
     fixed = fixed_racer(timed)
-    against = f"{_seconds(timed[fixed])} for {_fixed_label(timed[fixed])}"
-    loss = f"your {reference.race_seconds:g}-s loss {targets[0]:.4g}"
     schedules = [i for i, r in enumerate(timed) if r.role == "schedule" and r.time_to_target_s]
     if not schedules:
-        return (
-            None,
-            targets[0],
-            timed,
-            (
-                f"no schedule reached {loss} more than {RACE_MARGIN:.0%} sooner than "
-                f"{_fixed_label(timed[fixed])}, which took {_seconds(timed[fixed])}: none ships"
-            ),
-        )
+        verdict = ScheduleVerdict(kind="none-reached", fixed=fixed, margin=RACE_MARGIN)
+        return None, targets[0], timed, verdict
     best = min(schedules, key=lambda i: timed[i].time_to_target_s or math.inf)
-    text = (
-        f"the schedule {timed[best].label} reached {loss} after "
-        f"{timed[best].time_to_target_s:.1f} s, against {against}"
+    ships = all(beats(at[best], at[fixed]) for at in timed_at)
+    verdict = ScheduleVerdict(
+        kind="ships" if ships else "not-by-margin", best=best, fixed=fixed, margin=RACE_MARGIN
     )
-    if all(beats(at[best], at[fixed]) for at in timed_at):
-        return best, targets[0], timed, text + ": it ships"
-    margin = (
-        f": not sooner by more than {RACE_MARGIN:.0%} at every loss checked, so it does not ship"
-    )
-    return None, targets[0], timed, text + margin
+    return (best if ships else None), targets[0], timed, verdict
 
 
 def fixed_racer(racers: Sequence[Racer]) -> int:
@@ -420,15 +396,3 @@ def fixed_racer(racers: Sequence[Racer]) -> int:
     if fixed is not None:
         return fixed
     return next(i for i, r in enumerate(racers) if r.role == "baseline")
-
-
-def _fixed_label(racer: Racer) -> str:
-    if racer.role == "baseline":
-        return "your configuration, the fixed recommendation"
-    return f"the fixed recommendation ({racer.label})"
-
-
-def _seconds(racer: Racer) -> str:
-    if racer.time_to_target_s is not None:
-        return f"{racer.time_to_target_s:.1f} s"
-    return "never within the horizon"

@@ -24,7 +24,14 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from advisor.knobs import TrialConfig
-from advisor.results import RaceCurve, Racer, RaceSummary, did_not_fall, reference_racer
+from advisor.results import (
+    RaceCurve,
+    Racer,
+    RaceSummary,
+    RaceVerdict,
+    did_not_fall,
+    reference_racer,
+)
 
 __all__ = [
     "RACE_MARGIN",
@@ -69,7 +76,7 @@ def decide_race(racers: Sequence[Racer], seconds: float, *, went_on: bool = Fals
             target_loss=None,
             racers=tuple(racers),
             winner=None,
-            verdict=f"the race at your global batch failed ({why}): advisor keeps it",
+            verdict=RaceVerdict(kind="failed", margin=RACE_MARGIN, reason=why),
         )
     if did_not_fall(racers):
         return RaceSummary(
@@ -78,7 +85,7 @@ def decide_race(racers: Sequence[Racer], seconds: float, *, went_on: bool = Fals
             target_loss=None,
             racers=tuple(racers),
             winner=None,
-            verdict=_no_fall_verdict(reference.curve, seconds),
+            verdict=RaceVerdict(kind="no-fall", margin=RACE_MARGIN),
         )
     verdicts = [_verdict_at(racers, target, went_on) for target in reference.curve.target_losses]
     # It must hold at every target: kept if kept at one, else the smallest claim; unless the
@@ -92,19 +99,7 @@ def decide_race(racers: Sequence[Racer], seconds: float, *, went_on: bool = Fals
         target_loss=chosen.target,
         racers=chosen.racers,
         winner=chosen.winner,
-        verdict=chosen.text,
-    )
-
-
-def _no_fall_verdict(curve: RaceCurve, seconds: float) -> str:
-    """Why a race whose reference loss did not fall decides nothing."""
-    first, last = curve.points[0], curve.points[-1]
-    start = "at the start" if first.seconds == 0 else f"after {first.seconds:.1f} s"
-    return (
-        f"your loss did not fall beyond its noise in the race ({first.loss:.4g} {start}, lowest "
-        f"{curve.best_loss:.4g}, {last.loss:.4g} after {last.seconds:.1f} s): time to it cannot "
-        "compare global batches, so advisor keeps yours (a longer race, --race-seconds "
-        f"above {seconds:g}, may show it fall)"
+        verdict=chosen.verdict,
     )
 
 
@@ -113,7 +108,7 @@ class _Verdict(NamedTuple):
     racers: tuple[Racer, ...]  # timed to `target`
     winner: int
     at_batch0: int
-    text: str
+    verdict: RaceVerdict
 
 
 def _verdict_at(racers: Sequence[Racer], target: float, went_on: bool = False) -> _Verdict:
@@ -123,14 +118,15 @@ def _verdict_at(racers: Sequence[Racer], target: float, went_on: bool = False) -
     timed = timed_to(racers, target)
     at_batch0 = pick_at_batch0(timed)
     best = _best_candidate(timed)
+    decided = RaceVerdict(kind="kept", kept=at_batch0, best=best, margin=RACE_MARGIN)
     if best is not None and beats(timed[best], timed[at_batch0]):
-        text = _won_verdict(timed, best, at_batch0, target)
-        return _Verdict(target, timed, best, at_batch0, text)
+        won = decided.model_copy(update={"kind": "won"})
+        return _Verdict(target, timed, best, at_batch0, won)
     if best is not None and went_on and levels(timed[best], timed[at_batch0]):
-        text = _won_verdict(timed, best, at_batch0, target, level=True)
-        return _Verdict(target, timed, best, at_batch0, text)
-    text = _kept_verdict(timed, at_batch0, best, target)
-    return _Verdict(target, timed, at_batch0, at_batch0, text)
+        level = decided.model_copy(update={"kind": "won-level"})
+        return _Verdict(target, timed, best, at_batch0, level)
+    kept = decided.model_copy(update={"precision_kept": _precision_kept(timed, at_batch0)})
+    return _Verdict(target, timed, at_batch0, at_batch0, kept)
 
 
 def _settled_win(verdicts: Sequence[_Verdict]) -> _Verdict | None:
@@ -240,70 +236,9 @@ def levels(candidate: Racer, pick: Racer) -> bool:
     return pick.time_to_target_s is None or candidate.time_to_target_s <= pick.time_to_target_s
 
 
-def _won_verdict(
-    racers: Sequence[Racer], winner: int, kept: int, target: float, level: bool = False
-) -> str:
-    """The verdict for a candidate that won: by the margin, or `level` in a race that went on."""
-    won, other = racers[winner], racers[kept]
-    text = (
-        f"{won.label} (global batch {won.config.global_batch_size}) reached your race "
-        f"loss {target:.4g} after {won.time_to_target_s:.1f} s of training, "
-    )
-    if not level:
-        return text + (
-            f"against {_seconds(other)} for the best at your global batch "
-            f"{other.config.global_batch_size}"
-        )
-    return text + (
-        f"no later than the best at your global batch {other.config.global_batch_size} "
-        f"({_seconds(other)}), though by less than {RACE_MARGIN:.0%}: a larger batch gains as "
-        "training goes on, so level here it is ahead over a run longer than the race"
-    )
-
-
-def _kept_verdict(racers: Sequence[Racer], kept: int, best: int | None, target: float) -> str:
-    chosen = racers[kept]
-    batch = chosen.config.global_batch_size
-    who = (
-        "your configuration"
-        if chosen.role == "baseline"
-        else f"the best at your global batch {batch}"
-    )
-    text = (
-        f"{who} ({chosen.label}) reached your race loss {target:.4g} after {_seconds(chosen)}"
-    ) + _precision_kept(racers, kept)
-    if best is None:
-        return text + "; no other global batch reached it"
-    other = racers[best]
-    return (
-        f"{text}; no other global batch did more than {RACE_MARGIN:.0%} sooner (best: "
-        f"{other.label}, {_seconds(other)})"
-    )
-
-
-def _precision_kept(racers: Sequence[Racer], kept: int) -> str:
-    """Why the baseline stands for the user's batch where a faster racer there changed the
-    precision without earning it; empty otherwise."""
+def _precision_kept(racers: Sequence[Racer], kept: int) -> bool:
+    """Whether the baseline stands for the user's batch because a faster racer there changed
+    the precision without earning it."""
     faster = next((r for r in racers if r.role == "your batch"), None)
     chosen = racers[kept]
-    if faster is None or chosen.role != "baseline" or not unearned_precision(faster, chosen):
-        return ""
-    rate = (
-        f"{faster.samples_per_s / chosen.samples_per_s:.2f}x your samples/s, "
-        if faster.samples_per_s and chosen.samples_per_s
-        else ""
-    )
-    return (
-        f" (with amp={faster.config.amp}, {faster.label} ran {rate}reached it after "
-        f"{_seconds(faster)}: a change of precision must earn its place by {RACE_MARGIN:.0%}, in "
-        "samples/s or in the race, so your precision is kept)"
-    )
-
-
-def _seconds(racer: Racer) -> str:
-    if racer.time_to_target_s is not None:
-        return f"{racer.time_to_target_s:.1f} s"
-    trained = racer.curve.points[-1].seconds if racer.curve and racer.curve.points else 0.0
-    if trained < 0.95 * racer.race_seconds:
-        return f"not within {trained:.1f} s, when it could no longer win"
-    return "never within the race"
+    return faster is not None and chosen.role == "baseline" and unearned_precision(faster, chosen)

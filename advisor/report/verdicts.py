@@ -1,0 +1,206 @@
+"""The race's and the schedule's verdicts in words: `advisor.decide` stores what it decided and
+on which racers (`RaceVerdict`, `ScheduleVerdict`); this module says it, so that a stored study
+re-renders with today's wording. Pure functions, shared by the console, report.md and
+report.html."""
+
+from __future__ import annotations
+
+from advisor.results import (
+    Racer,
+    RaceSummary,
+    ScheduleSummary,
+    ScheduleVerdict,
+    reference_racer,
+)
+
+__all__ = ["GOODPUT_RULE", "race_verdict", "schedule_rule", "schedule_verdict"]
+
+GOODPUT_RULE = (
+    "from the best configuration at your global batch (the race's pick for the first "
+    "seconds), then at each later point where phi was measured along your run, the global "
+    "batch with the most goodput, samples/s x (phi + B0) / (phi + B), among those measured "
+    "with the same knobs, where it is larger than the stage before; a stage starts after as "
+    "many samples as your run had trained there"
+)
+
+
+def race_verdict(race: RaceSummary) -> str:
+    """Why the race's winner won, or why nothing could, in a sentence."""
+    verdict = race.verdict
+    if verdict.kind == "stated":
+        return verdict.reason or ""
+    if verdict.kind == "failed":
+        return f"the race at your global batch failed ({verdict.reason}): advisor keeps it"
+    if verdict.kind == "no-fall":
+        return _no_fall(race)
+    assert verdict.kept is not None and race.target_loss is not None
+    if verdict.kind in ("won", "won-level"):
+        assert race.winner is not None
+        return _won(race, race.winner, verdict.kept, level=verdict.kind == "won-level")
+    return _kept(race, verdict.kept, verdict.best)
+
+
+def _no_fall(race: RaceSummary) -> str:
+    reference = reference_racer(race.racers)
+    curve = reference.curve if reference is not None else None
+    if curve is None:
+        return "your loss did not fall beyond its noise in the race: advisor keeps your batch"
+    first, last = curve.points[0], curve.points[-1]
+    start = "at the start" if first.seconds == 0 else f"after {first.seconds:.1f} s"
+    return (
+        f"your loss did not fall beyond its noise in the race ({first.loss:.4g} {start}, lowest "
+        f"{curve.best_loss:.4g}, {last.loss:.4g} after {last.seconds:.1f} s): time to it cannot "
+        "compare global batches, so advisor keeps yours (a longer race, --race-seconds "
+        f"above {race.seconds:g}, may show it fall)"
+    )
+
+
+def _won(race: RaceSummary, winner: int, kept: int, *, level: bool) -> str:
+    """A candidate that won: by the margin, or `level` in a race that went on."""
+    won, other = race.racers[winner], race.racers[kept]
+    text = (
+        f"{won.label} (global batch {won.config.global_batch_size}) reached your race "
+        f"loss {race.target_loss:.4g} after {won.time_to_target_s:.1f} s of training, "
+    )
+    if not level:
+        return text + (
+            f"against {_seconds(other)} for the best at your global batch "
+            f"{other.config.global_batch_size}"
+        )
+    return text + (
+        f"no later than the best at your global batch {other.config.global_batch_size} "
+        f"({_seconds(other)}), though by less than {race.verdict.margin:.0%}: a larger batch "
+        "gains as training goes on, so level here it is ahead over a run longer than the race"
+    )
+
+
+def _kept(race: RaceSummary, kept: int, best: int | None) -> str:
+    chosen = race.racers[kept]
+    batch = chosen.config.global_batch_size
+    who = (
+        "your configuration"
+        if chosen.role == "baseline"
+        else f"the best at your global batch {batch}"
+    )
+    text = (
+        f"{who} ({chosen.label}) reached your race loss {race.target_loss:.4g} after "
+        f"{_seconds(chosen)}"
+    )
+    if race.verdict.precision_kept:
+        text += _precision_kept(race, chosen)
+    if best is None:
+        return text + "; no other global batch reached it"
+    other = race.racers[best]
+    return (
+        f"{text}; no other global batch did more than {race.verdict.margin:.0%} sooner (best: "
+        f"{other.label}, {_seconds(other)})"
+    )
+
+
+def _precision_kept(race: RaceSummary, chosen: Racer) -> str:
+    """Why your configuration stands where a faster racer at your batch changed the precision
+    without earning it."""
+    faster = next((r for r in race.racers if r.role == "your batch"), None)
+    if faster is None:
+        return ""
+    rate = (
+        f"{faster.samples_per_s / chosen.samples_per_s:.2f}x your samples/s, "
+        if faster.samples_per_s and chosen.samples_per_s
+        else ""
+    )
+    return (
+        f" (with amp={faster.config.amp}, {faster.label} ran {rate}reached it after "
+        f"{_seconds(faster)}: a change of precision must earn its place by "
+        f"{race.verdict.margin:.0%}, in samples/s or in the race, so your precision is kept)"
+    )
+
+
+def _seconds(racer: Racer) -> str:
+    if racer.time_to_target_s is not None:
+        return f"{racer.time_to_target_s:.1f} s"
+    trained = racer.curve.points[-1].seconds if racer.curve and racer.curve.points else 0.0
+    if trained < 0.95 * racer.race_seconds:
+        return f"not within {trained:.1f} s, when it could no longer win"
+    return "never within the race"
+
+
+def schedule_rule(summary: ScheduleSummary) -> str:
+    """How the schedule's stages were chosen from phi, in a sentence."""
+    return GOODPUT_RULE
+
+
+def schedule_verdict(summary: ScheduleSummary, race: RaceSummary | None) -> str:
+    """What the schedule's tune decided and why, in a sentence; `race` is the race before it
+    (whose verdict says why no schedule was tried where it set no target)."""
+    verdict = summary.verdict
+    if verdict.kind == "stated":
+        return verdict.reason or ""
+    if verdict.kind in ("no-race", "race-kept", "timeout"):
+        return f"no schedule was tried: {_not_tried(verdict, race)}"
+    if verdict.kind in ("none-reached", "ships", "not-by-margin"):
+        return _raced(summary, verdict)
+    return _not_tried(verdict, race)
+
+
+def _not_tried(verdict: ScheduleVerdict, race: RaceSummary | None) -> str:
+    kind = verdict.kind
+    if kind == "no-race":
+        return "no race set a target loss"
+    if kind == "race-kept":
+        return race_verdict(race) if race is not None else "no race set a target loss"
+    if kind == "timeout":
+        return (
+            f"it takes up to about {verdict.bound_s:.0f} s, more than --timeout "
+            f"{verdict.timeout_s:g} s allows (raise --timeout, or lower --schedule-seconds)"
+        )
+    if kind == "processes":
+        return f"phi is tracked in one process; yours runs {verdict.processes}"
+    if kind == "long-run-failed":
+        return f"your configuration's long run failed ({verdict.reason})"
+    if kind == "did-not-fall":
+        return "your loss did not fall in the long run: nothing can be timed to it"
+    if kind == "phi-unmeasured":
+        return "the noise scale could not be measured along your run"
+    if kind == "phi-flat":
+        return (
+            "the noise scale did not grow beyond its noise along your run: no schedule is proposed"
+        )
+    return (
+        f"at every phi measured along your run, global batch {verdict.batch} kept the most goodput"
+    )
+
+
+def _raced(summary: ScheduleSummary, verdict: ScheduleVerdict) -> str:
+    assert verdict.fixed is not None
+    racers, fixed = summary.racers, summary.racers[verdict.fixed]
+    reference = next(r for r in racers if r.role == "baseline")
+    loss = f"your {reference.race_seconds:g}-s loss {summary.target_loss:.4g}"
+    if verdict.kind == "none-reached":
+        return (
+            f"no schedule reached {loss} more than {verdict.margin:.0%} sooner than "
+            f"{_fixed_label(fixed)}, which took {_horizon_seconds(fixed)}: none ships"
+        )
+    assert verdict.best is not None
+    best = racers[verdict.best]
+    text = (
+        f"the schedule {best.label} reached {loss} after {best.time_to_target_s:.1f} s, "
+        f"against {_horizon_seconds(fixed)} for {_fixed_label(fixed)}"
+    )
+    if verdict.kind == "ships":
+        return text + ": it ships"
+    return (
+        f"{text}: not sooner by more than {verdict.margin:.0%} at every loss checked, so it "
+        "does not ship"
+    )
+
+
+def _fixed_label(racer: Racer) -> str:
+    if racer.role == "baseline":
+        return "your configuration, the fixed recommendation"
+    return f"the fixed recommendation ({racer.label})"
+
+
+def _horizon_seconds(racer: Racer) -> str:
+    if racer.time_to_target_s is not None:
+        return f"{racer.time_to_target_s:.1f} s"
+    return "never within the horizon"
