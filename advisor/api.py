@@ -24,9 +24,10 @@ from advisor.report.render import render_html, render_markdown, render_trials_cs
 from advisor.results import Recommendation, StudySetup, TaskSummary, TrialResult, TuneResult
 from advisor.search.checks import NumericsCheck, preflight
 from advisor.search.context import SearchContext
+from advisor.search.machine import resolve_device
 from advisor.search.pruning import make_pruner
 from advisor.search.records import fail_abandoned, pruned_of, records_of, write_outcome, write_start
-from advisor.search.space import build_space, resolve_device
+from advisor.search.space import build_space
 from advisor.search.storage import disk_full_is_one_line, open_study
 from advisor.search.study import bind_study, make_sampler, run_search
 from advisor.settings import TuneSettings, mask_url, settings_error
@@ -41,6 +42,7 @@ __all__ = [
     "load_result",
     "make_settings",
     "read_recommendation",
+    "search_and_decide",
     "tune",
     "tune_with",
     "validate",
@@ -105,6 +107,14 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
 def _tune_in(settings: TuneSettings, progress: Progress, logs_dir: Path) -> TuneResult:
     """`tune_with`, once this process holds its output folder."""
     search, context = _prepare(settings, progress, logs_dir)
+    return search_and_decide(search, context)
+
+
+def search_and_decide(search: SearchContext, context: StudySetup) -> TuneResult:
+    """The study, on a probed machine and a validated task: search, re-measure the finalists,
+    decide, and write the outputs. Every trial goes through `search.runner` (a test hands in a
+    scripted one)."""
+    settings, progress = search.settings, search.progress
     progress.stage(
         f"searching {search.space.size} configurations with {settings.sampler}; storage "
         f"{mask_url(settings.storage_url)}, study {settings.resolved_study_name}"

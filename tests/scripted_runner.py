@@ -7,11 +7,13 @@ loss falls with the samples it trains on (`loss`); every other figure follows fr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from advisor.api import VERSION, search_and_decide
 from advisor.knobs import TrialConfig
 from advisor.progress import NullProgress, Progress
 from advisor.results import (
@@ -20,9 +22,12 @@ from advisor.results import (
     LrPlan,
     RaceCurve,
     RacePoint,
+    StudySetup,
     TaskSummary,
     TrialResult,
+    TuneResult,
 )
+from advisor.search.checks import NumericsCheck
 from advisor.search.context import SearchContext
 from advisor.search.space import build_space
 from advisor.settings import TuneSettings
@@ -153,6 +158,22 @@ def _window(config: TrialConfig, rate: float, *, reference: bool) -> TrialResult
         early_losses=EARLY,
         wall_s=2.0 + steps * step_s,
     )
+
+
+def scripted_tune(
+    settings: TuneSettings, runner: ScriptedRunner, *, hardware: HardwareProfile = CPU_PROFILE
+) -> TuneResult:
+    """A whole tune of the scripted task, every trial answered by `runner`: the search, the
+    re-runs, the noise scale, the race and the outputs, in-process (`search_and_decide`)."""
+    logs = settings.out_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    search = scripted_context(settings, runner, logs, hardware=hardware)
+    search = dataclasses.replace(search, numerics=NumericsCheck(runner, logs))
+    setup = StudySetup(
+        advisor_version=VERSION, workdir=".", baseline_config=search.space.baseline,
+        fixed_knobs=search.space.fixed, hardware=hardware, task=TASK,
+    )  # fmt: skip
+    return search_and_decide(search, setup)
 
 
 def scripted_context(

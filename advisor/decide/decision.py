@@ -9,17 +9,12 @@ The reports render what is decided here and decide nothing themselves."""
 from __future__ import annotations
 
 import statistics
-from datetime import datetime, timezone
 from pathlib import Path
 
 import optuna
 
 from advisor.decide.analysis import (
-    best_by_layout,
-    diagnose,
-    knob_effects,
     param_importances,
-    rejected_values,
     search_effort,
 )
 from advisor.decide.claims import COVERAGE, confirm_claim
@@ -28,6 +23,12 @@ from advisor.decide.race.extend import race_to_loss
 from advisor.decide.race.plan import plan_racers
 from advisor.decide.race.schedule import schedule_bound, tune_schedule
 from advisor.decide.race.verdict import pick_at_batch0
+from advisor.decide.recommendation import (
+    Rates,
+    assemble,
+    time_to_loss_speedup,
+    warnings,
+)
 from advisor.decide.reruns import Selection, failure_summary, select_winner
 from advisor.errors import NoFeasibleConfigError, StorageError
 from advisor.knobs import KNOBS, TrialConfig
@@ -35,8 +36,6 @@ from advisor.noise_scale import predict_batches, race_finalists
 from advisor.results import (
     BatchPrediction,
     Confirmation,
-    Efficiency,
-    HardwareProfile,
     LrPlan,
     NoiseScale,
     PrunedProposal,
@@ -45,23 +44,20 @@ from advisor.results import (
     ScheduleSummary,
     ScheduleVerdict,
     StudySetup,
-    TaskSummary,
     ThroughputPick,
     TrialRecord,
     TuneResult,
 )
 from advisor.search.context import SearchContext
 from advisor.search.dominance import rejected_in_search
-from advisor.search.memory import budget_summary
 from advisor.search.noise import measure_noise_scale
 from advisor.search.records import read_study, records_of
 from advisor.search.storage import load_study
-from advisor.settings import TuneSettings, mask_url
+from advisor.settings import TuneSettings
 
 __all__ = [
     "conclude",
     "confirmed_recommendation",
-    "efficiency",
     "provisional_recommendation",
     "race_choice",
     "rerun_rates",
@@ -186,18 +182,13 @@ def confirmed_recommendation(
         winner, lr = race_choice(selection, race, context.baseline_config)
     runs = rerun_rates(selection, winner.number)
     base = selection.baseline_samples_per_s
-    rec = _recommendation(
-        settings,
-        context,
-        trials,
-        selection.confirmations,
-        winner,
+    rates = Rates(
         samples_per_s=statistics.median(runs) if runs else selection.samples_per_s,
         baseline_samples_per_s=base,
         confirm_runs=runs,
         baseline_runs=selection.baseline_runs,
-        provisional=False,
     )
+    rec = assemble(settings, context, trials, selection.confirmations, winner, rates)
     fastest = selection.winner
     pick = None
     if fastest.number != winner.number:
@@ -214,8 +205,8 @@ def confirmed_recommendation(
             "race": race,
             "noise_scale": noise,
             "throughput_pick": pick,
-            "time_to_loss_speedup": _time_to_loss_speedup(race),
-            "warnings": _warnings(
+            "time_to_loss_speedup": time_to_loss_speedup(race),
+            "warnings": warnings(
                 rec.config.global_batch_size,
                 rec.baseline_config.global_batch_size,
                 rec.baseline_samples_per_s,
@@ -244,17 +235,6 @@ def _with_confirmation(rec: Recommendation, confirmation: Confirmation | None) -
     return rec.model_copy(update=update)
 
 
-def _time_to_loss_speedup(race: RaceSummary | None) -> float | None:
-    """The baseline's time to its own race target over the winner's."""
-    if race is None or race.winner is None:
-        return None
-    baseline = next((r for r in race.racers if r.role == "baseline"), None)
-    winner = race.racers[race.winner]
-    if baseline is None or not baseline.time_to_target_s or not winner.time_to_target_s:
-        return None
-    return baseline.time_to_target_s / winner.time_to_target_s
-
-
 def provisional_recommendation(
     settings: TuneSettings, context: StudySetup, trials: list[TrialRecord]
 ) -> Recommendation:
@@ -270,115 +250,12 @@ def provisional_recommendation(
         raise NoFeasibleConfigError(failure_summary(measured))
     winner = max(eligible, key=lambda t: t.result.samples_per_s or 0.0)
     baseline = next((t for t in eligible if t.role == "baseline"), None)
-    return _recommendation(
-        settings,
-        context,
-        trials,
-        (),
-        winner,
+    rates = Rates(
         samples_per_s=winner.result.samples_per_s or 0.0,
         baseline_samples_per_s=baseline.result.samples_per_s if baseline else None,
-        confirm_runs=(),
-        baseline_runs=(),
         provisional=True,
     )
-
-
-def _recommendation(
-    settings: TuneSettings,
-    context: StudySetup,
-    trials: list[TrialRecord],
-    confirmations: tuple[TrialRecord, ...],
-    winner: TrialRecord,
-    *,
-    samples_per_s: float,
-    baseline_samples_per_s: float | None,
-    confirm_runs: tuple[float, ...],
-    baseline_runs: tuple[float, ...],
-    provisional: bool,
-) -> Recommendation:
-    config, baseline = winner.result.config, context.baseline_config
-    effects = knob_effects(trials)
-    memory = budget_summary(
-        settings.memory_budget,
-        settings.memory_headroom,
-        trials,
-        context.hardware,
-        config.global_batch_size,
-    )
-    return Recommendation(
-        provisional=provisional,
-        advisor_version=context.advisor_version,
-        spec=settings.spec,
-        workdir=context.workdir,
-        config=config,
-        samples_per_s=samples_per_s,
-        peak_memory_bytes=winner.result.peak_memory_bytes,
-        baseline_config=baseline,
-        baseline_samples_per_s=baseline_samples_per_s,
-        speedup=samples_per_s / baseline_samples_per_s if baseline_samples_per_s else None,
-        chosen_from_trial=winner.number,
-        confirm_runs=confirm_runs,
-        baseline_runs=baseline_runs,
-        global_batch_changed=config.global_batch_size != baseline.global_batch_size,
-        warnings=_warnings(
-            config.global_batch_size,
-            baseline.global_batch_size,
-            baseline_samples_per_s,
-            settings,
-            baseline_over=memory is not None and memory.baseline_over,
-        ),
-        fixed_knobs=context.fixed_knobs,
-        parallel_best=best_by_layout(trials, confirmations),
-        knob_effects=effects,
-        rejected_values=rejected_values(trials),
-        bottleneck=diagnose(winner, effects),
-        efficiency=efficiency(config, samples_per_s, context.task, context.hardware),
-        memory_budget=memory,
-        hardware=context.hardware,
-        task=context.task,
-        storage=mask_url(settings.storage_url),
-        study_name=settings.resolved_study_name,
-        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    )
-
-
-def _warnings(
-    batch: int,
-    baseline_batch: int,
-    baseline_rate: float | None,
-    settings: TuneSettings,
-    race: RaceSummary | None = None,
-    baseline_over: bool = False,
-) -> tuple[str, ...]:
-    warnings = []
-    if batch != baseline_batch and race is None:
-        unchecked = (
-            "the tune stopped before its race; run the same command again to race it"
-            if settings.objective == "time-to-loss"
-            else "--objective throughput does not race; re-run with --objective time-to-loss "
-            "to race it"
-        )
-        warnings.append(
-            f"the global batch changes from {baseline_batch} to {batch} "
-            f"({batch / baseline_batch:g}x), and nothing checked how soon it reaches your loss: "
-            f"{unchecked}, or with --global-batch-size {baseline_batch} to keep it"
-        )
-    if race is not None and race.target_loss is not None and settings.schedule == "off":
-        warnings.append(
-            f"the race covered the first {race.seconds:g} s of training from your initial "
-            "weights; the best global batch often grows later in training (the gradient noise "
-            "scale grows as the loss falls): --schedule auto measures that over a longer run "
-            "and races a batch that grows with it"
-        )
-    if baseline_rate is None:
-        warnings.append(
-            "your configuration does not fit the memory budget: no speed-up over it can be "
-            "stated; the memory line says what fits"
-            if baseline_over
-            else "the baseline configuration failed: no speed-up can be stated"
-        )
-    return tuple(warnings)
+    return assemble(settings, context, trials, (), winner, rates)
 
 
 def stored_result(url: str, study_name: str | None, out_dir: Path | None) -> TuneResult:
@@ -400,34 +277,6 @@ def stored_result(url: str, study_name: str | None, out_dir: Path | None) -> Tun
         stored.confirmations,
         stored.pruned,
         out_dir or Path("reports") / stored.name,
-    )
-
-
-def efficiency(
-    config: TrialConfig, samples_per_s: float, task: TaskSummary, hardware: HardwareProfile
-) -> Efficiency | None:
-    """None when the model's FLOPs were not counted or no peak was measured for its dtype."""
-    if task.flops_per_sample is None:
-        return None
-    dtype = "fp32" if config.amp == "off" else config.amp
-    if config.device == "cuda" and hardware.gpus:
-        devices = len(hardware.gpus) if config.parallel_mode == "dp" else config.world_size
-        per_device = hardware.gpus[0].peak_flops.get(dtype)
-        peak = per_device * devices if per_device else None
-        where = f"{devices} x {hardware.gpus[0].name}"
-    else:  # every rank shares the same cores, so the machine's peak is the limit
-        peak = hardware.cpu_peak_flops.get(dtype)
-        where = f"{hardware.cores} CPU cores"
-    if not peak:
-        return None
-    achieved = task.flops_per_sample * samples_per_s
-    return Efficiency(
-        flops_per_sample=task.flops_per_sample,
-        achieved_flops=achieved,
-        peak_flops=peak,
-        dtype=dtype,
-        devices=where,
-        fraction_of_peak=achieved / peak,
     )
 
 

@@ -1,7 +1,8 @@
 """The knob table (docs/architecture.md, "Adding a knob"): `TrialConfig`, one annotated field
 per knob with its row beside it.
 
-- `_table`: `TrialConfig` and `KNOBS`, the table read by the space, labels, reports and exports;
+- `_table`: `TrialConfig`, one annotated field per knob: the table itself;
+- `_index`: `KNOBS`, the table as rows, read by the space, labels, reports and exports;
 - `_row`: what one row says (`Knob`) and how a framework sets a knob (`Counterpart`);
 - `_frameworks`: the framework counterparts that take more than one expression;
 - `_rules`: the facts a knob's rules read (`Facts`) and the rules that fix a knob or drop a
@@ -31,6 +32,7 @@ from advisor.knobs._frameworks import (
     optimizer_by_hand,
     with_workers,
 )
+from advisor.knobs._index import KNOB, KNOB_GROUPS, KNOBS
 from advisor.knobs._row import (
     FRAMEWORKS,
     IN_LOADER,
@@ -49,9 +51,13 @@ from advisor.knobs._rules import (
     GRAD_OP,
     NOT_SHARDABLE,
     SLOW_PRECISION,
+    AmpMode,
+    CompileMode,
     Device,
     Facts,
     Layout,
+    MatmulPrecision,
+    OptimizerImpl,
     ParallelMode,
     Rule,
     checkpoint_values,
@@ -71,11 +77,7 @@ from advisor.knobs._rules import (
 )
 from advisor.knobs._table import (
     BASE_GROUP,
-    KNOB,
-    KNOB_GROUPS,
-    KNOBS,
     MEMORY_GROUP,
-    AmpMode,
     TrialConfig,
 )
 
@@ -94,12 +96,15 @@ __all__ = [
     "NOT_SHARDABLE",
     "SLOW_PRECISION",
     "AmpMode",
+    "CompileMode",
     "Counterpart",
     "Device",
     "Facts",
     "Framework",
     "Knob",
     "Layout",
+    "MatmulPrecision",
+    "OptimizerImpl",
     "ParallelMode",
     "Rule",
     "Target",

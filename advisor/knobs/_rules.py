@@ -10,9 +10,13 @@ __all__ = [
     "GRAD_OP",
     "NOT_SHARDABLE",
     "SLOW_PRECISION",
+    "AmpMode",
+    "CompileMode",
     "Device",
     "Facts",
     "Layout",
+    "MatmulPrecision",
+    "OptimizerImpl",
     "ParallelMode",
     "Rule",
     "checkpoint_values",
@@ -30,6 +34,12 @@ __all__ = [
     "unless",
     "worker_counts",
 ]
+
+# The values of the knobs whose domains are words.
+AmpMode = Literal["off", "bf16", "fp16"]
+CompileMode = Literal["off", "default", "max-autotune-no-cudagraphs"]
+MatmulPrecision = Literal["highest", "high"]
+OptimizerImpl = Literal["default", "foreach", "fused"]
 
 Device = Literal["cpu", "cuda"]
 ParallelMode = Literal["none", "dp", "ddp", "fsdp"]

@@ -14,36 +14,13 @@ Each row also names how every framework advisor exports to sets the knob (`expor
 (`advisor/report/templates/train.py.j2`) that apply it.
 """
 
-import dataclasses
-from collections.abc import Mapping
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import Field, model_validator
-from pydantic_core import PydanticUndefined
 
+import advisor.knobs._frameworks as fw
+import advisor.knobs._rules as rules
 from advisor.frozen import Frozen
-from advisor.knobs._frameworks import (
-    CHANNELS_LAST,
-    CUDNN_BENCHMARK,
-    CUDNN_DETERMINISTIC,
-    accelerate_accumulation,
-    accelerate_checkpointing,
-    accelerate_dp,
-    accelerate_layout,
-    compile_by_hand,
-    hf_checkpointing,
-    hf_checkpointing_note,
-    hf_compile,
-    hf_foreach,
-    hf_optimizer,
-    lightning_checkpointing,
-    lightning_dp,
-    lightning_layout,
-    loader_with_workers,
-    matmul_by_hand,
-    optimizer_by_hand,
-    with_workers,
-)
 from advisor.knobs._row import (
     FRAMEWORKS,
     IN_LOADER,
@@ -55,39 +32,13 @@ from advisor.knobs._row import (
     setting,
     when_set,
 )
-from advisor.knobs._rules import (
-    GRAD_OP,
-    Device,
-    ParallelMode,
-    checkpoint_values,
-    compiler_missing,
-    first_reason,
-    layout_order,
-    layouts,
-    memory_unbound,
-    needs_cudnn,
-    no_repeated_block,
-    one_process,
-    slower_than_fp32,
-    tf32_missing,
-    unless,
-    worker_counts,
-)
 
 __all__ = [
     "BASE_GROUP",
-    "KNOB",
-    "KNOBS",
-    "KNOB_GROUPS",
     "MEMORY_GROUP",
-    "AmpMode",
     "TrialConfig",
 ]
 
-AmpMode = Literal["off", "bf16", "fp16"]
-CompileMode = Literal["off", "default", "max-autotune-no-cudagraphs"]
-MatmulPrecision = Literal["highest", "high"]
-OptimizerImpl = Literal["default", "foreach", "fused"]
 
 BASE_GROUP = "classic"  # always searched; `--knobs` adds the other groups to it
 MEMORY_GROUP = "memory"  # searched under --memory-budget
@@ -101,9 +52,9 @@ class TrialConfig(Frozen):
     part of the `parallel` knob).
     """
 
-    device: Device = "cpu"
+    device: rules.Device = "cpu"
     parallel_mode: Annotated[
-        ParallelMode,
+        rules.ParallelMode,
         Knob(
             group=BASE_GROUP,
             title=(
@@ -112,11 +63,11 @@ class TrialConfig(Frozen):
             ),
             name="parallel",
             fields=("parallel_mode", "world_size", "reshard_after_forward"),
-            values=layouts,
-            order=layout_order,
-            fixed_when=(one_process,),
+            values=rules.layouts,
+            order=rules.layout_order,
+            fixed_when=(rules.one_process,),
             dropped_when={
-                "dp": unless(
+                "dp": rules.unless(
                     lambda f: f.device == "cuda" and f.gpus >= 2,
                     "DataParallel needs >= 2 CUDA GPUs",
                 ),
@@ -127,8 +78,8 @@ class TrialConfig(Frozen):
                     "the launch line: torchrun for DDP and FSDP (FSDP's own: fsdp, fsdp_config); "
                     "Trainer wraps several visible GPUs in DataParallel on its own"
                 ),
-                "lightning": setting(lightning_layout, by_hand=lightning_dp),
-                "accelerate": setting(accelerate_layout, by_hand=accelerate_dp),
+                "lightning": setting(fw.lightning_layout, by_hand=fw.lightning_dp),
+                "accelerate": setting(fw.accelerate_layout, by_hand=fw.accelerate_dp),
             },
         ),
     ] = "none"
@@ -162,30 +113,30 @@ class TrialConfig(Frozen):
             exports={
                 "hf": key("gradient_accumulation_steps"),
                 "lightning": key("accumulate_grad_batches"),
-                "accelerate": by_hand(accelerate_accumulation),
+                "accelerate": by_hand(fw.accelerate_accumulation),
             },
         ),
     ] = Field(default=1, ge=1)
     amp: Annotated[
-        AmpMode,
+        rules.AmpMode,
         Knob(
             group=BASE_GROUP,
             title="mixed precision: the autocast dtype",
             values=("off", "fp16", "bf16"),
             dropped_when={
-                "fp16": first_reason(
-                    unless(
+                "fp16": rules.first_reason(
+                    rules.unless(
                         lambda f: f.device == "cuda",
                         "fp16 autocast needs CUDA; CPU autocast uses bf16",
                     ),
-                    slower_than_fp32("fp16"),
+                    rules.slower_than_fp32("fp16"),
                 ),
-                "bf16": first_reason(
-                    unless(
+                "bf16": rules.first_reason(
+                    rules.unless(
                         lambda f: f.device == "cpu" or f.gpu_bf16,
                         "bf16 autocast needs GPUs that compute bf16 (compute capability 8.0)",
                     ),
-                    slower_than_fp32("bf16"),
+                    rules.slower_than_fp32("bf16"),
                 ),
             },
             invalid_on_cpu={"fp16": "needs a CUDA device; CPU autocast uses amp='bf16'"},
@@ -206,9 +157,9 @@ class TrialConfig(Frozen):
             group=BASE_GROUP,
             title="DataLoader workers",
             unit="processes",
-            values=worker_counts,
+            values=rules.worker_counts,
             fixed_when=(
-                unless(
+                rules.unless(
                     lambda f: not f.iterable,
                     "an IterableDataset is replicated in every worker unless it shards itself "
                     "with get_worker_info(); advisor does not change what your data means",
@@ -226,7 +177,7 @@ class TrialConfig(Frozen):
             title="page-locked host memory for batches",
             values=(False, True),
             fixed_when=(
-                unless(
+                rules.unless(
                     lambda f: f.device == "cuda",
                     "no CUDA device: pinned memory only speeds host-to-GPU copies",
                 ),
@@ -242,13 +193,13 @@ class TrialConfig(Frozen):
             group=BASE_GROUP,
             title="cuDNN autotuning of convolution algorithms",
             values=(False, True),
-            fixed_when=(needs_cudnn,),
+            fixed_when=(rules.needs_cudnn,),
             invalid_on_cpu={True: "has no effect on CPU: set it to False"},
             tag="cudnn.benchmark",
             exports={
-                "hf": when_set(CUDNN_BENCHMARK),
+                "hf": when_set(fw.CUDNN_BENCHMARK),
                 "lightning": key("benchmark"),
-                "accelerate": when_set(CUDNN_BENCHMARK),
+                "accelerate": when_set(fw.CUDNN_BENCHMARK),
             },
         ),
     ] = False
@@ -259,28 +210,28 @@ class TrialConfig(Frozen):
             title="deterministic cuDNN algorithms: reproducible runs, at a cost",
             values=(False, True),
             changes_maths=True,
-            fixed_when=(needs_cudnn,),
+            fixed_when=(rules.needs_cudnn,),
             invalid_on_cpu={True: "has no effect on CPU: set it to False"},
             tag="cudnn.deterministic",
             exports={
-                "hf": when_set(CUDNN_DETERMINISTIC),
+                "hf": when_set(fw.CUDNN_DETERMINISTIC),
                 "lightning": key("deterministic"),
-                "accelerate": when_set(CUDNN_DETERMINISTIC),
+                "accelerate": when_set(fw.CUDNN_DETERMINISTIC),
             },
         ),
     ] = False
     compile: Annotated[
-        CompileMode,
+        rules.CompileMode,
         Knob(
             group="compile",
             title="torch.compile mode",
             values=("off", "default", "max-autotune-no-cudagraphs"),
             changes_maths=True,
-            fixed_when=(compiler_missing,),
+            fixed_when=(rules.compiler_missing,),
             tag="compile={}",
             exports={
-                "hf": setting(hf_compile),
-                "lightning": by_hand(compile_by_hand),
+                "hf": setting(fw.hf_compile),
+                "lightning": by_hand(fw.compile_by_hand),
                 "accelerate": key("dynamo_mode", lambda mode: None if mode == "off" else mode),
             },
         ),
@@ -293,30 +244,30 @@ class TrialConfig(Frozen):
             values=(False, True),
             changes_maths=True,
             fixed_when=(
-                unless(
+                rules.unless(
                     lambda f: f.conv2d,
                     "only 4-D convolution inputs have a channels-last layout; the model has no "
                     "Conv2d",
                 ),
             ),
             tag="channels_last",
-            exports=dict.fromkeys(FRAMEWORKS, when_set(CHANNELS_LAST)),
+            exports=dict.fromkeys(FRAMEWORKS, when_set(fw.CHANNELS_LAST)),
         ),
     ] = False
     matmul_precision: Annotated[
-        MatmulPrecision,
+        rules.MatmulPrecision,
         Knob(
             group="matmul_precision",
             title="torch.set_float32_matmul_precision; high = TF32 on CUDA",
             values=("highest", "high"),
             changes_maths=True,
-            fixed_when=(tf32_missing,),
+            fixed_when=(rules.tf32_missing,),
             invalid_on_cpu={"high": "(TF32) needs a CUDA GPU: set it to 'highest'"},
             tag="matmul={}",
             exports={
                 "hf": key("tf32", lambda precision: precision == "high"),
                 "lightning": elsewhere("the export's code: torch.set_float32_matmul_precision"),
-                "accelerate": by_hand(matmul_by_hand),
+                "accelerate": by_hand(fw.matmul_by_hand),
             },
         ),
     ] = "highest"
@@ -330,9 +281,9 @@ class TrialConfig(Frozen):
             needs="num_workers",
             tag="prefetch={}",
             exports={
-                "hf": with_workers("dataloader_prefetch_factor"),
+                "hf": fw.with_workers("dataloader_prefetch_factor"),
                 **dict.fromkeys(("lightning", "accelerate"), IN_LOADER),
-                "loader": loader_with_workers("prefetch_factor"),
+                "loader": fw.loader_with_workers("prefetch_factor"),
             },
         ),
     ] = Field(default=2, ge=1)
@@ -345,32 +296,32 @@ class TrialConfig(Frozen):
             needs="num_workers",
             tag="workers-per-epoch",
             exports={
-                "hf": with_workers("dataloader_persistent_workers", without=False),
+                "hf": fw.with_workers("dataloader_persistent_workers", without=False),
                 **dict.fromkeys(("lightning", "accelerate"), IN_LOADER),
-                "loader": loader_with_workers("persistent_workers"),
+                "loader": fw.loader_with_workers("persistent_workers"),
             },
         ),
     ] = True
     optimizer_impl: Annotated[
-        OptimizerImpl,
+        rules.OptimizerImpl,
         Knob(
             group="optimizer",
             title="the optimizer's implementation: torch's default, foreach or fused",
             values=("default", "foreach", "fused"),
             changes_maths=True,
             fixed_when=(
-                unless(
+                rules.unless(
                     lambda f: not f.custom_optimizer,
                     "your factory builds its own optimizer; advisor does not change its arguments",
                 ),
             ),
             tag="optimizer={}",
             exports={
-                "hf": setting(hf_optimizer, by_hand=hf_foreach, when_searched=True),
+                "hf": setting(fw.hf_optimizer, by_hand=fw.hf_foreach, when_searched=True),
                 "lightning": by_hand(
-                    optimizer_by_hand(" in configure_optimizers"), when_searched=True
+                    fw.optimizer_by_hand(" in configure_optimizers"), when_searched=True
                 ),
-                "accelerate": by_hand(optimizer_by_hand(), when_searched=True),
+                "accelerate": by_hand(fw.optimizer_by_hand(), when_searched=True),
             },
         ),
     ] = "default"
@@ -379,20 +330,22 @@ class TrialConfig(Frozen):
         Knob(
             group=MEMORY_GROUP,
             title="activation checkpointing of the model's repeated blocks (off, or their class)",
-            values=checkpoint_values,
-            fixed_when=(no_repeated_block, memory_unbound),
+            values=rules.checkpoint_values,
+            fixed_when=(rules.no_repeated_block, rules.memory_unbound),
             tag="ckpt={}",
             exports={
-                "hf": setting(hf_checkpointing, by_hand=hf_checkpointing_note),
-                "lightning": by_hand(lightning_checkpointing),
-                "accelerate": by_hand(accelerate_checkpointing),
+                "hf": setting(fw.hf_checkpointing, by_hand=fw.hf_checkpointing_note),
+                "lightning": by_hand(fw.lightning_checkpointing),
+                "accelerate": by_hand(fw.accelerate_checkpointing),
             },
         ),
     ] = "off"
 
     @model_validator(mode="after")
     def _check_combination(self) -> "TrialConfig":
-        problems = _combination_problems(self)
+        from advisor.knobs._index import combination_problems  # the index reads this class
+
+        problems = combination_problems(self)
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -409,7 +362,7 @@ class TrialConfig(Frozen):
         if self.parallel_mode == "ddp":
             return f"ddp-{self.world_size}"
         if self.parallel_mode == "fsdp":
-            return f"fsdp-{self.world_size}{'' if self.reshard_after_forward else GRAD_OP}"
+            return f"fsdp-{self.world_size}{'' if self.reshard_after_forward else rules.GRAD_OP}"
         return self.parallel_mode
 
     @property
@@ -430,57 +383,15 @@ class TrialConfig(Frozen):
 
     def label(self) -> str:
         """A short human-readable description, e.g. `ddp-2 bs=64 acc=2 amp=bf16 workers=2`."""
+        from advisor.knobs._index import KNOBS
+
         return " ".join(part for row in KNOBS if (part := row.label_part(self)) is not None)
 
     @property
     def maths_twin(self) -> "TrialConfig":
         """This configuration without the knobs that change the arithmetic."""
+        from advisor.knobs._index import KNOBS
+
         return self.model_copy(
             update={name: row.default for row in KNOBS if row.changes_maths for name in row.fields}
         )
-
-
-def _combination_problems(config: TrialConfig) -> list[str]:
-    problems = []
-    if config.parallel_mode in ("none", "dp") and config.world_size != 1:
-        problems.append(
-            f"world_size={config.world_size} needs parallel_mode='ddp' "
-            f"({config.parallel_mode!r} runs one process): set world_size=1"
-        )
-    if config.num_workers == 0 and config.prefetch_factor != 2:
-        problems.append("prefetch_factor needs num_workers > 0: leave it at 2")
-    if config.parallel_mode == "ddp" and config.world_size < 2:
-        problems.append("parallel_mode='ddp' needs world_size >= 2; use parallel_mode='none'")
-    if config.parallel_mode != "fsdp" and not config.reshard_after_forward:
-        problems.append("reshard_after_forward=False needs parallel_mode='fsdp': leave it True")
-    if config.device == "cpu":
-        for row in KNOBS:
-            value = getattr(config, row.fields[0])
-            if value in row.invalid_on_cpu:
-                problems.append(f"{row.fields[0]}={value!r} {row.invalid_on_cpu[value]}")
-    return problems
-
-
-def _rows() -> tuple[Knob, ...]:
-    """The table in field order, each row completed from its field."""
-    rows = []
-    for name, info in TrialConfig.model_fields.items():
-        row = next((item for item in info.metadata if isinstance(item, Knob)), None)
-        if row is None:
-            continue
-        default = None if info.default is PydanticUndefined else info.default
-        rows.append(
-            dataclasses.replace(
-                row, name=row.name or name, fields=row.fields or (name,), default=default
-            )
-        )
-    return tuple(rows)
-
-
-KNOBS: tuple[Knob, ...] = _rows()
-KNOB: Mapping[str, Knob] = {row.name: row for row in KNOBS}
-# `--knobs` names these groups (or single knobs); the base group is always searched.
-KNOB_GROUPS: Mapping[str, tuple[str, ...]] = {
-    group: tuple(row.name for row in KNOBS if row.group == group)
-    for group in dict.fromkeys(row.group for row in KNOBS)
-}

@@ -27,6 +27,15 @@ from advisor.results._convergence import (
     RacePoint,
     ScheduleStage,
 )
+from advisor.results._race import (
+    Racer,
+    RaceSummary,
+    RaceVerdict,
+    ScheduleSummary,
+    ScheduleVerdict,
+    did_not_fall,
+    reference_racer,
+)
 from advisor.results._recommendation import (
     BatchEffort,
     Bottleneck,
@@ -34,20 +43,13 @@ from advisor.results._recommendation import (
     FixedKnob,
     KnobEffect,
     LayoutBest,
-    Racer,
-    RaceSummary,
-    RaceVerdict,
     Recommendation,
     Rejected,
     RejectedValue,
-    ScheduleSummary,
-    ScheduleVerdict,
     SearchEffort,
     StudySetup,
     ThroughputPick,
     TuneResult,
-    did_not_fall,
-    reference_racer,
     shown_knobs,
 )
 from advisor.results._trial import (

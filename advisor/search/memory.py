@@ -9,7 +9,7 @@ they share the host, less the pages that map files (`advisor.trial.child.memory`
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from advisor.knobs import TrialConfig
 from advisor.memory import BudgetSummary, MemoryBudget, MemoryLimit, gib
@@ -21,6 +21,7 @@ __all__ = [
     "memory_gate",
     "memory_limit",
     "over_memory",
+    "over_memory_baseline",
     "uses_memory_knob",
 ]
 
@@ -153,3 +154,17 @@ def _checkpointing_trade(
         f"{ratio:.2f}x samples/s at global batch {global_batch}"
     )
     return f"checkpointing: {trade}" if ratio > 1 else f"checkpointing did not pay: {trade}"
+
+
+def over_memory_baseline(records: Sequence[TrialRecord]) -> TrialConfig | None:
+    """The user's configuration where it ran out of memory or did not fit the budget (or the
+    headroom) and nothing at its global batch has fit yet: the walk starts from it, its micro-batch
+    split by accumulation and the knobs that change the memory tried (the larger micro-batches
+    known not to fit)."""
+    for record in records:
+        over = record.result.status == "oom" or (
+            record.result.feasible and record.infeasible_reason is not None
+        )
+        if record.role == "baseline" and over:
+            return record.result.config
+    return None

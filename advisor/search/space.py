@@ -9,9 +9,6 @@ else is left to measurement.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import os
-import shutil
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import product
@@ -31,12 +28,13 @@ from advisor.knobs import (
     parse_parallel,
 )
 from advisor.results import FixedKnob, HardwareProfile, TaskSummary
+from advisor.search.machine import machine_facts, resolve_device
 from advisor.settings import TuneSettings
 
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["SHAPE", "SearchSpace", "build_space", "machine_facts", "resolve_device"]
+__all__ = ["SHAPE", "SearchSpace", "build_space"]
 
 BATCH_SCALES = (-2, -1, 0, 1, 2, 3, 4, 5)  # powers of two around the user's batch size
 # The knobs whose values together make the global batch; only they can make a combination
@@ -154,62 +152,6 @@ class SearchSpace:
             per_step = values["batch_size"] * values.get("world_size", 1)
             values["accumulation_steps"] = max(1, self.global_batch_size // per_step)
         return values
-
-
-def resolve_device(requested: str, hardware: HardwareProfile) -> Device:
-    """The device to tune for: `auto` is CUDA where torch sees a GPU."""
-    if requested == "cuda" and not hardware.has_cuda:
-        raise SettingsError(
-            f"--device cuda, but torch {hardware.torch_version} sees no CUDA GPU: "
-            "use --device cpu or install a CUDA build of torch"
-        )
-    if requested == "auto":
-        return "cuda" if hardware.has_cuda else "cpu"
-    return requested  # type: ignore[return-value]
-
-
-def machine_facts(
-    device: Device,
-    hardware: HardwareProfile,
-    task: TaskSummary,
-    max_world_size: int | None,
-    forced: frozenset[str] = frozenset(),
-) -> Facts:
-    """What the knob table's rules read, from the probed machine and the validated task;
-    `forced` knobs were named one by one in --knobs."""
-    capabilities = [float(gpu.capability) for gpu in hardware.gpus]
-    return Facts(
-        device=device,
-        cores=hardware.cores,
-        gpus=len(hardware.gpus),
-        gpu_bf16=bool(hardware.gpus) and all(gpu.bf16 for gpu in hardware.gpus),
-        gpu_capability=min(capabilities, default=None),
-        cudnn=hardware.cudnn_version is not None,
-        compiler=_can_compile(device),
-        max_world_size=max_world_size,
-        iterable=task.iterable,
-        conv2d=task.conv2d,
-        repeated_block=task.repeated_block,
-        custom_optimizer=task.custom_optimizer,
-        matmul_flops=_matmul_flops(device, hardware),
-        forced=forced,
-    )
-
-
-def _matmul_flops(device: Device, hardware: HardwareProfile) -> dict[str, float]:
-    """The probe's matmul FLOP/s per dtype on `device`: on CUDA the slowest GPU's."""
-    if device == "cpu":
-        return dict(hardware.cpu_peak_flops)
-    peaks = [gpu.peak_flops for gpu in hardware.gpus]
-    dtypes = set.intersection(*(set(peak) for peak in peaks)) if peaks else set()
-    return {dtype: min(peak[dtype] for peak in peaks) for dtype in dtypes}
-
-
-def _can_compile(device: Device) -> bool:
-    """Whether torch.compile's backend can build here: triton on CUDA, a C++ compiler on CPU."""
-    if device == "cuda":
-        return importlib.util.find_spec("triton") is not None
-    return any(shutil.which(cxx) for cxx in (os.environ.get("CXX", "g++"), "g++", "clang++"))
 
 
 class _Builder:

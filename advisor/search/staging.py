@@ -33,7 +33,7 @@ from advisor.knobs import KNOBS, TrialConfig
 from advisor.noise_scale import predict_batches, race_finalists
 from advisor.results import Rejected, TrialRecord
 from advisor.search.checks import known_out_of_memory
-from advisor.search.memory import memory_gate, over_memory
+from advisor.search.memory import memory_gate, over_memory, over_memory_baseline
 from advisor.search.ranking import Ranking
 from advisor.search.siblings import ran_itself
 from advisor.search.space import SHAPE, SearchSpace
@@ -97,7 +97,7 @@ def next_move(
     budget = stage_budget(trials)
     ran = [r for r in records if ran_itself(r)]
     batch0 = ranking.batch0
-    over_memory = _over_memory_baseline(records) if _incumbent(records, batch0) is None else None
+    over_memory = over_memory_baseline(records) if _incumbent(records, batch0) is None else None
     start = _incumbent(records, batch0) or over_memory
     at_batch0 = _moves(space, start, records, known, ruled_out, over_memory=over_memory is not None)
     if at_batch0 and len(ran) < budget.your_batch:
@@ -160,20 +160,6 @@ def _incumbent(records: Sequence[TrialRecord], batch: int) -> TrialConfig | None
     at_batch = [r for r in records if r.eligible and r.result.config.global_batch_size == batch]
     best = max(at_batch, key=lambda r: r.result.samples_per_s or 0.0, default=None)
     return best.result.config if best is not None else None
-
-
-def _over_memory_baseline(records: Sequence[TrialRecord]) -> TrialConfig | None:
-    """The user's configuration where it ran out of memory or did not fit the budget (or the
-    headroom) and nothing at its global batch has fit yet: the walk starts from it, its micro-batch
-    split by accumulation and the knobs that change the memory tried (the larger micro-batches
-    known not to fit)."""
-    for record in records:
-        over = record.result.status == "oom" or (
-            record.result.feasible and record.infeasible_reason is not None
-        )
-        if record.role == "baseline" and over:
-            return record.result.config
-    return None
 
 
 def _moves(

@@ -2,7 +2,8 @@
 
 import pytest
 
-from advisor.decide.analysis import best_by_layout, diagnose, knob_effects, rejected_values
+from advisor.decide.analysis import best_by_layout, knob_effects, rejected_values
+from advisor.decide.bottleneck import diagnose
 from advisor.knobs import TrialConfig
 from advisor.results import TrialRecord, TrialResult
 

@@ -3,7 +3,7 @@
 import pytest
 
 from advisor.api import validate
-from advisor.decide.decision import efficiency
+from advisor.decide.recommendation import efficiency
 from advisor.knobs import TrialConfig
 from advisor.results import GpuInfo
 from tests.conftest import CPU_PROFILE, TINY

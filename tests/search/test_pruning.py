@@ -10,7 +10,8 @@ from advisor.knobs import TrialConfig
 from advisor.search.pruning import CHECK_AFTER, SlowerThanBestPruner, stop_reason
 from advisor.trial.child.agreement import ParentWatch
 from advisor.trial.orders import WindowOrder
-from advisor.trial.parent.runner import POLL_S, STALL_S, ProcessRunner, ProgressReader, TrialLaunch
+from advisor.trial.parent.runner import POLL_S, ProcessRunner, TrialLaunch
+from advisor.trial.parent.watch import STALL_S, ProgressReader
 from advisor.trial.protocol import Channel, TrialRequest
 from tests.conftest import ROOT, TINY, survivors
 from tests.trial.scripted import FakeClock, Loader

@@ -21,8 +21,9 @@ from advisor.trial.child.budget import (
     warm_up_trial,
 )
 from advisor.trial.child.measure import first_micro_step
+from advisor.trial.child.steps import WindowMonitor
 from advisor.trial.child.warmup import FirstStep
-from advisor.trial.child.window import Window, WindowMonitor
+from advisor.trial.child.window import Window
 from advisor.trial.protocol import EARLY_STEPS
 
 # Seconds by micro-step (or optimizer step): one figure for all, a list (its last figure for

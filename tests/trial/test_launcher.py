@@ -11,7 +11,8 @@ import pytest
 
 from advisor.knobs import TrialConfig
 from advisor.trial.orders import WindowOrder
-from advisor.trial.parent.launcher import child_env, shared_launcher
+from advisor.trial.parent.environment import child_env
+from advisor.trial.parent.launcher import shared_launcher
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from advisor.trial.protocol import Channel, TrialRequest
 from tests.conftest import ROOT, TINY, survivors

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from advisor.knobs import TrialConfig
-from advisor.trial.child.window import Clock
+from advisor.trial.child.steps import Clock
 from advisor.trial.protocol import PROGRESS_INTERVAL_S, Channel
 
 __all__ = ["EveryStep", "ParentWatch", "RankAgreement"]

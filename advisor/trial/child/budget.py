@@ -23,15 +23,9 @@ import torch.distributed as dist
 from advisor.knobs import TrialConfig
 from advisor.trial.child.agreement import EveryStep, ParentWatch, RankAgreement
 from advisor.trial.child.early_end import PRECISE_MIN_BATCHES
+from advisor.trial.child.steps import Clock, WindowMonitor
 from advisor.trial.child.warmup import FirstStep, WarmUpSteps, warm_up
-from advisor.trial.child.window import (
-    Bounds,
-    Clock,
-    Window,
-    WindowMonitor,
-    cycle_s,
-    run_window,
-)
+from advisor.trial.child.window import Bounds, Window, cycle_s, run_window
 from advisor.trial.orders import ReferenceOrder, WindowOrder
 from advisor.trial.protocol import EARLY_STEPS, PRECISE_AFTER_FRACTION, TrialRequest
 

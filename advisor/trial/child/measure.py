@@ -24,14 +24,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset
-from torch.utils.flop_counter import FlopCounterMode
 
 from advisor.errors import AdvisorError, BadInputError
 from advisor.knobs import TrialConfig
 from advisor.results import FailurePhase, LrPlan, TaskSummary, TrialResult
 from advisor.task import TrainingTask, build_task, user_batch_size
 from advisor.trial.child.agreement import ParentWatch
-from advisor.trial.child.blocks import repeated_block
 from advisor.trial.child.budget import (
     TrialSteps,
     WindowTerms,
@@ -42,6 +40,7 @@ from advisor.trial.child.budget import (
 )
 from advisor.trial.child.loop import DivergedError, Trainer
 from advisor.trial.child.memory import PeakMemory
+from advisor.trial.child.outcome import flops_per_sample, summarise, window_result
 from advisor.trial.child.racer_state import load_racer, save_racer
 from advisor.trial.child.racing import (
     held_out_split,
@@ -49,8 +48,9 @@ from advisor.trial.child.racing import (
     time_evaluation,
     train_racer,
 )
+from advisor.trial.child.steps import Clock
 from advisor.trial.child.warmup import FirstStep
-from advisor.trial.child.window import Bounds, Clock, Window, run_window
+from advisor.trial.child.window import Bounds, run_window
 from advisor.trial.orders import (
     NoiseOrder,
     RaceOrder,
@@ -167,7 +167,7 @@ def _first_step(built: _Built) -> tuple[FirstStep, list[float], TaskSummary, flo
     try:
         first, first_losses = first_micro_step(built.trainer)
     finally:  # also when the step fails: the batch it saw explains the failure
-        built.state.summary = _summarise(built.task, built.kind, built.trainer)
+        built.state.summary = summarise(built.task, built.kind, built.trainer)
     startup_s = time.time() - built.request.channel.launched_at
     built.state.startup_s = startup_s
     return first, first_losses, built.state.summary, startup_s
@@ -178,11 +178,11 @@ def _validate(built: _Built) -> TrialResult:
     _, _, summary, startup_s = _first_step(built)
     trainer = built.trainer
     window = run_window(trainer, Bounds(max_steps=1, worker_rounds=0))
-    flops = _flops_per_sample(trainer)  # after the timed step: counting slows a step down
+    flops = flops_per_sample(trainer)  # after the timed step: counting slows a step down
     trainer.close()
     summary = summary.model_copy(update={"flops_per_sample": flops})
     terms = WindowTerms(config=trainer.config, trial_seconds=built.request.trial_seconds)
-    return _measured(terms, window, built.memory.stop(), summary, startup_s, warmup_s=0.0)
+    return window_result(terms, window, built.memory.stop(), summary, startup_s, warmup_s=0.0)
 
 
 def _reference(built: _Built) -> TrialResult:
@@ -229,7 +229,7 @@ def _window(built: _Built) -> TrialResult:
         return stopped.model_copy(update={"failure_phase": "measure"})  # stopped: nothing timed
     if not estimate:  # a short warm-up leaves the first steps' losses to the window
         early_losses = tuple((first_losses + warmup.losses + window.losses)[:EARLY_STEPS])
-    result = _measured(terms, window, built.memory.stop(), summary, startup_s, warmup.elapsed_s)
+    result = window_result(terms, window, built.memory.stop(), summary, startup_s, warmup.elapsed_s)
     return result.model_copy(update={"early_losses": early_losses, "first_step_s": first.seconds})
 
 
@@ -312,7 +312,7 @@ def _converged(built: _Built, run: Callable[[], dict[str, Any]]) -> TrialResult:
     try:
         update = run()
     finally:  # the batch the first step saw explains a failure
-        state.summary = _summarise(built.task, built.kind, built.trainer)
+        state.summary = summarise(built.task, built.kind, built.trainer)
     built.trainer.close()
     return TrialResult(
         config=built.request.config,
@@ -332,96 +332,6 @@ _MEASURES: dict[type, Callable[[_Built], TrialResult]] = {
     RaceOrder: _race,
     NoiseOrder: _noise,
 }
-
-
-def _flops_per_sample(trainer: Trainer) -> float | None:
-    """Forward and backward FLOPs of one training step per sample, as torch counts them
-    (matmuls, convolutions, attention; elementwise work is not counted)."""
-    with FlopCounterMode(display=False) as counter:
-        trainer.step()
-    total = counter.get_total_flops()
-    samples = trainer.config.batch_size * trainer.config.accumulation_steps
-    return total / samples if total else None
-
-
-def _measured(
-    terms: WindowTerms,
-    window: Window,
-    peak_memory: int,
-    summary: TaskSummary,
-    startup_s: float,
-    warmup_s: float,
-) -> TrialResult:
-    config = terms.config
-    samples = window.micro_batches * config.batch_size  # this process's; ranks are summed later
-    cycle_s = estimated_cycle_s(window, config.accumulation_steps)
-    step_times = (
-        (cycle_s, cycle_s, cycle_s)
-        if cycle_s is not None
-        else (window.median_step_s, window.percentile(0.1), window.percentile(0.9))
-    )
-    rate = samples / window.elapsed_s if cycle_s is None else _rate(config, cycle_s)
-    return TrialResult(
-        sibling_rates=_sibling_rates(terms, window) if cycle_s is not None else {},
-        config=config,
-        status="ok",
-        samples_per_s=rate,
-        estimated=cycle_s is not None,
-        step_time_median_s=step_times[0],
-        step_time_p10_s=step_times[1],
-        step_time_p90_s=step_times[2],
-        data_wait_fraction=min(1.0, window.data_wait_s / window.elapsed_s),
-        peak_memory_bytes=peak_memory,
-        startup_s=startup_s,
-        warmup_s=warmup_s,
-        window_s=window.elapsed_s,
-        steps_measured=window.steps,
-        samples_measured=samples,
-        losses=tuple(window.losses[:200]),
-        stopped_early=window.stopped_early,
-        below_best=window.below_best,
-        task=summary,
-    )
-
-
-def _rate(config: TrialConfig, cycle_s: float) -> float:
-    """This process's samples/s at one optimizer cycle per `cycle_s`."""
-    return config.accumulation_steps * config.batch_size / cycle_s
-
-
-def _sibling_rates(terms: WindowTerms, window: Window) -> dict[int, float]:
-    """This process's samples/s at each of the request's `sibling_accumulation`, from the
-    window's timed parts: the same micro-steps, in cycles of another length."""
-    rates = {}
-    for accumulation in terms.sibling_accumulation:
-        cycle_s = estimated_cycle_s(window, accumulation)
-        if cycle_s is not None:
-            sibling = terms.config.model_copy(update={"accumulation_steps": accumulation})
-            rates[accumulation] = _rate(sibling, cycle_s)
-    return rates
-
-
-def _summarise(task: TrainingTask, kind: str, trainer: Trainer) -> TaskSummary:
-    dataset = task.dataset
-    iterable = isinstance(dataset, torch.utils.data.IterableDataset)
-    size = None if iterable and not hasattr(dataset, "__len__") else len(dataset)
-    return TaskSummary(
-        return_kind=kind,  # type: ignore[arg-type]
-        model_class=type(task.model).__name__,
-        num_parameters=sum(p.numel() for p in task.model.parameters()),
-        dataset_class=type(dataset).__name__,
-        dataset_size=size,
-        iterable=iterable,
-        batch_kind=trainer.first_batch_kind or "tensor",
-        batch_description=trainer.first_batch or "?",
-        loss_from_model=task.loss_fn is None,
-        custom_optimizer=task.optimizer is not None,
-        custom_collate=task.collate_fn is not None,
-        user_batch_size=user_batch_size(task),
-        conv2d=any(isinstance(module, torch.nn.Conv2d) for module in task.model.modules()),
-        repeated_block=repeated_block(task.model),
-        optimizer_class=type(trainer.optimizer).__name__,
-    )
 
 
 def _failed(status: str, reason: str, phase: _Phase, state: _SoFar) -> TrialResult:

@@ -38,7 +38,7 @@ from advisor.results import (
 from advisor.task import TrainingTask
 from advisor.trial.child.batches import compute_loss, to_device
 from advisor.trial.child.loop import DivergedError, Trainer
-from advisor.trial.child.window import Clock
+from advisor.trial.child.steps import Clock
 from advisor.trial.orders import HELD_OUT_MAX, RACE_EVALUATIONS, TRACK_POINTS
 
 __all__ = [

@@ -8,15 +8,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from advisor.trial.child.window import (
-    Agreement,
-    Bounds,
-    Clock,
-    StepSource,
-    Window,
-    WindowMonitor,
-    run_window,
-)
+from advisor.trial.child.steps import Agreement, Clock, StepSource, WindowMonitor
+from advisor.trial.child.window import Bounds, Window, run_window
 
 __all__ = ["SCALER_STABLE_STEPS", "FirstStep", "LossScaler", "WarmUpSteps", "warm_up"]
 

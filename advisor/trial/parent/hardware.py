@@ -17,7 +17,8 @@ from pathlib import Path
 
 from advisor.errors import AdvisorError
 from advisor.results import HardwareProfile
-from advisor.trial.parent.launcher import LauncherGoneError, child_env, json_safe, shared_launcher
+from advisor.trial.parent.environment import child_env, json_safe
+from advisor.trial.parent.launcher import LauncherGoneError, shared_launcher
 
 __all__ = ["probe_isolated"]
 
