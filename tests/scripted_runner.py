@@ -72,13 +72,23 @@ def _loss_by_samples(config: TrialConfig, lr: LrPlan, samples: int) -> float:
     return 0.3 + 2.0 * math.exp(-samples / 20_000)
 
 
+def _early_alike(config: TrialConfig) -> tuple[float, ...]:
+    """By default every configuration's first steps lose alike: no knob changes the maths."""
+    return EARLY
+
+
 @dataclass
 class ScriptedRunner:
-    """Answers each order from `rate` (samples/s, or a whole result such as an oom) and `loss`
-    (a racer's held-out loss after `samples`); records the orders in `orders`."""
+    """Answers each order from `rate` (samples/s, or a whole result such as an oom), `loss`
+    (a racer's held-out loss after `samples`), `peak` (bytes), `wait` (the share of a window
+    spent waiting for data) and `early` (the first steps' losses); records the orders in
+    `orders`. Tests that need more subclass it."""
 
     rate: Callable[[TrialConfig], float | TrialResult] = _rate_by_batch
     loss: Callable[[TrialConfig, LrPlan, int], float] = _loss_by_samples
+    peak: Callable[[TrialConfig], int] = lambda config: PEAK_BYTES
+    wait: Callable[[TrialConfig], float] = lambda config: 0.0
+    early: Callable[[TrialConfig], tuple[float, ...]] = _early_alike
     orders: list[TrialOrder] = field(default_factory=list)
 
     def run(
@@ -101,7 +111,11 @@ class ScriptedRunner:
         scripted = self.rate(config)
         if isinstance(scripted, TrialResult):
             return scripted
-        return _window(config, scripted, reference=isinstance(order, ReferenceOrder))
+        result = _window(config, scripted, reference=isinstance(order, ReferenceOrder))
+        update = {"peak_memory_bytes": self.peak(config), "early_losses": self.early(config)}
+        if result.samples_per_s is not None:
+            update["data_wait_fraction"] = self.wait(config)
+        return result.model_copy(update=update)
 
     def _race(self, order: RaceOrder) -> TrialResult:
         config, rate = order.config, self.rate(order.config)
@@ -117,7 +131,7 @@ class ScriptedRunner:
                 break
         curve = RaceCurve(loss_kind="held-out", held_out_samples=order.held_out, lr=order.lr,
                           points=tuple(points))  # fmt: skip
-        return _ok(config, race=curve)
+        return _ok(config, race=curve).model_copy(update={"peak_memory_bytes": self.peak(config)})
 
     def _noise(self, order: NoiseOrder) -> TrialResult:
         config = order.config

@@ -199,7 +199,7 @@ def test_warm_up_settles_an_fp16_loss_scale():
 
     from advisor.task import build_task
     from advisor.trial.child.loop import Trainer
-    from advisor.trial.child.warmup import SCALER_STABLE_STEPS, warm_up
+    from advisor.trial.child.warmup import SCALER_STABLE_STEPS, WarmUpTerms, warm_up
 
     task, _ = build_task(f"{TINY}:factory")
     # fp16 is a CUDA knob; the GradScaler logic is the same on CPU, so bypass the validator.
@@ -218,6 +218,6 @@ def test_warm_up_settles_an_fp16_loss_scale():
         return stepped
 
     trainer.micro_step = recording_step
-    warm_up(trainer, steps=1)
+    warm_up(trainer, WarmUpTerms(steps=1))
     assert scales[0] < 2.0**60 and len(scales) > 40  # it kept warming up while backing off
     assert len(set(scales[-SCALER_STABLE_STEPS - 1 :])) == 1  # and stopped once it held still

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from advisor.knobs import TrialConfig
-from advisor.trial.child.warmup import FirstStep, warm_up
+from advisor.trial.child.warmup import FirstStep, WarmUpTerms, warm_up
 from tests.trial.scripted import FakeClock, ScriptedTrainer
 
 SETTLE_S = 0.2
@@ -20,7 +20,9 @@ def test_a_long_first_step_settles_the_warm_up_only_where_it_predicts_the_steps(
     # steps after it take milliseconds, as there.
     first = FirstStep(seconds=5 * SETTLE_S, stepped=True, predicts_steps=predicts_steps)
 
-    window = warm_up(trainer, steps=3, budget_s=2.0, settle_s=SETTLE_S, first=first, clock=clock)
+    window = warm_up(
+        trainer, WarmUpTerms(steps=3, budget_s=2.0, settle_s=SETTLE_S), first=first, clock=clock
+    )
 
     if predicts_steps:  # steps that long settle the warm-up: the window follows at once
         assert window.steps == 0 and trainer.micro_steps == 1

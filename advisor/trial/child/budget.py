@@ -24,7 +24,7 @@ from advisor.knobs import TrialConfig
 from advisor.trial.child.agreement import EveryStep, ParentWatch, RankAgreement
 from advisor.trial.child.early_end import PRECISE_MIN_BATCHES
 from advisor.trial.child.steps import Clock, WindowMonitor
-from advisor.trial.child.warmup import FirstStep, WarmUpSteps, warm_up
+from advisor.trial.child.warmup import FirstStep, WarmUpSteps, WarmUpTerms, warm_up
 from advisor.trial.child.window import Bounds, Window, cycle_s, run_window
 from advisor.trial.orders import ReferenceOrder, WindowOrder
 from advisor.trial.protocol import EARLY_STEPS, PRECISE_AFTER_FRACTION, TrialRequest
@@ -109,18 +109,14 @@ def warm_up_trial(
     agree = EveryStep(trainer.device) if trainer.config.world_size > 1 else None
     budget = terms.trial_seconds if terms.bounded else None
     settle = terms.precise_window and not terms.whole_cycles
-    return warm_up(
-        trainer,
-        terms.warmup_steps,
-        budget,
-        agree=agree,
-        monitor=watch,
+    warmup = WarmUpTerms(
+        steps=terms.warmup_steps,
+        budget_s=budget,
         whole_steps=terms.whole_cycles,
         settle_s=PRECISE_AFTER_FRACTION * terms.trial_seconds if settle else None,
         cycle_beyond_s=_longest_whole_cycle_s(terms) if settle else None,
-        first=first,
-        clock=clock,
     )
+    return warm_up(trainer, warmup, agree=agree, monitor=watch, first=first, clock=clock)
 
 
 def too_long_for_window(warmup: Window, terms: WindowTerms, first: FirstStep) -> bool:

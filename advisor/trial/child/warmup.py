@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from advisor.trial.child.steps import Agreement, Clock, StepSource, WindowMonitor
 from advisor.trial.child.window import Bounds, Window, run_window
 
-__all__ = ["SCALER_STABLE_STEPS", "FirstStep", "LossScaler", "WarmUpSteps", "warm_up"]
+__all__ = [
+    "SCALER_STABLE_STEPS",
+    "FirstStep",
+    "LossScaler",
+    "WarmUpSteps",
+    "WarmUpTerms",
+    "warm_up",
+]
 
 BENCHMARK_EXTRA_STEPS = 5  # cudnn.benchmark autotunes every new shape on its first calls
 SCALER_STABLE_STEPS = 3  # fp16: the loss scale must have stopped backing off
@@ -65,16 +72,26 @@ class FirstStep:
         return self.wait_s >= DATA_BOUND_FIRST_STEP * self.seconds
 
 
+@dataclass(frozen=True)
+class WarmUpTerms:
+    """How long a warm-up runs: `steps` optimizer steps at least, within `budget_s` (None:
+    however long, the numerics reference's); a re-run's takes `whole_steps`; a search trial's
+    may end once it has lasted `settle_s`, or within its first optimizer step once that
+    predicts a cycle longer than `cycle_beyond_s`."""
+
+    steps: int
+    budget_s: float | None = None
+    whole_steps: bool = False
+    settle_s: float | None = None
+    cycle_beyond_s: float | None = None
+
+
 def warm_up(
     trainer: WarmUpSteps,
-    steps: int,
-    budget_s: float | None = None,
+    terms: WarmUpTerms,
     *,
     agree: Agreement | None = None,
     monitor: WindowMonitor | None = None,
-    whole_steps: bool = False,
-    settle_s: float | None = None,
-    cycle_beyond_s: float | None = None,
     first: FirstStep | None = None,
     clock: Clock = time.perf_counter,
 ) -> Window:
@@ -83,86 +100,94 @@ def warm_up(
 
     At least `steps` optimizer steps and two loader worker cycles; more with cudnn.benchmark
     (autotuning); with fp16, until the GradScaler's scale has settled, since it starts at 2^16
-    and skips optimizer steps while it backs off. All of it within `budget_s` seconds: a
+    and skips optimizer steps while it backs off. All of it within `terms.budget_s` seconds: a
     configuration whose steps are that slow ends its warm-up early, even within a step (its
-    window then times the parts of a step: `advisor.trial.child.measure`). With `whole_steps` (a
-    finalist's re-run) it lasts the budget and one optimizer step at the least, the `first`
-    micro-step's seconds counted (with workers, only as below); under DDP, where the ranks end
-    it after an optimizer step, counted apart they often cost a second whole cycle. With `settle_s`
-    (a search trial), it may end after one optimizer step and one round of the workers, once it
-    has lasted `settle_s`: early steps' extra costs are milliseconds, which only short steps
-    need several steps to outlast; or within its first optimizer step, once its micro-steps
-    predict a cycle longer than `cycle_beyond_s`. Without loader workers, the trial's `first`
-    micro-step counts towards all three: after a first step that lasted `settle_s`, without
-    accumulation or cudnn.benchmark, the window follows at once; with accumulation too, where
-    that first micro-step already predicts a cycle longer than `cycle_beyond_s` (the window
-    times the cycle's parts; more warm-up micro-steps would only repeat them). With workers it
-    does so only where `first` was `FirstStep.data_bound`: the rest of the workers' first round
-    is then ready, as after any round. Where something else made it long (compilation, lazy
-    initialisation), the batches the workers queued meanwhile must drain before the window,
-    which would read them as fast steps. The monitor's stop ends it at once. DDP ranks pass
-    `agree`, and end it together after an optimizer step. Time is read from `clock`.
+    window then times the parts of a step: `advisor.trial.child.measure`). With
+    `terms.whole_steps` (a finalist's re-run) it lasts the budget and one optimizer step at the
+    least, the `first` micro-step's seconds counted (with workers, only as below); under DDP,
+    where the ranks end it after an optimizer step, counted apart they often cost a second whole
+    cycle. With `terms.settle_s` (a search trial), it may end after one optimizer step and one
+    round of the workers, once it has lasted `settle_s`: early steps' extra costs are
+    milliseconds, which only short steps need several steps to outlast; or within its first
+    optimizer step, once its micro-steps predict a cycle longer than `cycle_beyond_s`. Without
+    loader workers, the trial's `first` micro-step counts towards all three: after a first step
+    that lasted `settle_s`, without accumulation or cudnn.benchmark, the window follows at once;
+    with accumulation too, where that first micro-step already predicts a cycle longer than
+    `cycle_beyond_s` (the window times the cycle's parts; more warm-up micro-steps would only
+    repeat them). With workers it does so only where `first` was `FirstStep.data_bound`: the
+    rest of the workers' first round is then ready, as after any round. Where something else
+    made it long (compilation, lazy initialisation), the batches the workers queued meanwhile
+    must drain before the window, which would read them as fast steps. The monitor's stop ends
+    it at once. DDP ranks pass `agree`, and end it together after an optimizer step. Time is
+    read from `clock`.
     """
     extra = BENCHMARK_EXTRA_STEPS if trainer.config.cudnn_benchmark else 0
-    if first is not None and not first.predicts_steps:
-        first = None  # its one-off costs say nothing of the steps, nor settle them
-    if trainer.config.num_workers and not (first is not None and first.data_bound):
-        first = None  # batches the workers queued meanwhile must drain in the warm-up
-    if whole_steps and budget_s is not None:
+    first = _counted(trainer, first)
+    budget_s = terms.budget_s
+    if terms.whole_steps and budget_s is not None:
         bounds = Bounds(
             min_steps=1 + extra,
             min_seconds=_left_after(first, budget_s),
-            max_steps=steps + extra,
+            max_steps=terms.steps + extra,
             stop_at_once=True,
             earlier_micro=_first_round_micro(first, trainer.config.num_workers),
         )
-    elif settle_s is None:
+    elif terms.settle_s is None:
         bounds = Bounds(
-            min_steps=steps + extra,
+            min_steps=terms.steps + extra,
             max_seconds=budget_s,
             stop_at_once=True,
             agree_every_micro_step=budget_s is not None,
         )
     else:
-        bounds = _settling(trainer, steps + extra, extra, budget_s, settle_s, first)
-        bounds = replace(bounds, cycle_beyond_s=cycle_beyond_s)
-        settled = (
-            (bounds.min_steps <= 0 or _first_cycle_too_long(trainer, first, cycle_beyond_s))
-            and bounds.min_seconds <= 0
-            and bounds.earlier_micro >= (trainer.config.num_workers)
-        )
-        if agree is not None:  # every rank skips it, or none does
-            settled = agree.all_done(0, settled)
-        if settled:
-            return _settled_scaler(trainer, Window(), budget_s, agree, monitor, whole_steps, clock)
+        bounds = _settling(trainer, terms, extra, first)
+        if _settled_already(trainer, bounds, first, agree):
+            return _settled_scaler(trainer, Window(), terms, agree, monitor, clock)
     window = run_window(trainer, bounds, agree=agree, monitor=monitor, time_micro=True, clock=clock)
     if window.stopped_early:
         return window
-    return _settled_scaler(trainer, window, budget_s, agree, monitor, whole_steps, clock)
+    return _settled_scaler(trainer, window, terms, agree, monitor, clock)
+
+
+def _counted(trainer: WarmUpSteps, first: FirstStep | None) -> FirstStep | None:
+    """The first micro-step, where it counts towards the warm-up."""
+    if first is not None and not first.predicts_steps:
+        return None  # its one-off costs say nothing of the steps, nor settle them
+    if trainer.config.num_workers and not (first is not None and first.data_bound):
+        return None  # batches the workers queued meanwhile must drain in the warm-up
+    return first
+
+
+def _settled_already(
+    trainer: WarmUpSteps, bounds: Bounds, first: FirstStep | None, agree: Agreement | None
+) -> bool:
+    """Whether a search trial's first micro-step settled its warm-up: every rank's, or none."""
+    settled = (
+        (bounds.min_steps <= 0 or _first_cycle_too_long(trainer, first, bounds.cycle_beyond_s))
+        and bounds.min_seconds <= 0
+        and bounds.earlier_micro >= (trainer.config.num_workers)
+    )
+    return agree.all_done(0, settled) if agree is not None else settled
 
 
 def _settling(
-    trainer: WarmUpSteps,
-    steps: int,
-    extra: int,
-    budget_s: float | None,
-    settle_s: float,
-    first: FirstStep | None,
+    trainer: WarmUpSteps, terms: WarmUpTerms, extra: int, first: FirstStep | None
 ) -> Bounds:
     """A search trial's warm-up: `settle_s` from the first micro-step's start, one optimizer
     step and one round of the workers at least, the first micro-step included."""
-    config = trainer.config
+    config, settle_s = trainer.config, terms.settle_s or 0.0
     return Bounds(
         min_steps=1 + extra - int(first is not None and first.stepped),
         min_seconds=_left_after(first, settle_s),
-        max_steps=max(steps, math.ceil(config.num_workers / trainer.cycle)),
-        max_seconds=budget_s,
+        max_steps=max(terms.steps + extra, math.ceil(config.num_workers / trainer.cycle)),
+        max_seconds=terms.budget_s,
         worker_rounds=1,
         prefetched_rounds=False,
         earlier_micro=_first_round_micro(first, config.num_workers),
         min_seconds_at_a_step=True,
         stop_at_once=True,
-        agree_every_micro_step=budget_s is not None,
+        agree_every_micro_step=terms.budget_s is not None,
+        cycle_beyond_s=terms.cycle_beyond_s,
     )
 
 
@@ -197,16 +222,16 @@ def _first_round_micro(first: FirstStep | None, workers: int) -> int:
 def _settled_scaler(
     trainer: WarmUpSteps,
     window: Window,
-    budget_s: float | None,
+    terms: WarmUpTerms,
     agree: Agreement | None,
     monitor: WindowMonitor | None,
-    whole_steps: bool,
     clock: Clock,
 ) -> Window:
     """fp16: whole steps after `window` until the GradScaler's scale has stopped backing off,
     within what is left of `budget_s`; the steps' losses join the window's."""
     if not trainer.scaler.is_enabled():
         return window
+    budget_s, whole_steps = terms.budget_s, terms.whole_steps
     started = clock() - window.elapsed_s
     scale, stable = trainer.scaler.get_scale(), 0
     for _ in range(SCALER_MAX_STEPS):
