@@ -32,6 +32,12 @@ CPU_PROFILE = HardwareProfile(
 )
 
 
+# The cheapest tune that still runs every stage a test of the command line needs: one process,
+# short windows, one finalist, and no race (tests of the race run it on their own).
+FAST_TUNE = ("--trial-seconds", "0.3", "--warmup-steps", "2", "--max-world-size", "1",
+             "--confirm-top", "1", "--objective", "throughput")  # fmt: skip
+
+
 def trials_counted(attrs: list[dict]) -> int:
     """Stored trials as `--trials` counts them, from their user attributes: each that ran, and
     the siblings one derived from its timed parts (`advisor.search.siblings`) as one more."""

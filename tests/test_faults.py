@@ -11,7 +11,7 @@ import pytest
 from optuna.trial import TrialState
 
 from advisor.results import Recommendation
-from tests.conftest import ROOT, TINY, run_advisor, survivors
+from tests.conftest import FAST_TUNE, ROOT, TINY, run_advisor, survivors
 
 pytestmark = pytest.mark.slow
 # A tmpfs this small fills after a few of a tune's trials: its study, WAL and trial logs.
@@ -30,9 +30,9 @@ def test_a_tune_over_every_fault_recommends_what_trained_and_explains_the_rest(t
         "--max-world-size", "1",
         "--trial-seconds", "0.3",
         "--warmup-steps", "2",
-        "--trial-timeout", "15",
+        "--trial-timeout", "8",
         "--confirm-top", "1",
-        "--race-seconds", "1",
+        "--objective", "throughput",  # one configuration trains: nothing to race
         "--out", str(tmp_path),
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr
@@ -46,7 +46,7 @@ def test_a_tune_over_every_fault_recommends_what_trained_and_explains_the_rest(t
         "non-finite",  # diverged under autocast
         "simulated: tried to allocate 8.00 GiB",  # oom
         "SIGABRT",  # crashed
-        "no result after 15 s",  # a hung loader worker
+        "no result after 8 s",  # a hung loader worker
         "simulated: cannot decode sample",  # an error inside a loader worker
     ):
         assert reason in report, reason
@@ -135,7 +135,9 @@ def test_a_disk_that_fills_mid_tune_is_one_line_exit_1_and_the_same_command_resu
         pytest.skip("mounting a size-limited tmpfs needs root")
     roomy = tmp_path / "roomy"
     try:
-        completed = run_advisor("tune", f"{TINY}:factory", "--out", str(disk), "--trials", "6")
+        completed = run_advisor(
+            "tune", f"{TINY}:factory", "--out", str(disk), "--trials", "6", *FAST_TUNE
+        )
         shutil.copytree(disk, roomy)  # what the full disk kept
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
@@ -146,6 +148,8 @@ def test_a_disk_that_fills_mid_tune_is_one_line_exit_1_and_the_same_command_resu
     kept = _finished(roomy)
     assert kept, "no trial finished before the disk filled: make SMALL_DISK larger"
 
-    resumed = run_advisor("tune", f"{TINY}:factory", "--out", str(roomy), "--trials", "6")
+    resumed = run_advisor(
+        "tune", f"{TINY}:factory", "--out", str(roomy), "--trials", "6", *FAST_TUNE
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert kept <= _finished(roomy)  # every trial the full disk kept, and more

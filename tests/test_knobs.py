@@ -17,7 +17,9 @@ from advisor.search.space import build_space
 from advisor.settings import TuneSettings
 from advisor.trial.orders import ReferenceOrder, WindowOrder
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
+from tests import scripted_runner
 from tests.conftest import CPU_PROFILE, ROOT, TINY
+from tests.scripted_runner import EARLY, TASK, ScriptedRunner, scripted_tune
 
 
 def test_trial_config_rejects_cpu_only_conflicts_naming_each():
@@ -170,10 +172,16 @@ def test_a_knob_that_changes_the_losses_is_named_with_the_step():
     )
 
 
-@pytest.mark.slow
-def test_a_tune_rejects_a_knob_that_changes_the_maths_and_reports_why(tmp_path):
-    result = advisor.tune(
-        f"{TINY}:conv_wrong_in_channels_last",
+def _conv_wrong_in_channels_last(config: TrialConfig) -> tuple[float, ...]:
+    """conv_wrong_in_channels_last's first losses: channels-last computes something else."""
+    return tuple(1.3 * loss for loss in EARLY) if config.channels_last else EARLY
+
+
+def test_a_tune_rejects_a_knob_that_changes_the_maths_and_reports_why(tmp_path, monkeypatch):
+    # a model with a Conv2d, as conv_wrong_in_channels_last builds: channels-last is searched
+    monkeypatch.setattr(scripted_runner, "TASK", TASK.model_copy(update={"conv2d": True}))
+    settings = TuneSettings(
+        spec=f"{TINY}:factory",
         knobs="classic,channels_last",
         objective="throughput",
         sampler="grid",
@@ -186,6 +194,14 @@ def test_a_tune_rejects_a_knob_that_changes_the_maths_and_reports_why(tmp_path):
         confirm_top=1,
         out=tmp_path,
     )
+    # channels-last is the fastest: only its maths keeps it from the recommendation
+    runner = ScriptedRunner(
+        rate=lambda config: 1000.0 * (2.0 if config.channels_last else 1.0),
+        early=_conv_wrong_in_channels_last,
+    )
+
+    result = scripted_tune(settings, runner)
+
     nhwc = [t for t in result.trials if t.result.config.channels_last and t.role == "search"]
     checked = [t for t in nhwc if t.result.status == "ok"]  # not stopped early as far slower
     assert checked and all("channels_last=True changed the maths" in t.note for t in checked)
@@ -193,15 +209,23 @@ def test_a_tune_rejects_a_knob_that_changes_the_maths_and_reports_why(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "channels_last=True rejected" in report
     study = optuna.load_study(
-        study_name="tiny-conv_wrong_in_channels_last", storage=f"sqlite:///{tmp_path}/study.db"
+        study_name=settings.resolved_study_name, storage=f"sqlite:///{tmp_path}/study.db"
     )
     assert {t.params["channels_last"] for t in study.trials if t.params} == {False, True}
 
 
-@pytest.mark.slow
+_IMPLEMENTATION_GAIN = {"default": 1.0, "foreach": 1.05, "fused": 1.1}
+
+
+def _factory_with_optimizers(config: TrialConfig) -> float:
+    """factory's samples/s: growing with the micro-batch, a little more with a fused or
+    foreach optimizer step."""
+    return 100.0 * config.batch_size * _IMPLEMENTATION_GAIN[config.optimizer_impl]
+
+
 def test_every_optimizer_implementation_is_measured_on_the_best_configuration(tmp_path):
-    result = advisor.tune(
-        f"{TINY}:factory",
+    settings = TuneSettings(
+        spec=f"{TINY}:factory",
         knobs="classic,optimizer",
         objective="throughput",
         trials=6,
@@ -213,6 +237,7 @@ def test_every_optimizer_implementation_is_measured_on_the_best_configuration(tm
         confirm_top=1,
         out=tmp_path,
     )
+    result = scripted_tune(settings, ScriptedRunner(rate=_factory_with_optimizers))
     search = [t for t in result.trials if t.role in ("baseline", "search")]
     best = max((t for t in search if t.eligible), key=lambda t: t.result.samples_per_s)
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from advisor import allocator
+from advisor.memory import _allocator as allocator
 from advisor.memory import mimalloc_library, preloaded_allocator, running_allocator
 
 MAPS = "7f0 r-xp 0 08:01 12 /usr/lib/x86_64-linux-gnu/libc.so.6\n"

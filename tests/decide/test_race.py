@@ -1,13 +1,14 @@
-"""The convergence race: real race trials decide on workloads built so that a big batch loses
-or wins; the decision rules on described racers; an interrupt keeps the finished racers."""
+"""The convergence race: races on scripted workloads where a big batch loses or wins, run
+in-process by a `ScriptedRunner`; the decision rules on described racers; an interrupt keeps the
+finished racers."""
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
 import optuna
 import pytest
 
-from advisor.api import validate
 from advisor.decide.decision import race_choice
 from advisor.decide.race.plan import RacePlan, lr_rule
 from advisor.decide.race.run import run_race
@@ -15,7 +16,7 @@ from advisor.decide.race.verdict import RACE_MARGIN, decide_race, time_to_loss
 from advisor.decide.reruns import Selection
 from advisor.knobs import TrialConfig
 from advisor.noise_scale import predict_batches, race_finalists
-from advisor.progress import NullProgress
+from advisor.progress import Progress
 from advisor.report.verdicts import race_verdict
 from advisor.results import (
     BatchPrediction,
@@ -29,26 +30,53 @@ from advisor.results import (
 )
 from advisor.search.context import SearchContext
 from advisor.search.records import read_racers
-from advisor.search.space import build_space
 from advisor.settings import TuneSettings
-from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
-from tests.conftest import CPU_PROFILE, ROOT
+from advisor.trial.orders import RaceOrder
+from tests.scripted_runner import ScriptedRunner, scripted_context
 from tests.search.interrupts import StopAfterFirstRacer
 
-CONVERGENCE = "tests/workloads/convergence.py"
 SMALL = TrialConfig(batch_size=8)
 BIG = TrialConfig(batch_size=256)
+RACE_S = 2.5
 
 
-def _context(tmp_path: Path, name: str, progress=None) -> SearchContext:
-    settings = TuneSettings(spec=f"{CONVERGENCE}:{name}", race_seconds=2.5, max_world_size=1)
-    space = build_space(settings, CPU_PROFILE, validate(settings.spec).task)
-    launch = TrialLaunch(
-        spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=1.0, timeout_s=120
+def _context(
+    tmp_path: Path, runner: ScriptedRunner, progress: Progress | None = None
+) -> SearchContext:
+    settings = TuneSettings(
+        spec="train.py:task", race_seconds=RACE_S, max_world_size=1, out=tmp_path
     )
-    return SearchContext(
-        settings, space, CPU_PROFILE, ProcessRunner(launch), tmp_path, progress or NullProgress()
-    )
+    return scripted_context(settings, runner, tmp_path, progress=progress)
+
+
+def _progress(config: TrialConfig, lr: LrPlan, samples: int, noise_scale: float) -> float:
+    """What SGD has learnt after `samples`: each optimizer step is worth its learning rate (ramped
+    up linearly over the warm-up) times B / (B + phi), so a step of a global batch B far above
+    the noise scale phi is worth little more than one of phi samples."""
+    batch = config.global_batch_size
+    steps, warmup = samples / batch, lr.warmup_steps
+    lr_steps = steps - warmup / 2 if steps >= warmup else steps**2 / (2 * warmup)
+    return lr.scale * lr_steps * batch / (batch + noise_scale)
+
+
+def big_batch_loses() -> ScriptedRunner:
+    """Samples/s that do not grow with the batch, and exact labels (phi 8): per sample, batch 256
+    learns at most half as much as batch 8, even at the linear rule's 8x lr."""
+
+    def loss(config: TrialConfig, lr: LrPlan, samples: int) -> float:
+        return 0.3 + 2.0 * math.exp(-_progress(config, lr, samples, noise_scale=8.0) / 150.0)
+
+    return ScriptedRunner(rate=lambda config: 2000.0, loss=loss)
+
+
+def big_batch_wins() -> ScriptedRunner:
+    """Steps that cost 20 ms whatever the batch, and noisy labels (phi 200): batch 256 takes as
+    many steps as batch 8, each worth 15x one of batch 8's, and 8x that at the linear rule's lr."""
+
+    def loss(config: TrialConfig, lr: LrPlan, samples: int) -> float:
+        return 0.3 + 2.0 * math.exp(-_progress(config, lr, samples, noise_scale=200.0) / 12.0)
+
+    return ScriptedRunner(rate=lambda config: 50.0 * config.global_batch_size, loss=loss)
 
 
 def _plans() -> list[RacePlan]:
@@ -66,47 +94,56 @@ def _study(tmp_path: Path) -> optuna.Study:
     return optuna.create_study(storage=f"sqlite:///{tmp_path}/study.db", study_name="race")
 
 
+def _raced(runner: ScriptedRunner) -> list[tuple[TrialConfig, LrPlan]]:
+    return [(o.config, o.lr) for o in runner.orders if isinstance(o, RaceOrder)]
+
+
 def test_the_race_keeps_the_small_batch_where_a_big_one_loses(tmp_path):
-    """Samples/s do not grow with the batch and the labels are exact: batch 8 takes 32x the
-    steps of batch 256 at the same samples/s, each nearly as useful."""
-    context = _context(tmp_path, "big_batch_loses")
-    race = decide_race(run_race(_study(tmp_path), context, _plans()), 2.5)
+    """Samples/s do not grow with the batch and the labels are exact (`big_batch_loses`): batch
+    8 takes 32x the steps of batch 256 at the same samples/s, each worth half of one of batch
+    256's, or a sixteenth at the linear rule's 8x lr."""
+    runner = big_batch_loses()
+    race = decide_race(run_race(_study(tmp_path), _context(tmp_path, runner), _plans()), RACE_S)
     assert race.loss_kind == "held-out"
     assert race.racers[race.winner].config == SMALL, race.verdict
+    assert race.verdict.kind == "kept"
     assert "no other global batch" in race_verdict(race)
     # Past 85 % of the baseline's time to its loss a candidate can no longer win: it stops there.
     baseline = race.racers[0]
-    assert baseline.curve.points[-1].seconds >= 2.5  # the baseline sets the target: all of it
+    assert baseline.curve.points[-1].seconds >= RACE_S  # the baseline sets the target: all of it
     horizon = (1 - RACE_MARGIN) * baseline.time_to_target_s
     for candidate in race.racers[1:]:
         assert candidate.time_to_target_s is None
-        assert candidate.curve.points[-1].seconds <= horizon + 0.2 < 2.5
+        assert candidate.curve.points[-1].seconds <= horizon + 0.2 < RACE_S
+    assert [o.seconds for o in runner.orders] == pytest.approx([RACE_S, horizon, horizon])
 
 
 def test_the_race_picks_the_big_batch_and_its_lr_where_it_wins(tmp_path):
-    """Each step costs the same whatever the batch and the labels are noisy: batch 256 takes
-    as many steps, each far less noisy, and the linear rule's 8x lr pays off."""
-    context = _context(tmp_path, "big_batch_wins")
-    race = decide_race(run_race(_study(tmp_path), context, _plans()), 2.5)
+    """Each step costs the same whatever the batch and the labels are noisy (`big_batch_wins`):
+    batch 256 takes as many steps, each far less noisy, and the linear rule's 8x lr pays off."""
+    context = _context(tmp_path, big_batch_wins())
+    race = decide_race(run_race(_study(tmp_path), context, _plans()), RACE_S)
     winner = race.racers[race.winner]
     assert winner.config == BIG and winner.lr.rule == "linear", race.verdict
+    assert race.verdict.kind == "won"
     baseline = race.racers[0]
     assert winner.time_to_target_s < 0.85 * baseline.time_to_target_s
 
 
 def test_an_interrupted_race_keeps_its_finished_racers_and_resumes_after_them(tmp_path):
     progress = StopAfterFirstRacer()
-    context = _context(tmp_path, "big_batch_wins", progress)
     with pytest.raises(KeyboardInterrupt):
-        run_race(_study(tmp_path), context, _plans())
+        run_race(_study(tmp_path), _context(tmp_path, big_batch_wins(), progress), _plans())
     study = optuna.load_study(storage=f"sqlite:///{tmp_path}/study.db", study_name="race")
     [kept] = read_racers(study)
     assert kept.config == SMALL and kept.curve is not None
 
     resumed = StopAfterFirstRacer()
     resumed.started.append("(already stopped once)")
-    racers = run_race(study, _context(tmp_path, "big_batch_wins", resumed), _plans())
+    runner = big_batch_wins()
+    racers = run_race(study, _context(tmp_path, runner, resumed), _plans())
     assert len(resumed.started) == 1 + 2  # only the two racers that had not finished
+    assert _raced(runner) == [(p.config, p.lr) for p in _plans()[1:]]
     assert racers[0] == kept
     assert len(read_racers(study)) == 3
 
@@ -116,12 +153,13 @@ def test_a_loss_that_does_not_fall_decides_no_race_and_skips_the_other_racers(tm
     global batch, so only the baseline trains and the user's global batch is kept."""
     progress = StopAfterFirstRacer()
     progress.started.append("(never stop)")
-    context = _context(tmp_path, "known_noise_scale", progress)
-    racers = run_race(_study(tmp_path), context, _plans())
+    runner = ScriptedRunner(loss=lambda config, lr, samples: 2.30)  # lr 0: the weights stay
+    racers = run_race(_study(tmp_path), _context(tmp_path, runner, progress), _plans())
     assert [r.role for r in racers] == ["baseline"] and len(progress.started) == 1 + 1
+    assert _raced(runner) == [(SMALL, LrPlan())]
     assert not racers[0].curve.fell
 
-    race = decide_race(racers, 2.5)
+    race = decide_race(racers, RACE_S)
 
     assert race.winner is None and race.target_loss is None
     assert race.verdict.kind == "no-fall"

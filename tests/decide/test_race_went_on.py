@@ -1,11 +1,12 @@
-"""The race goes on for its finalists where it kept the user's global batch: real race trials
-save their state and go on from it; the rule for when it goes on, on described racers."""
+"""The race goes on for its finalists where it kept the user's global batch: racers answered
+in-process (`ScriptedRunner`) save their state and go on from it; the rule for when it goes on,
+on described racers. That a real racer saves and loads its training state is
+tests/trial/test_racer_state.py's."""
 
 from pathlib import Path
 
 import optuna
 
-from advisor.api import validate
 from advisor.decide.race.extend import go_on, going_on, why_not_go_on
 from advisor.decide.race.plan import RacePlan, lr_rule
 from advisor.decide.race.run import run_race
@@ -15,30 +16,54 @@ from advisor.report.verdicts import race_verdict
 from advisor.results import LrPlan, RaceCurve, RacePoint, Racer, TrialResult
 from advisor.search.context import SearchContext
 from advisor.search.records import StudyKey, read_racers
-from advisor.search.space import build_space
 from advisor.settings import TuneSettings
-from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
-from tests.conftest import CPU_PROFILE, ROOT
+from advisor.trial.orders import RaceOrder
+from tests.decide.test_race import big_batch_loses
+from tests.scripted_runner import ScriptedRunner, scripted_context
 from tests.search.interrupts import StopAfterFirstRacer
 
-CONVERGENCE = "tests/workloads/convergence.py"
 SMALL = TrialConfig(batch_size=8)
 BIG = TrialConfig(batch_size=256)
 RACE_S = 1.5
 
 
-def _context(tmp_path: Path, progress: StopAfterFirstRacer) -> SearchContext:
+class SavingRunner(ScriptedRunner):
+    """A scripted runner whose racers save their state and go on from it, as a trial child does
+    (advisor.trial.child.racer_state): a first race writes a file at `RaceOrder.state`; one that
+    `continues` a curve needs that file, keeps the curve's points and adds those of the order's
+    evaluation grid past its last one, the loss falling on from where it stopped."""
+
+    def _race(self, order: RaceOrder) -> TrialResult:
+        if order.continues is None:
+            if order.state is not None:
+                Path(order.state).write_bytes(b"")
+            return super()._race(order)
+        assert order.state is not None and Path(order.state).exists(), "no state to go on from"
+        # The whole curve from the start on the order's grid; the part past its last point is
+        # the part that goes on.
+        result = super()._race(order.model_copy(update={"target": None}))
+        assert result.race is not None
+        last = order.continues.points[-1]
+        points = list(order.continues.points)
+        for point in (p for p in result.race.points if p.seconds > last.seconds):
+            points.append(point)
+            if order.target is not None and point.loss <= order.target:
+                break
+        curve = result.race.model_copy(update={"points": tuple(points)})
+        return result.model_copy(update={"race": curve})
+
+
+def _context(tmp_path: Path, progress: StopAfterFirstRacer) -> tuple[SearchContext, SavingRunner]:
     settings = TuneSettings(
-        spec=f"{CONVERGENCE}:big_batch_loses",
+        spec="train.py:task",
         race_seconds=RACE_S,
         race_continue=2.0,
         max_world_size=1,
+        out=tmp_path,
     )
-    space = build_space(settings, CPU_PROFILE, validate(settings.spec).task)
-    launch = TrialLaunch(
-        spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=1.0, timeout_s=120
-    )
-    return SearchContext(settings, space, CPU_PROFILE, ProcessRunner(launch), tmp_path, progress)
+    scripted = big_batch_loses()
+    runner = SavingRunner(rate=scripted.rate, loss=scripted.loss)
+    return scripted_context(settings, runner, tmp_path, progress=progress), runner
 
 
 def _never_stop() -> StopAfterFirstRacer:
@@ -53,7 +78,7 @@ def test_a_race_that_kept_your_batch_goes_on_from_where_its_finalists_stopped(tm
     from its saved state, and the verdict is decided again there."""
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/study.db", study_name="race")
     progress = _never_stop()
-    context = _context(tmp_path, progress)
+    context, runner = _context(tmp_path, progress)
     plans = [
         RacePlan("baseline", 0, SMALL, LrPlan(), 1000.0),
         RacePlan("candidate", 1, BIG, LrPlan(), 1000.0),
@@ -65,11 +90,16 @@ def test_a_race_that_kept_your_batch_goes_on_from_where_its_finalists_stopped(tm
     nearest = going_on(race)[-1]
     assert [r.role for r in going_on(race)] == ["baseline", "candidate"]
     started = len(progress.started)
+    runner.orders.clear()
 
     went = go_on(study, context, race)
 
     assert (went.seconds, went.went_on_from, went.first_race) == (2 * RACE_S, RACE_S, race)
     assert went.racers[went.winner].config == SMALL, went.verdict
+    # Each that went on loaded the state its first race saved, and went on from its curve.
+    assert [(o.config, o.lr, o.state, o.continues) for o in runner.orders] == [
+        (r.config, r.lr, r.state, r.curve) for r in going_on(race)
+    ]
     baseline = went.racers[0]
     first = race.racers[0].curve.points
     assert baseline.curve.points[: len(first)] == first
@@ -83,8 +113,10 @@ def test_a_race_that_kept_your_batch_goes_on_from_where_its_finalists_stopped(tm
     assert [r.role for r in stored] == ["baseline", "candidate"]
 
     resumed = _never_stop()  # a resumed tune finds them stored, and trains none again
-    again = go_on(study, _context(tmp_path, resumed), race)
+    context, runner = _context(tmp_path, resumed)
+    again = go_on(study, context, race)
     assert len(resumed.started) == 1 and again.racers == went.racers
+    assert runner.orders == []
 
 
 def _racer(role: str, config: TrialConfig, losses: list[float], state: Path | None) -> Racer:

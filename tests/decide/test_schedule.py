@@ -1,13 +1,14 @@
 """The batch-size schedule (`--schedule auto`): stages that follow phi by the goodput rule, the
 verdict that ships one only when it beats the fixed recommendation by more than the noise, and a
-real schedule race that an interrupt leaves with its finished racers."""
+schedule race (answered in-process by a scripted runner) that an interrupt leaves with its
+finished racers."""
 
+import math
 from pathlib import Path
 
 import optuna
 import pytest
 
-from advisor.api import validate
 from advisor.decide.race.schedule import (
     StageOption,
     decide_schedule,
@@ -17,12 +18,13 @@ from advisor.decide.race.schedule import (
     tune_schedule,
 )
 from advisor.knobs import TrialConfig
-from advisor.progress import NullProgress
 from advisor.report.verdicts import schedule_verdict
 from advisor.results import (
     BatchSchedule,
+    GradientNorms,
     LrPlan,
     NoisePoint,
+    NoiseProbe,
     NoiseTrack,
     RaceCurve,
     RacePoint,
@@ -34,10 +36,9 @@ from advisor.results import (
 )
 from advisor.search.context import SearchContext
 from advisor.search.records import StudyKey, read_racers
-from advisor.search.space import build_space
 from advisor.settings import TuneSettings
-from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
-from tests.conftest import CPU_PROFILE, ROOT
+from advisor.trial.orders import TRACK_POINTS, RaceOrder
+from tests.scripted_runner import TASK, ScriptedRunner, scripted_context
 from tests.search.interrupts import StopAfterFirstRacer
 
 BASE = TrialConfig(batch_size=32)
@@ -138,36 +139,96 @@ def test_a_schedule_ships_only_if_it_beats_the_fixed_one_by_the_margin(schedule_
     assert ("it ships" in worded) is ships
 
 
-CONVERGENCE = "tests/workloads/convergence.py"
+# A regression whose noise scale grows as it converges, as tests/workloads/convergence.py's
+# noise_grows: the loss is 1 (the label noise) plus |w - w*|^2, 100 from the zero weights, and at
+# w phi is about d + 1 + sigma^2 d / |w - w*|^2 with d = 16 features: 17 at the start, 177 at
+# |w - w*|^2 = 0.1. Samples/s at each global batch are those the search measured.
+RATES = {32: 20_000.0, 64: 35_000.0, 128: 55_000.0, 256: 75_000.0, 512: 90_000.0}
+START_DISTANCE = 100.0
+STEP_GAIN = 0.014  # of |w - w*|^2 a step at the user's lr takes away, at B / (B + phi) = 1
+PROBE_MICRO = 8  # a probe's big batch, in micro-batches
 
 
-def _context(tmp_path: Path, progress: NullProgress) -> SearchContext:
+def _noise_scale(distance: float) -> float:
+    return 17.0 + 16.0 / distance
+
+
+class NoiseGrowsRunner(ScriptedRunner):
+    """A scripted runner that trains the regression step by step: each step takes its global
+    batch's share of a second at that batch's samples/s and takes `STEP_GAIN` x lr x B / (B +
+    phi) of |w - w*|^2 away (a batch far above phi gains little more per step); a schedule
+    changes B and the lr at its stages' steps; a tracked race probes phi at its start and at
+    `TRACK_POINTS` even shares of the run, as a trial child does."""
+
+    def __init__(self) -> None:
+        super().__init__(rate=lambda config: RATES[config.global_batch_size])
+
+    def _race(self, order: RaceOrder) -> TrialResult:
+        interval = order.seconds / order.evaluations
+        seconds, samples, steps, distance = 0.0, 0, 0, START_DISTANCE
+        points = [RacePoint(seconds=0.0, samples=0, steps=0, loss=1.0 + distance)]
+        probes = [_probe(points[0], distance, order.config)] if order.track_noise else []
+        while True:
+            stage = order.schedule.stage_at(steps) if order.schedule else None
+            batch = order.config.global_batch_size
+            if stage is not None:
+                batch = stage.batch_size * stage.accumulation_steps * order.config.world_size
+            lr = order.lr.scale * (stage.lr_scale if stage else 1.0)
+            seconds += batch / RATES[batch]
+            samples, steps = samples + batch, steps + 1
+            distance *= math.exp(-STEP_GAIN * lr * batch / (batch + _noise_scale(distance)))
+            if seconds < (math.floor(points[-1].seconds / interval) + 1) * interval:
+                continue
+            point = RacePoint(seconds=seconds, samples=samples, steps=steps, loss=1.0 + distance)
+            points.append(point)
+            probe_at = len(probes) * order.seconds / TRACK_POINTS - interval / 2
+            if order.track_noise and seconds >= probe_at:
+                probes.append(_probe(point, distance, order.config))
+            reached = order.target is not None and point.loss <= order.target
+            if seconds >= order.seconds or reached:
+                break
+        curve = RaceCurve(
+            loss_kind="held-out", lr=order.lr, points=tuple(points), noise_probes=tuple(probes)
+        )
+        return TrialResult(config=order.config, status="ok", task=TASK, race=curve)
+
+
+def _probe(point: RacePoint, distance: float, config: TrialConfig) -> NoiseProbe:
+    """Squared gradient norms at one micro-batch and at `PROBE_MICRO` of them: |G|^2 = 1 and
+    tr(Sigma) = phi, give or take a tenth from one group to the next."""
+    small, big, phi = config.batch_size, config.batch_size * PROBE_MICRO, _noise_scale(distance)
+    wobble = [0.1 * (-1) ** i for i in range(16)]
+    norms = GradientNorms(
+        small_batch=small,
+        big_batch=big,
+        small_sq=tuple(1.0 + phi * (1 + w) / small for w in wobble),
+        big_sq=tuple(1.0 + phi * (1 + w) / big for w in wobble),
+    )
+    return NoiseProbe(seconds=point.seconds, samples=point.samples, loss=point.loss, norms=norms)
+
+
+def _context(tmp_path: Path, progress: StopAfterFirstRacer) -> SearchContext:
     settings = TuneSettings(
-        spec=f"{CONVERGENCE}:noise_grows", schedule="auto", schedule_seconds=2.0, max_world_size=1
+        spec="train.py:task", schedule="auto", schedule_seconds=2.0, max_world_size=1, out=tmp_path
     )
-    space = build_space(settings, CPU_PROFILE, validate(settings.spec).task)
-    launch = TrialLaunch(
-        spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=1.0, timeout_s=120
-    )
-    return SearchContext(settings, space, CPU_PROFILE, ProcessRunner(launch), tmp_path, progress)
+    return scripted_context(settings, NoiseGrowsRunner(), tmp_path, progress=progress)
 
 
 def _search_records() -> list[TrialRecord]:
-    """Throughput the search would have measured on noise_grows (a millisecond a step)."""
-    rates = {32: 20_000.0, 64: 35_000.0, 128: 55_000.0, 256: 75_000.0, 512: 90_000.0}
+    """Throughput the search measured on the regression (`RATES`)."""
     return [
         TrialRecord(
             number=i,
             role="search",
             result=TrialResult(config=TrialConfig(batch_size=b), status="ok", samples_per_s=rate),
         )
-        for i, (b, rate) in enumerate(rates.items())
+        for i, (b, rate) in enumerate(RATES.items())
     ]
 
 
 def test_an_interrupted_schedule_race_keeps_its_finished_racers(tmp_path):
-    """A real schedule race on a regression whose phi grows: stopped after the tracked
-    baseline, the study keeps it; resumed, only the schedule's two racers run."""
+    """A schedule race on a regression whose phi grows: stopped after the tracked baseline, the
+    study keeps it; resumed, only the schedule's two racers run."""
     storage = f"sqlite:///{tmp_path}/study.db"
     study = optuna.create_study(storage=storage, study_name="schedule")
     args = (BASE, (BASE, LrPlan()), _search_records(), "SGD")
@@ -179,11 +240,13 @@ def test_an_interrupted_schedule_race_keeps_its_finished_racers(tmp_path):
 
     resumed = StopAfterFirstRacer()
     resumed.started.append("(already stopped once)")
-    summary = tune_schedule(study, _context(tmp_path, resumed), *args)
+    context = _context(tmp_path, resumed)
+    summary = tune_schedule(study, context, *args)
     assert summary.track is not None and summary.track.grew, summary.verdict
     # The fixed recommendation is your configuration: your run is its run.
     assert [r.role for r in summary.racers] == ["baseline", "schedule", "schedule"]
     assert len(resumed.started) == 1 + 2  # the two schedule racers
+    assert [o.schedule for o in context.runner.orders] == [r.schedule for r in summary.racers[1:]]
     assert summary.racers[0].curve == kept.curve
     assert len(read_racers(study, StudyKey.SCHEDULE_RACERS)) == 3
     schedules = [r.schedule for r in summary.racers[1:]]

@@ -1,19 +1,22 @@
 """Early stopping: Optuna's pruner stops trials projected far slower than the best, in any phase."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
 import pytest
 
-import advisor
 from advisor.knobs import TrialConfig
+from advisor.results import TrialResult
 from advisor.search.pruning import CHECK_AFTER, SlowerThanBestPruner, stop_reason
+from advisor.settings import TuneSettings
 from advisor.trial.child.agreement import ParentWatch
-from advisor.trial.orders import WindowOrder
+from advisor.trial.orders import PhaseCallback, ProgressCallback, TrialOrder, WindowOrder
 from advisor.trial.parent.runner import POLL_S, ProcessRunner, TrialLaunch
 from advisor.trial.parent.watch import STALL_S, ProgressReader
 from advisor.trial.protocol import Channel, TrialRequest
 from tests.conftest import ROOT, TINY, survivors
+from tests.scripted_runner import ScriptedRunner, scripted_tune
 from tests.trial.scripted import FakeClock, Loader
 
 
@@ -73,12 +76,51 @@ def test_a_window_nobody_stops_runs_its_length(tmp_path):
     assert result.status == "ok" and not result.stopped_early
 
 
-@pytest.mark.slow
+@dataclass
+class _Watched(ScriptedRunner):
+    """Reports a search trial's projected samples/s every POLL_S of its warm-up and window, as
+    the parent does (`ProgressReader`), and stops it where the report's answer says so: in its
+    warm-up, `stopped` with its projection; in its window, a shorter window measured."""
+
+    trial_seconds: float = 1.0
+
+    def run(
+        self,
+        order: TrialOrder,
+        log_path: Path,
+        *,
+        on_phase: PhaseCallback | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> TrialResult:
+        result = super().run(order, log_path, on_phase=on_phase, on_progress=on_progress)
+        rate = result.samples_per_s
+        if on_progress is None or rate is None:
+            return result
+        for tick in range(1, round(2 * self.trial_seconds / POLL_S) + 1):
+            elapsed_s = tick * POLL_S
+            reason = on_progress(elapsed_s, rate)
+            if reason is None:
+                continue
+            if elapsed_s <= self.trial_seconds:  # warm-up
+                return TrialResult(
+                    config=order.config, status="stopped", reason=reason, samples_per_s=rate,
+                    failure_phase="warmup", startup_s=0.1,
+                )  # fmt: skip
+            return result.model_copy(update={"stopped_early": True, "reason": reason})
+        return result
+
+
+def _very_slow_with_bf16(config: TrialConfig) -> float:
+    """bf16 micro-steps take half a second (32 samples/s at batch 16); fp32 runs hundreds of
+    times faster."""
+    return config.batch_size / 0.5 if config.amp == "bf16" else 1000.0 * config.batch_size
+
+
 def test_a_tune_stops_the_slow_configurations_and_says_why(tmp_path):
-    result = advisor.tune(
-        f"{TINY}:very_slow_with_bf16",
+    settings = TuneSettings(
+        spec=f"{TINY}:very_slow_with_bf16",
         trials=6,  # every configuration: amp x loader workers
-        knobs="classic,amp",  # searched even where the probe finds bf16 slower than fp32
+        knobs="classic,amp",  # searched even where bf16 would be dropped as slow
         objective="throughput",
         sampler="grid",
         batch_sizes="16",
@@ -88,12 +130,14 @@ def test_a_tune_stops_the_slow_configurations_and_says_why(tmp_path):
         confirm_top=1,
         out=tmp_path,
     )
+    runner = _Watched(rate=_very_slow_with_bf16, trial_seconds=settings.trial_seconds)
+    result = scripted_tune(settings, runner)
     search = [t for t in result.trials if t.role in ("baseline", "search")]
     slow = [t for t in search if t.result.config.amp == "bf16"]
     fast = [t for t in search if t.result.config.amp == "off"]
     assert slow and fast
-    # Every bf16 micro-step takes half a second, hundreds of times the fp32 speed: each bf16
-    # trial is stopped, and says why. (When, on a fake clock: tests/trial/test_budget.py,
+    # bf16 runs hundreds of times below fp32: each bf16 trial is stopped, and says why. (When,
+    # on a fake clock: tests/trial/test_budget.py,
     # test_a_search_trial_the_parent_stops_keeps_the_step_it_timed.)
     assert all(_stopped(t.result) for t in slow)
     assert all(t.result.reason.startswith("stopped: projected ") for t in slow)
@@ -103,9 +147,7 @@ def test_a_tune_stops_the_slow_configurations_and_says_why(tmp_path):
         study_name="tiny-very_slow_with_bf16", storage=f"sqlite:///{tmp_path}/study.db"
     )
     reported = study.trials[slow[0].number].intermediate_values  # the running throughput
-    # at most 32 samples/s: 16 samples a micro-step, each sleeping 0.5 s (a sleep bounds a rate
-    # from above, whatever the machine)
-    assert reported and max(reported.values()) < 400
+    assert reported and set(reported.values()) == {32.0}  # the projection the parent read
     report = (tmp_path / "report.md").read_text()
     assert "x slower than the best" in report
     assert all(t.result.reason in report for t in slow)

@@ -14,8 +14,9 @@ from advisor.search.seeding import next_seed
 from advisor.search.space import build_space
 from advisor.search.study import make_sampler, run_search
 from advisor.settings import TuneSettings
-from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
-from tests.conftest import CPU_PROFILE, ROOT, TINY
+from advisor.trial.orders import WindowOrder
+from tests.conftest import CPU_PROFILE, TINY
+from tests.scripted_runner import ScriptedRunner
 from tests.search.test_space import TASK
 
 SPACE = build_space(TuneSettings(spec="a.py:f", knobs="classic,amp"), CPU_PROFILE, TASK)
@@ -106,6 +107,17 @@ def test_a_value_is_rejected_only_on_enough_evidence_near_the_best():
     assert rejected_values(close, ["amp"]) == []  # one came within 4x of the best
 
 
+def _very_slow_with_bf16(config: TrialConfig) -> float:
+    """fp32 at thousands of samples/s; bf16 micro-steps of half a second (32 samples/s at
+    batch 16): hundreds of times slower."""
+    return config.batch_size / 0.5 if config.amp == "bf16" else 1000.0 * config.batch_size
+
+
+def _windows(runner: ScriptedRunner) -> list[TrialConfig]:
+    """The configurations whose training steps `runner` timed, in order."""
+    return [order.config for order in runner.orders if isinstance(order, WindowOrder)]
+
+
 def test_the_search_prunes_a_proposal_with_a_rejected_value_without_running_it(tmp_path):
     settings = TuneSettings(
         spec=f"{TINY}:very_slow_with_bf16", trials=4, knobs="classic,amp", max_world_size=1,
@@ -122,16 +134,14 @@ def test_the_search_prunes_a_proposal_with_a_rejected_value_without_running_it(t
         {**base, "amp": "bf16", "num_workers": 1},  # ruled out by the two before
     ):
         study.enqueue_trial(params)
-    launch = TrialLaunch(spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=0.5,
-                         timeout_s=120)  # fmt: skip
-    context = SearchContext(
-        settings, space, CPU_PROFILE, ProcessRunner(launch), tmp_path, NullProgress()
-    )
+    runner = ScriptedRunner(rate=_very_slow_with_bf16)
+    context = SearchContext(settings, space, CPU_PROFILE, runner, tmp_path, NullProgress())
 
     records = run_search(study, context)
 
     ran = [r.result.config.amp for r in records if r.role != "duplicate"]
     assert ran.count("bf16") == 2 and ran[0] == "off"  # the third bf16 proposal never ran
+    assert [config.amp for config in _windows(runner)] == ran
     pruned = study.get_trials(states=(optuna.trial.TrialState.PRUNED,))
     assert pruned and pruned[0].params["amp"] == "bf16"
     assert pruned[0].user_attrs["pruned_reason"].startswith("amp=bf16 rejected: its 2 trials")
@@ -147,17 +157,16 @@ def test_a_grid_ends_once_every_configuration_is_measured_or_ruled_out(tmp_path)
     task = TASK.model_copy(update={"user_batch_size": 16, "dataset_size": 256})
     space = build_space(settings, CPU_PROFILE, task)
     study = optuna.create_study(direction="maximize", sampler=make_sampler(settings, space))
-    launch = TrialLaunch(spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=0.5,
-                         timeout_s=120)  # fmt: skip
-    context = SearchContext(
-        settings, space, CPU_PROFILE, ProcessRunner(launch), tmp_path, NullProgress()
-    )
+    runner = ScriptedRunner(rate=_very_slow_with_bf16)
+    context = SearchContext(settings, space, CPU_PROFILE, runner, tmp_path, NullProgress())
 
     records = run_search(study, context)
 
     measured = {r.result.config for r in records if r.role != "duplicate"}
     pruned = study.get_trials(states=(optuna.trial.TrialState.PRUNED,))
     assert pruned and all(t.params["amp"] == "bf16" for t in pruned)  # 2 bf16 trials ruled it out
+    ran = _windows(runner)
+    assert len(ran) == len(set(ran)) and set(ran) == measured  # each once, the pruned never
     assert len(measured) + len(pruned) == space.size
     assert len(study.trials) <= space.size + 1  # the enqueued baseline, then each point once
 

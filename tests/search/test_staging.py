@@ -7,16 +7,20 @@ instead of trials: what is asserted is where the search goes, given what it meas
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
-import advisor
 from advisor.knobs import TrialConfig
-from advisor.results import NoiseScale, TrialRecord, TrialResult
+from advisor.results import GradientNorms, LrPlan, NoiseScale, TrialRecord, TrialResult
 from advisor.search.ranking import Ranking
 from advisor.search.staging import next_move, raced_batches, stage_budget
-from tests.decide.test_race import CONVERGENCE
+from advisor.settings import TuneSettings
+from advisor.trial.orders import NoiseOrder, TrialOrder
+from tests.scripted_runner import TASK, ScriptedRunner, scripted_tune
 from tests.search.test_seeding import SPACE
 
 BATCH0 = SPACE.baseline.global_batch_size  # 32
@@ -167,18 +171,66 @@ def test_a_knob_is_walked_along_its_values_until_two_in_a_row_ran_slower():
     assert {1, 2} <= workers and not workers & {4, 8, 16}
 
 
-# --- real tunes -----------------------------------------------------------------------------
-REAL = {"trials": 8, "trial_seconds": 1.0, "race_seconds": 2.5, "max_world_size": 1}
+# --- whole tunes, scripted ------------------------------------------------------------------
+# A whole tune (search, re-runs, noise scale, race, outputs) in-process, each trial answered
+# from a script of the workload of tests/workloads/convergence.py it stands for: what is
+# asserted is where the search goes and what the race decides, given what was measured.
+WHOLE = {"trials": 8, "trial_seconds": 1.0, "race_seconds": 2.5, "max_world_size": 1}
+YOURS = TASK.user_batch_size  # 32, the scripted task's own batch
+
+
+@dataclass
+class _WithNoiseScale(ScriptedRunner):
+    """A scripted runner whose noise trial measures the gradient noise scale `phi`: squared
+    gradient norms |G|^2 + tr(S)/B with |G|^2 = 1 and tr(S) = phi."""
+
+    phi: float = 1000.0
+
+    def run(self, order: TrialOrder, log_path: Path, **callbacks: Any) -> TrialResult:
+        result = super().run(order, log_path, **callbacks)
+        if not isinstance(order, NoiseOrder):
+            return result
+        small, big = order.config.batch_size, order.config.global_batch_size
+        norms = GradientNorms(
+            small_batch=small,
+            big_batch=big,
+            small_sq=(1.0 + self.phi / small,) * 20,
+            big_sq=(1.0 + self.phi / big,) * 20,
+        )
+        return result.model_copy(update={"gradient_norms": norms})
+
+
+def _loading(config: TrialConfig) -> float:
+    """input_bound: a sample takes 1 ms to load, whatever the batch or the arithmetic; without
+    workers the main process loads, else each worker loads in parallel."""
+    return 1000.0 * max(1, config.num_workers)
+
+
+def _loss_per_step(config: TrialConfig, lr: LrPlan, samples: int) -> float:
+    """input_bound: clean labels and an lr tuned for your batch, which is past the critical
+    batch: a larger batch needs as many steps, hence proportionally more samples."""
+    steps_worth = samples * min(1.0, YOURS / config.global_batch_size)
+    return 0.01 + 2.0 * math.exp(-steps_worth / 5000)
 
 
 def test_an_input_bound_workload_gets_loader_workers_at_its_own_batch(tmp_path):
     """Only loader workers help (samples/s is set by loading, whatever the batch): the search
     measures them at the user's batch, and the recommendation keeps that batch."""
-    result = advisor.tune(f"{CONVERGENCE}:input_bound", out=tmp_path, **REAL)
+    runner = _WithNoiseScale(
+        rate=_loading,
+        wait=lambda config: 0.5 if config.num_workers else 0.9,  # waiting for data throughout
+        loss=_loss_per_step,
+        phi=9.0,  # d + 1 for its 8 features, no label noise
+    )
+    settings = TuneSettings(spec="tests/workloads/tiny.py:factory", out=tmp_path, **WHOLE)
+
+    result = scripted_tune(settings, runner)
+
     rec, effort = result.recommendation, result.effort
-    at_batch0 = [t.result.config for t in result.trials if t.result.config.global_batch_size == 16]
-    assert {c.num_workers for c in at_batch0} >= {0, 1, 2}
-    assert rec.config.global_batch_size == 16 and rec.config.num_workers > 0, rec.race
+    configs = [t.result.config for t in result.trials]
+    at_yours = [c for c in configs if c.global_batch_size == YOURS]
+    assert {c.num_workers for c in at_yours} >= {0, 1, 2}
+    assert rec.config.global_batch_size == YOURS and rec.config.num_workers > 0, rec.race
     assert effort is not None and effort.share is not None and effort.share >= 0.75
     assert effort.best_at_yours_speedup is not None and effort.best_at_yours_speedup > 1.3
 
@@ -186,12 +238,21 @@ def test_an_input_bound_workload_gets_loader_workers_at_its_own_batch(tmp_path):
 def test_a_larger_batch_that_clearly_wins_is_still_found_and_raced(tmp_path):
     """Steps cost the same whatever the batch and the labels are noisy: larger batches are
     probed, and one of them wins the race."""
-    result = advisor.tune(f"{CONVERGENCE}:big_batch_wins", out=tmp_path, **REAL)
+    runner = _WithNoiseScale(
+        rate=lambda config: config.batch_size / 0.02,  # every micro-step 20 ms, whatever its size
+        # (the default loss: falls alike per sample at every batch, below the critical one)
+        phi=81.0,  # d + 1 + sigma^2 d for 8 features and label noise sigma 3
+    )
+    settings = TuneSettings(spec="tests/workloads/tiny.py:factory", out=tmp_path, **WHOLE)
+
+    result = scripted_tune(settings, runner)
+
     rec = result.recommendation
     assert rec.noise_scale is not None and rec.noise_scale.value
     stages = [t.stage for t in result.trials if t.role == "search"]
     assert "probe" in stages
-    assert rec.config.global_batch_size > 8, rec.race.verdict if rec.race else rec
+    assert rec.race is not None and rec.race.verdict.kind == "won", rec
+    assert rec.config.global_batch_size > YOURS, rec.race.verdict
     assert result.effort is not None and result.effort.share >= 0.75
 
 

@@ -1,23 +1,25 @@
 """Search budgets, samplers, infeasibility and the no-feasible-configuration exit."""
 
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
 import optuna
 import pytest
 
 import advisor
-from advisor.api import validate
-from advisor.decide import reruns as selection_module
 from advisor.decide.reruns import failure_summary, select_winner
 from advisor.knobs import TrialConfig
 from advisor.memory import MemoryBudget
-from advisor.progress import NullProgress
 from advisor.results import TrialRecord, TrialResult
 from advisor.search.checks import memory_problem
 from advisor.search.context import SearchContext
 from advisor.search.space import build_space
 from advisor.search.study import run_search
 from advisor.settings import TuneSettings
-from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
-from tests.conftest import CPU_PROFILE, ROOT, TINY, run_advisor, survivors
+from advisor.trial.orders import PhaseCallback, ProgressCallback, TrialOrder, WindowOrder
+from tests.conftest import CPU_PROFILE, TINY, run_advisor, survivors
+from tests.scripted_runner import TASK, ScriptedRunner, scripted_context, scripted_tune
 
 FAST = {"trial_seconds": 0.2, "warmup_steps": 1, "confirm_top": 1, "objective": "throughput"}
 HOST = CPU_PROFILE.model_copy(update={"memory_bytes": 10 * 2**30})
@@ -54,6 +56,8 @@ def test_failure_summary_counts_reasons():
 
 @pytest.mark.slow
 def test_grid_sampler_measures_ddp_beside_one_process_until_exhausted(tmp_path, marked):
+    # Real trials: the point is DDP trials of two real ranks measured beside one process. One
+    # re-run each (--confirm-repeats 1) is all the layouts' comparison below needs.
     result = advisor.tune(
         f"{TINY}:factory",
         trials=50,
@@ -62,6 +66,8 @@ def test_grid_sampler_measures_ddp_beside_one_process_until_exhausted(tmp_path, 
         batch_sizes="32",
         accumulation_steps="1",
         early_stop=0,  # every configuration measured whole, none rejected, however slow
+        confirm_repeats=1,
+        confirm_max_repeats=1,
         out=tmp_path,
         **FAST,
     )
@@ -81,41 +87,48 @@ def test_grid_sampler_measures_ddp_beside_one_process_until_exhausted(tmp_path, 
     assert survivors(marked) == []
 
 
+def _searched(runner: ScriptedRunner) -> list[TrialConfig]:
+    """The configurations the search measured, in order (not the re-runs' whole cycles)."""
+    return [o.config for o in runner.orders if isinstance(o, WindowOrder) and not o.whole_cycles]
+
+
 def test_impossible_combinations_are_pruned_with_the_reason_not_run(tmp_path):
     settings = TuneSettings(
         spec=f"{TINY}:factory", trials=1, global_batch_size=64, accumulation_steps=(1, 2)
     )
-    space = build_space(settings, CPU_PROFILE, validate(settings.spec).task)
+    runner = ScriptedRunner()
+    context = scripted_context(settings, runner, tmp_path)
+    space = context.space
     study = optuna.create_study(direction="maximize")
     study.enqueue_trial({**space.params_of(space.baseline), "batch_size": 64, "parallel": "ddp-2"})
-    launch = TrialLaunch(
-        spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=0.2, timeout_s=120
-    )
-    context = SearchContext(
-        settings, space, CPU_PROFILE, ProcessRunner(launch), tmp_path, NullProgress()
-    )
     records = run_search(study, context)
     [pruned] = study.get_trials(states=(optuna.trial.TrialState.PRUNED,))
     assert pruned.user_attrs["pruned_reason"] == (
         "global batch 64 is no multiple of batch 64 x 2 processes"
     )
     assert [record.role for record in records] == ["baseline"]  # nothing ran for the other
+    assert _searched(runner) == [space.baseline]
+
+
+OOM = "out of memory: simulated: tried to allocate 8.00 GiB"
+
+
+def _oom_above_64(config: TrialConfig) -> float | TrialResult:
+    """Batches above 64 run out of memory in their first step, whatever the other knobs."""
+    if config.batch_size > 64:
+        return TrialResult(config=config, status="oom", reason=OOM, failure_phase="first_step")
+    return 1000.0 * math.sqrt(config.batch_size)
 
 
 def test_batches_above_one_that_ran_out_of_memory_are_pruned_not_run(tmp_path):
     settings = TuneSettings(spec=f"{TINY}:oom_above_64", trials=2, max_world_size=1)
-    space = build_space(settings, CPU_PROFILE, validate(f"{TINY}:factory").task)
+    runner = ScriptedRunner(rate=_oom_above_64)
+    context = scripted_context(settings, runner, tmp_path)
     study = optuna.create_study(direction="maximize")
-    base = space.params_of(space.baseline)
+    base = context.space.params_of(context.space.baseline)
     study.enqueue_trial({**base, "batch_size": 128})
     study.enqueue_trial({**base, "batch_size": 256, "accumulation_steps": 2})
     study.enqueue_trial({**base, "batch_size": 256, "amp": "bf16"})  # another knob: no inference
-    launch = TrialLaunch(
-        spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=0.2, timeout_s=120
-    )
-    context = SearchContext(
-        settings, space, CPU_PROFILE, ProcessRunner(launch), tmp_path, NullProgress()
-    )
     records = run_search(study, context)
     [pruned] = study.get_trials(states=(optuna.trial.TrialState.PRUNED,))
     assert pruned.params["batch_size"] == 256 and pruned.params["accumulation_steps"] == 2
@@ -127,14 +140,17 @@ def test_batches_above_one_that_ran_out_of_memory_are_pruned_not_run(tmp_path):
         (128, "oom"),
         (256, "oom"),  # measured: bf16 autocast changes the memory a batch needs
     ]
+    assert [(c.batch_size, c.amp) for c in _searched(runner)] == [(128, "off"), (256, "bf16")]
 
 
-@pytest.mark.slow
 def test_timeout_stops_starting_trials(tmp_path):
     # Over before the search starts: your baseline is still measured (every speed-up is
     # against it), and no other trial starts.
-    result = advisor.tune(f"{TINY}:factory", trials=20, timeout=1e-6, out=tmp_path, **FAST)
+    settings = TuneSettings(spec=f"{TINY}:factory", trials=20, timeout=1e-6, out=tmp_path, **FAST)
+    runner = ScriptedRunner()
+    result = scripted_tune(settings, runner)
     assert [t.role for t in result.trials] == ["baseline"]
+    assert _searched(runner) == [result.recommendation.baseline_config]
     assert result.recommendation.config == result.recommendation.baseline_config
     report = (tmp_path / "report.md").read_text()
     assert "Your configuration was the fastest one measured" in report
@@ -142,6 +158,8 @@ def test_timeout_stops_starting_trials(tmp_path):
 
 @pytest.mark.slow
 def test_every_trial_failing_exits_3_with_the_reasons(tmp_path):
+    # Real: the point is the CLI's exit status and message. --objective throughput: no
+    # noise-scale trial after the failed baseline.
     completed = run_advisor(
         "tune",
         f"{TINY}:nan_loss",
@@ -149,6 +167,8 @@ def test_every_trial_failing_exits_3_with_the_reasons(tmp_path):
         "2",
         "--trial-seconds",
         "0.2",
+        "--objective",
+        "throughput",
         "--out",
         str(tmp_path),
     )
@@ -160,59 +180,79 @@ def test_every_trial_failing_exits_3_with_the_reasons(tmp_path):
     assert all(t.constraints == {"feasible": 1.0} and t.value == 0.0 for t in measured)
 
 
-@pytest.mark.slow
 def test_reports_render_failed_trials_with_their_reasons(tmp_path):
-    result = advisor.tune(
-        f"{TINY}:oom_above_64",
+    settings = TuneSettings(
+        spec=f"{TINY}:oom_above_64",
         trials=50,
         sampler="grid",
-        knobs="classic,amp",  # searched even where the probe finds bf16 slow
+        knobs="classic,amp",  # searched even where bf16 would be dropped as slow
         batch_sizes="32,128",
         accumulation_steps="1",
         max_world_size=1,
-        early_stop=0,  # bf16 rejected under load would leave some of the six unmeasured
+        early_stop=0,  # no value rejected: all twelve are measured
         out=tmp_path,
         **FAST,
     )
+    result = scripted_tune(settings, ScriptedRunner(rate=_oom_above_64))
     failed = [t for t in result.trials if t.result.status == "oom"]
     assert len(failed) == 6  # batch 128 x amp 2 x workers 3
     html = (tmp_path / "report.html").read_text()
     assert html.count('<tr class="failed">') == 6
-    assert "out of memory: simulated: tried to allocate 8.00 GiB" in html
+    assert OOM in html
     assert "failed or infeasible" in html  # the history plot marks them
     assert "6 oom" in (tmp_path / "report.md").read_text()
 
 
-@pytest.mark.slow
-def test_a_tie_within_noise_is_re_run_then_goes_to_the_config_with_fewer_changes(
-    tmp_path, monkeypatch
-):
-    # Two configurations on one beat are a tie, but a loaded machine makes some steps late: under
-    # three test workers on two cores, 0.5-s windows of one of them differed by up to 17 %, and a
-    # clean-clone CI run at 404263c saw 2-s windows leave a 15 % floor. The windows are longer
-    # here (20 steps), and the floor says how close counts as a tie.
-    monkeypatch.setattr(selection_module, "NOISE_FLOOR", 0.25)
-    context = _selection_context("paced", 2, tmp_path, trial_seconds=2.0)
-    baseline, bf16 = TrialConfig(batch_size=32), TrialConfig(batch_size=32, amp="bf16")
+@dataclass
+class _Reruns(ScriptedRunner):
+    """Each run of a configuration measures the next of its `runs` (samples/s, the last one
+    again once they are spent), as a machine's speed wanders from run to run."""
+
+    runs: dict[TrialConfig, tuple[float, ...]] = field(default_factory=dict)
+
+    def run(
+        self,
+        order: TrialOrder,
+        log_path: Path,
+        *,
+        on_phase: PhaseCallback | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> TrialResult:
+        result = super().run(order, log_path, on_phase=on_phase, on_progress=on_progress)
+        runs = self.runs[order.config]
+        done = sum(other.config == order.config for other in self.orders) - 1
+        return result.model_copy(update={"samples_per_s": runs[min(done, len(runs) - 1)]})
+
+
+BASELINE, BF16 = TrialConfig(batch_size=32), TrialConfig(batch_size=32, amp="bf16")
+
+
+def test_a_tie_within_noise_is_re_run_then_goes_to_the_config_with_fewer_changes(tmp_path):
+    # bf16 leads every time, by about 1 %: within the noise floor (3 %), a tie.
+    runner = _Reruns(
+        runs={BASELINE: (3000.0, 3030.0, 2990.0, 3010.0), BF16: (3060.0, 3030.0, 3050.0, 3040.0)}
+    )
+    context = _selection_context(runner, 2, tmp_path)
     records = [  # as the search left them: bf16 looked faster in its single window
-        TrialRecord(number=0, role="baseline", result=_measured(baseline, 3000.0)),
-        TrialRecord(number=1, role="search", result=_measured(bf16, 3300.0)),
+        TrialRecord(number=0, role="baseline", result=_measured(BASELINE, 3000.0)),
+        TrialRecord(number=1, role="search", result=_measured(BF16, 3300.0)),
     ]
     selection = select_winner(records, context)
     assert selection.winner.number == 0  # the same speed, one knob fewer
     reruns = [c for c in selection.confirmations if c.number in (0, 1)]
     assert len(reruns) == 8  # 2 re-runs each, then 2 more each for the tie
+    assert len(runner.orders) == 8 and all(o.whole_cycles for o in runner.orders)
     assert "stayed within measurement noise after 4 re-runs each" in selection.close_call
     assert "advisor recommends trial 0, which changes fewer knobs" in selection.close_call
 
 
-@pytest.mark.slow
 def test_a_finalist_clearly_behind_after_its_first_re_run_is_not_re_run_again(tmp_path):
-    context = _selection_context("slow_with_bf16", 3, tmp_path)
-    baseline, bf16 = TrialConfig(batch_size=32), TrialConfig(batch_size=32, amp="bf16")
-    records = [  # a lucky search window made bf16 a finalist; it runs at a quarter of the speed
-        TrialRecord(number=0, role="baseline", result=_measured(baseline, 1600.0)),
-        TrialRecord(number=1, role="search", result=_measured(bf16, 1700.0)),
+    # a lucky search window made bf16 a finalist; it runs at a quarter of the speed
+    runner = _Reruns(runs={BASELINE: (1600.0,), BF16: (400.0,)})
+    context = _selection_context(runner, 3, tmp_path)
+    records = [
+        TrialRecord(number=0, role="baseline", result=_measured(BASELINE, 1600.0)),
+        TrialRecord(number=1, role="search", result=_measured(BF16, 1700.0)),
     ]
     selection = select_winner(records, context)
     runs = {n: [c for c in selection.confirmations if c.number == n] for n in (0, 1)}
@@ -220,15 +260,14 @@ def test_a_finalist_clearly_behind_after_its_first_re_run_is_not_re_run_again(tm
     assert selection.winner.number == 0 and selection.close_call is None
 
 
-@pytest.mark.slow
 def test_under_a_race_a_finalist_at_your_batch_clearly_behind_is_not_re_run_again(tmp_path):
     """The race needs every round of its entrants and of the best at your batch, but not of a
     finalist there that is clearly slower than the best (a slow layout kept for the report)."""
-    context = _selection_context("slow_with_bf16", 3, tmp_path)
-    baseline, bf16 = TrialConfig(batch_size=32), TrialConfig(batch_size=32, amp="bf16")
+    runner = _Reruns(runs={BASELINE: (1600.0,), BF16: (400.0,)})
+    context = _selection_context(runner, 3, tmp_path)
     records = [
-        TrialRecord(number=0, role="baseline", result=_measured(baseline, 1600.0)),
-        TrialRecord(number=1, role="search", result=_measured(bf16, 1700.0)),
+        TrialRecord(number=0, role="baseline", result=_measured(BASELINE, 1600.0)),
+        TrialRecord(number=1, role="search", result=_measured(BF16, 1700.0)),
     ]
     selection = select_winner(records, context, [records[0]], racing=True)
     runs = {n: [c for c in selection.confirmations if c.number == n] for n in (0, 1)}
@@ -236,21 +275,13 @@ def test_under_a_race_a_finalist_at_your_batch_clearly_behind_is_not_re_run_agai
     assert selection.confirmed_rates[0] > 2 * selection.confirmed_rates[1]
 
 
-def _selection_context(
-    workload: str, repeats: int, tmp_path, trial_seconds: float = 0.5
-) -> SearchContext:
-    """What selection needs to re-run two finalists of a tiny workload for real."""
+def _selection_context(runner: ScriptedRunner, repeats: int, tmp_path) -> SearchContext:
+    """What selection needs to re-run two finalists, their re-runs answered by `runner`."""
     settings = TuneSettings(
-        spec=f"{TINY}:{workload}", trials=2, confirm_top=2, confirm_repeats=repeats,
+        spec=f"{TINY}:factory", trials=2, confirm_top=2, confirm_repeats=repeats,
         max_world_size=1,
     )  # fmt: skip
-    space = build_space(settings, CPU_PROFILE, validate(f"{TINY}:factory").task)
-    launch = TrialLaunch(
-        spec=settings.spec, cwd=ROOT, warmup_steps=1, trial_seconds=trial_seconds, timeout_s=120
-    )
-    return SearchContext(
-        settings, space, CPU_PROFILE, ProcessRunner(launch), tmp_path, NullProgress()
-    )
+    return scripted_context(settings, runner, tmp_path)
 
 
 def _measured(config: TrialConfig, rate: float) -> TrialResult:
@@ -264,8 +295,7 @@ def test_a_second_worker_does_not_queue_the_baseline_another_is_measuring():
 
     from advisor.search.proposals import enqueue_baseline
 
-    task = validate(f"{TINY}:factory").task
-    space = build_space(TuneSettings(spec=f"{TINY}:factory"), CPU_PROFILE, task)
+    space = build_space(TuneSettings(spec=f"{TINY}:factory"), CPU_PROFILE, TASK)
     study = optuna.create_study(direction="maximize")
     enqueue_baseline(study, space)
     taken = study.ask()  # the first worker's: RUNNING
