@@ -71,7 +71,7 @@ def test_user_strings_full_of_markup_stay_inert_everywhere(tmp_path, marked):
         "--sampler", "grid", "--trials", "4", "--batch-sizes", "32,64",
         "--accumulation-steps", "1", "--max-world-size", "1",
         "--trial-seconds", "0.2", "--warmup-steps", "1", "--confirm-top", "1",
-        "--race-seconds", "0.5",
+        "--objective", "throughput",
         "--out", str(out),
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr

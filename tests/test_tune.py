@@ -188,25 +188,8 @@ def test_ctrl_c_keeps_finished_trials_and_the_same_command_resumes(tmp_path):
 
     import psutil
 
-    command = [
-        sys.executable,
-        "-m",
-        "advisor",
-        "tune",
-        f"{TINY}:factory",
-        "--trials",
-        "5",
-        "--out",
-        str(tmp_path),
-        "--trial-seconds",
-        "1",
-        "--confirm-top",
-        "1",
-        "--max-world-size",
-        "1",
-        "--race-seconds",
-        "1",
-    ]
+    command = [sys.executable, "-m", "advisor", "tune", f"{TINY}:factory", "--trials", "5"]
+    command += ["--out", str(tmp_path), *FAST_TUNE]
     process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
     while _completed_trials(tmp_path) < 2 and time.monotonic() < deadline:

@@ -11,13 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import advisor
 from advisor.knobs import TrialConfig
 from advisor.results import TrialResult
 from advisor.settings import TuneSettings
 from advisor.trial.child.early_end import PRECISE_MIN_BATCHES
 from advisor.trial.orders import TrialOrder, WindowOrder
-from tests.conftest import TINY, survivors
+from tests.conftest import TINY
 from tests.scripted_runner import ScriptedRunner, scripted_tune
 
 # One process at batch 16, in 1.5-s windows, ranked by samples/s.
@@ -25,22 +24,17 @@ SETTINGS = {"batch_sizes": "16", "max_world_size": 1, "trial_seconds": 1.5, "war
             "confirm_top": 1, "objective": "throughput"}  # fmt: skip
 
 
-def _tune(tmp_path, accumulation_steps: str) -> advisor.TuneResult:
-    """Three configurations of slow_optimizer_steps, each trial a real process."""
-    return advisor.tune(
-        f"{TINY}:slow_optimizer_steps",
-        trials=3,
-        accumulation_steps=accumulation_steps,
-        out=tmp_path,
-        **SETTINGS,
-    )
-
-
-def test_a_trial_timed_in_parts_records_its_other_accumulation_as_a_derived_trial(tmp_path, marked):
+def test_a_trial_timed_in_parts_records_its_other_accumulation_as_a_derived_trial(tmp_path):
     # Micro-steps of 0.1 s, optimizer steps 0.3 s more: without accumulation a cycle takes
     # 0.4 s, within the third of the 1.5-s window that a search trial times whole; with 4
-    # micro-steps 0.7 s, beyond it. A trial without accumulation is timed in parts all the same.
-    result = _tune(tmp_path, accumulation_steps="1,4")
+    # micro-steps 0.7 s, beyond it. A trial without accumulation is timed in parts all the same
+    # (a real one: tests/trial/test_budget.py, test_a_trial_whose_cycle_is_longer_than_its_
+    # window_times_the_parts).
+    settings = TuneSettings(
+        spec=f"{TINY}:factory", out=tmp_path, trials=3, accumulation_steps="1,4", **SETTINGS
+    )
+    runner = _TimedInParts(rate=_slow_optimizer_steps, window_s=settings.trial_seconds)
+    result = scripted_tune(settings, runner)
 
     by_number = {t.number: t for t in result.trials}
     derived = [t for t in result.trials if t.derived_from is not None]
@@ -52,8 +46,7 @@ def test_a_trial_timed_in_parts_records_its_other_accumulation_as_a_derived_tria
         same = sibling.result.config.model_copy(update={"accumulation_steps": 1})
         assert same == source.result.config and sibling.result.config.accumulation_steps == 4
         assert sibling.result.estimated and sibling.result.wall_s is None  # it cost nothing
-        # (its rate from the source's timed parts, 1.75x the source's here: on a fake clock in
-        # tests/trial/test_budget.py)
+        # (its rate from the source's timed parts: on a fake clock in tests/trial/test_budget.py)
         assert sibling.result.samples_per_s and source.result.samples_per_s
         assert f"derived from trial {source.number}" in sibling.note
     # --trials counts it: three configurations, one of them derived.
@@ -66,7 +59,6 @@ def test_a_trial_timed_in_parts_records_its_other_accumulation_as_a_derived_tria
     rerun = [c for c in result.confirmations if c.result.config == best.result.config]
     assert rerun and all(not c.result.estimated for c in rerun)
     assert f"derived from trial {best.derived_from}" in (tmp_path / "report.md").read_text()
-    assert survivors(marked) == []
 
 
 # slow_optimizer_steps: micro-steps of 0.1 s, optimizer steps 0.3 s more.

@@ -59,7 +59,7 @@ def test_a_rank_killed_by_sigkill_is_named_and_not_blamed_on_its_peer(tmp_path, 
 
 
 def test_a_hung_rank_times_out_and_every_rank_is_killed(tmp_path, marked):
-    result, phases = _run("rank1_hangs", tmp_path, timeout_s=20)
+    result, phases = _run("rank1_hangs", tmp_path, timeout_s=12)
     assert result.status == "timeout"
     assert result.failure_phase == "warmup" and "warmup" in phases
     assert survivors(marked) == []
