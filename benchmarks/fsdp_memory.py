@@ -2,7 +2,7 @@
 
     python -m benchmarks.fsdp_memory tests/workloads/tiny.py:parameter_heavy --batch-size 16
 
-Fresh isolated trials (advisor's own, `run_trial`), interleaved, `--repeats` of each layout at
+Fresh isolated trials (advisor's own, `ProcessRunner`), interleaved, `--repeats` of each layout at
 one micro-batch: one process, DDP and FSDP with every rank count up to the cores (FSDP
 resharding after the forward pass and not). Prints one Markdown row per layout: the median
 samples/s and the median peak memory (on CPU the whole trial's resident memory, ranks summed).

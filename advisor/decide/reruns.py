@@ -85,25 +85,8 @@ def select_winner(
     values), so it takes no part in the ranking or in the figures reported.
     """
     measured = [r for r in records if r.role != "duplicate"]
-    # By goodput: under the time-to-loss objective the finalists are those nearest the user's
-    # loss by the noise scale, not the largest batches (samples/s where nothing else ranks).
-    eligible = sorted(
-        (r for r in measured if r.eligible), key=lambda r: r.goodput or 0, reverse=True
-    )
-    if not eligible:
-        raise NoFeasibleConfigError(failure_summary(measured))
     baseline = next((r for r in measured if r.role == "baseline"), None)
-    finalists = eligible[: context.settings.confirm_top]
-    # The best of every parallel layout too: the choice between one process and DDP (or
-    # DataParallel) is then made on re-runs, never on single search windows.
-    for layout_best in _best_per_layout(eligible):
-        if layout_best not in finalists:
-            finalists.append(layout_best)
-    if baseline is not None and baseline.eligible and baseline not in finalists:
-        finalists.append(baseline)
-    for extra in extra_finalists or []:
-        if extra.eligible and extra not in finalists:
-            finalists.append(extra)
+    finalists = _finalists(measured, baseline, extra_finalists or [], context.settings.confirm_top)
     # A race may recommend any of its entrants, and the best at your global batch: each entrant
     # keeps every round of re-runs, and so does a finalist at your batch while it can still be
     # the best there.
@@ -137,6 +120,31 @@ def select_winner(
         finalists=tuple(confirmed),
         confirmed_rates={r.number: _median(reruns[r.number]) for r in confirmed},
     )
+
+
+def _finalists(
+    measured: list[TrialRecord],
+    baseline: TrialRecord | None,
+    extra: list[TrialRecord],
+    top: int,
+) -> list[TrialRecord]:
+    """The `top` eligible trials by goodput, the best of every parallel layout, the baseline and
+    the `extra` ones a race needs."""
+    # By goodput: under the time-to-loss objective the finalists are those nearest the user's
+    # loss by the noise scale, not the largest batches (samples/s where nothing else ranks).
+    eligible = sorted(
+        (r for r in measured if r.eligible), key=lambda r: r.goodput or 0, reverse=True
+    )
+    if not eligible:
+        raise NoFeasibleConfigError(failure_summary(measured))
+    finalists = eligible[:top]
+    # The best of every parallel layout too: the choice between one process and DDP (or
+    # DataParallel) is then made on re-runs, never on single search windows.
+    wanted = [*_best_per_layout(eligible), baseline, *extra]
+    for record in wanted:
+        if record is not None and record.eligible and record not in finalists:
+            finalists.append(record)
+    return finalists
 
 
 def _confirm_adaptively(

@@ -128,7 +128,8 @@ def test_a_race_evaluates_evenly_in_training_time_until_its_time():
     clock = steps_on(trainer, STEP_S)
     seconds = EVALUATIONS * 4 * STEP_S  # an evaluation every fourth step
 
-    curve = train_racer(trainer, task, held_out, seconds, clock=clock)
+    order = RaceOrder(config=trainer.config, seconds=seconds)
+    curve = train_racer(trainer, task, held_out, order, clock=clock)
     trainer.close()
 
     # The initial point, then EVALUATIONS evenly spaced in training time, the last at its end.

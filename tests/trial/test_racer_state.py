@@ -32,9 +32,8 @@ def _trainer(spec: str = f"{TINY}:factory") -> tuple[Trainer, object, object]:
 
 def test_a_racer_that_goes_on_continues_its_training_and_its_curve(tmp_path):
     first, task, held_out = _trainer()
-    curve = train_racer(
-        first, task, held_out, 40 * STEP_S, evaluations=10, clock=steps_on(first, STEP_S)
-    )
+    order = RaceOrder(config=first.config, seconds=40 * STEP_S, evaluations=10)
+    curve = train_racer(first, task, held_out, order, clock=steps_on(first, STEP_S))
     save_racer(first, tmp_path / "state.pt")
 
     going_on, task, held_out = _trainer()  # a fresh process builds the seeded model again
@@ -47,15 +46,9 @@ def test_a_racer_that_goes_on_continues_its_training_and_its_curve(tmp_path):
     assert [g["lr"] for g in going_on.optimizer.param_groups] == lrs  # mid warm-up, not restarted
     assert going_on.epochs_begun == first.epochs_begun
 
-    whole = train_racer(
-        going_on,
-        task,
-        held_out,
-        80 * STEP_S,
-        evaluations=10,  # one every 8 steps from the 40 the first race took
-        continues=curve,
-        clock=steps_on(going_on, STEP_S),
-    )
+    # one evaluation every 8 steps from the 40 the first race took
+    order = RaceOrder(config=going_on.config, seconds=80 * STEP_S, evaluations=10, continues=curve)
+    whole = train_racer(going_on, task, held_out, order, clock=steps_on(going_on, STEP_S))
     first.close()
     going_on.close()
     assert whole.points[: len(curve.points)] == curve.points

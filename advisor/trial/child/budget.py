@@ -176,6 +176,15 @@ def timed_window(
         )
     if estimate:
         trainer.restart_cycle(2)
+    bounds = _window_bounds(trainer, terms, warmup, first, estimate)
+    return run_window(trainer, bounds, agree=agree, monitor=watch, time_micro=estimate, clock=clock)
+
+
+def _window_bounds(
+    trainer: TrialSteps, terms: WindowTerms, warmup: Window, first: FirstStep, estimate: bool
+) -> Bounds:
+    """When the measured window may end, from its terms and what the warm-up and the first
+    micro-step saw."""
     # the warm-up's steps, or the first micro-step where it was a whole step (a search trial's
     # warm-up may have taken none after it): one-off costs in it only lower the minimum of
     # steps, which the window's seconds then exceed anyway where steps are short
@@ -192,7 +201,7 @@ def timed_window(
     alike = first.predicts_steps and (estimate or first.stepped)
     few_workers = trainer.config.num_workers <= 1
     earlier = (first.seconds,) if search and alone and alike and few_workers else ()
-    bounds = Bounds(
+    return Bounds(
         min_steps=2 if estimate or long_cycles else 3,
         precise_min_steps=1 if estimate else 2 if earlier else None,
         earlier_steps_s=earlier,
@@ -215,7 +224,6 @@ def timed_window(
         # an estimate's micro-steps are long: a pair and the micro-step after it may be precise
         agree_every_micro_step=estimate,
     )
-    return run_window(trainer, bounds, agree=agree, monitor=watch, time_micro=estimate, clock=clock)
 
 
 def _worker_rounds(*, estimate: bool, long_cycles: bool) -> int:

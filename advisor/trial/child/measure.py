@@ -272,17 +272,7 @@ def _race(built: _Built) -> TrialResult:
         saved = Path(order.state) if order.state else None
         if saved is not None and order.continues is not None:
             load_racer(built.trainer, saved, built.request.seed)
-        curve = train_racer(
-            built.trainer,
-            built.task,
-            built.held_out,
-            order.seconds,
-            order.target,
-            schedule=order.schedule,
-            track_noise=order.track_noise,
-            evaluations=order.evaluations,
-            continues=order.continues,
-        )
+        curve = train_racer(built.trainer, built.task, built.held_out, order)
         if saved is not None and order.continues is None:
             save_racer(built.trainer, saved)
         return {"race": curve}

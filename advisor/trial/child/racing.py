@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -39,7 +39,7 @@ from advisor.task import TrainingTask
 from advisor.trial.child.batches import compute_loss, to_device
 from advisor.trial.child.loop import DivergedError, Trainer
 from advisor.trial.child.steps import Clock
-from advisor.trial.orders import HELD_OUT_MAX, RACE_EVALUATIONS, TRACK_POINTS
+from advisor.trial.orders import HELD_OUT_MAX, RACE_EVALUATIONS, TRACK_POINTS, RaceOrder
 
 __all__ = [
     "EVALUATIONS",
@@ -87,66 +87,104 @@ def train_racer(
     trainer: Trainer,
     task: TrainingTask,
     held_out: Dataset[Any] | None,
-    seconds: float,
-    target: float | None = None,
+    order: RaceOrder,
     *,
-    schedule: BatchSchedule | None = None,
-    track_noise: bool = False,
-    evaluations: int = EVALUATIONS,
-    continues: RaceCurve | None = None,
     clock: Clock = time.perf_counter,
 ) -> RaceCurve:
-    """Train until `seconds` of training time, or until the loss reaches `target`; the loss at
-    `evaluations` evenly spaced points. The trainer applies the learning-rate plan
-    (`Trainer.lr`) and, with a `schedule`, each stage from its step on. With `track_noise`,
-    the noise scale is measured at the start and at `TRACK_POINTS` evaluations, out of the
-    training time (`probe_noise`). A racer that `continues` an earlier race's curve (its
-    state loaded, `advisor.trial.child.racer_state`) goes on from its last point, and returns
-    the whole curve. Time is read from `clock`."""
+    """Train until `order.seconds` of training time, or until the loss reaches `order.target`;
+    the loss at `order.evaluations` evenly spaced points. The trainer applies the learning-rate
+    plan (`Trainer.lr`) and, with a `schedule`, each stage from its step on. With
+    `track_noise`, the noise scale is measured at the start and at `TRACK_POINTS` evaluations,
+    out of the training time (`probe_noise`). A racer that `continues` an earlier race's curve
+    (its state loaded, `advisor.trial.child.racer_state`) goes on from its last point, and
+    returns the whole curve. Time is read from `clock`."""
     evaluate = _HeldOut(trainer, task, held_out) if held_out is not None else None
-    points = list(continues.points) if continues is not None else []
-    if evaluate and not points:
-        points.append(RacePoint(seconds=0.0, samples=0, steps=0, loss=evaluate()))
-    probe_s = max(PROBE_SHARE * seconds, PROBE_MIN_S)
-    track = [_noise_probe(trainer, points[0] if points else None, probe_s)] if track_noise else []
-    last = points[-1] if continues is not None and points else None
-    stage = enter_stage(trainer, schedule, last.steps if last else 0, None)
-    interval = seconds / evaluations
-    trained_s, steps, samples = (last.seconds, last.steps, last.samples) if last else (0.0, 0, 0)
-    next_at = (math.floor(trained_s / interval) + 1) * interval
+    run = _RaceRun.starting(trainer, evaluate, order)
     losses: list[torch.Tensor] = []
     trainer.synchronize()
     started = clock()
     while True:
         losses.append(trainer.step())
-        steps += 1
-        samples += trainer.config.global_batch_size
-        stage = enter_stage(trainer, schedule, steps, stage)
-        if not _rank_zero_says(trained_s + clock() - started >= next_at, trainer):
+        run.stepped(trainer, order.schedule)
+        if not _rank_zero_says(run.trained_s + clock() - started >= run.next_at, trainer):
             continue
         trainer.synchronize()
-        trained_s += clock() - started
-        train_loss = _finite_mean(losses)
+        loss = run.evaluated(trainer, clock() - started, _finite_mean(losses), evaluate, order)
         losses = []
-        loss = evaluate() if evaluate else train_loss
-        points.append(RacePoint(seconds=trained_s, samples=samples, steps=steps, loss=loss))
-        next_at = (math.floor(trained_s / interval) + 1) * interval
-        # At the first evaluation at or past each of TRACK_POINTS even shares of the run (half
-        # an interval's grace for rounding): a step longer than an interval skips a point of the
-        # grid, never a probe.
-        if track_noise and trained_s >= len(track) * seconds / TRACK_POINTS - interval / 2:
-            track.append(_noise_probe(trainer, points[-1], probe_s))
-        reached = target is not None and loss <= target
-        if _rank_zero_says(trained_s >= seconds or reached, trainer):
+        reached = order.target is not None and loss <= order.target
+        if _rank_zero_says(run.trained_s >= order.seconds or reached, trainer):
             break
         started = clock()
     return RaceCurve(
         loss_kind="held-out" if evaluate else "train",
         held_out_samples=len(held_out) if held_out is not None else None,  # type: ignore[arg-type]
         lr=trainer.lr,
-        points=tuple(points),
-        noise_probes=tuple(track),
+        points=tuple(run.points),
+        noise_probes=tuple(run.track),
     )
+
+
+@dataclass
+class _RaceRun:
+    """Where a race stands: its points and noise probes so far, the training time, steps and
+    samples behind it, the schedule's stage, and when it evaluates next."""
+
+    points: list[RacePoint]
+    track: list[NoiseProbe]
+    probe_s: float
+    interval: float
+    stage: ScheduleStage | None
+    trained_s: float = 0.0
+    steps: int = 0
+    samples: int = 0
+    next_at: float = 0.0
+
+    @classmethod
+    def starting(cls, trainer: Trainer, evaluate: _HeldOut | None, order: RaceOrder) -> _RaceRun:
+        """A race from its first evaluation, or from the last point of the curve it
+        `continues`; tracked, with the noise scale probed at its start."""
+        continues = order.continues
+        points = list(continues.points) if continues is not None else []
+        if evaluate and not points:
+            points.append(RacePoint(seconds=0.0, samples=0, steps=0, loss=evaluate()))
+        probe_s = max(PROBE_SHARE * order.seconds, PROBE_MIN_S)
+        first = points[0] if points else None
+        track = [_noise_probe(trainer, first, probe_s)] if order.track_noise else []
+        last = points[-1] if continues is not None and points else None
+        stage = enter_stage(trainer, order.schedule, last.steps if last else 0, None)
+        run = cls(points, track, probe_s, order.seconds / order.evaluations, stage)
+        if last is not None:
+            run.trained_s, run.steps, run.samples = last.seconds, last.steps, last.samples
+        run.next_at = (math.floor(run.trained_s / run.interval) + 1) * run.interval
+        return run
+
+    def stepped(self, trainer: Trainer, schedule: BatchSchedule | None) -> None:
+        """Count an optimizer step, and enter the schedule's next stage where it starts."""
+        self.steps += 1
+        self.samples += trainer.config.global_batch_size
+        self.stage = enter_stage(trainer, schedule, self.steps, self.stage)
+
+    def evaluated(
+        self,
+        trainer: Trainer,
+        trained_s: float,
+        train_loss: float,
+        evaluate: _HeldOut | None,
+        order: RaceOrder,
+    ) -> float:
+        """Record the point after `trained_s` more of training, and a noise probe at the first
+        evaluation at or past each of TRACK_POINTS even shares of the run (half an interval's
+        grace for rounding: a step longer than an interval skips a point of the grid, never a
+        probe). Returns the point's loss."""
+        self.trained_s += trained_s
+        loss = evaluate() if evaluate else train_loss
+        point = RacePoint(seconds=self.trained_s, samples=self.samples, steps=self.steps, loss=loss)
+        self.points.append(point)
+        self.next_at = (math.floor(self.trained_s / self.interval) + 1) * self.interval
+        share = len(self.track) * order.seconds / TRACK_POINTS - self.interval / 2
+        if order.track_noise and self.trained_s >= share:
+            self.track.append(_noise_probe(trainer, point, self.probe_s))
+        return loss
 
 
 def time_evaluation(

@@ -125,13 +125,7 @@ def warm_up(
     first = _counted(trainer, first)
     budget_s = terms.budget_s
     if terms.whole_steps and budget_s is not None:
-        bounds = Bounds(
-            min_steps=1 + extra,
-            min_seconds=_left_after(first, budget_s),
-            max_steps=terms.steps + extra,
-            stop_at_once=True,
-            earlier_micro=_first_round_micro(first, trainer.config.num_workers),
-        )
+        bounds = _rerun(trainer, terms, extra, first, budget_s)
     elif terms.settle_s is None:
         bounds = Bounds(
             min_steps=terms.steps + extra,
@@ -168,6 +162,19 @@ def _settled_already(
         and bounds.earlier_micro >= (trainer.config.num_workers)
     )
     return agree.all_done(0, settled) if agree is not None else settled
+
+
+def _rerun(
+    trainer: WarmUpSteps, terms: WarmUpTerms, extra: int, first: FirstStep | None, budget_s: float
+) -> Bounds:
+    """A re-run's warm-up: the budget and one optimizer step at the least, in whole steps."""
+    return Bounds(
+        min_steps=1 + extra,
+        min_seconds=_left_after(first, budget_s),
+        max_steps=terms.steps + extra,
+        stop_at_once=True,
+        earlier_micro=_first_round_micro(first, trainer.config.num_workers),
+    )
 
 
 def _settling(

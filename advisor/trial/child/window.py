@@ -245,27 +245,16 @@ def run_window(
     round_micro = config.num_workers * (config.prefetch_factor if bounds.prefetched_rounds else 1)
     min_micro = bounds.worker_rounds * round_micro - bounds.earlier_micro
     window = Window(loader_workers=config.num_workers)
-    loss_tensors = []
     trainer.synchronize()
-    wait_before = wait_last = trainer.data_wait_s
-    started = last_step = last_micro = clock()
+    started = clock()
+    timer = _Timer(started, trainer.data_wait_s, time_micro)
     precise = EarlyEnd(bounds, config.num_workers, trainer.cycle)
     while True:
         stepped = trainer.micro_step()
         if time_micro:
             trainer.synchronize()
         now = clock()
-        window.micro_batches += 1
-        if time_micro:
-            window.micro_times_s.append((now - last_micro, stepped))
-            window.micro_waits_s.append(trainer.data_wait_s - wait_last)
-            wait_last = trainer.data_wait_s
-        last_micro = now
-        if stepped:
-            loss_tensors.append(trainer.last_loss)
-            window.step_times_s.append(now - last_step)
-            last_step = now
-            window.steps += 1
+        timer.record(window, trainer, stepped, now)
         stop = monitor is not None and monitor()
         if agree is not None and not stepped and not bounds.agree_every_micro_step:
             continue
@@ -286,11 +275,41 @@ def run_window(
             break
     trainer.synchronize()
     window.elapsed_s = clock() - started
-    window.data_wait_s = trainer.data_wait_s - wait_before
-    window.losses = torch.stack(loss_tensors).cpu().tolist() if loss_tensors else []
-    if not all(torch.isfinite(torch.tensor(window.losses))):
-        raise DivergedError(f"the loss became non-finite ({_first_bad(window.losses)})")
-    return window
+    return timer.closed(window, trainer)
+
+
+class _Timer:
+    """What a window times of each micro-step: its seconds (with `time_micro`, each micro-step's
+    and its wait for a batch), each optimizer step's, and the steps' losses."""
+
+    def __init__(self, started: float, wait_s: float, time_micro: bool) -> None:
+        self._last_step = self._last_micro = started
+        self._wait_before = self._wait_last = wait_s
+        self._time_micro = time_micro
+        self._losses: list[torch.Tensor] = []
+
+    def record(self, window: Window, trainer: StepSource, stepped: bool, now: float) -> None:
+        """Count the micro-step that ended `now`, and the optimizer step it ended, if any."""
+        window.micro_batches += 1
+        if self._time_micro:
+            window.micro_times_s.append((now - self._last_micro, stepped))
+            window.micro_waits_s.append(trainer.data_wait_s - self._wait_last)
+            self._wait_last = trainer.data_wait_s
+        self._last_micro = now
+        if stepped:
+            self._losses.append(trainer.last_loss)
+            window.step_times_s.append(now - self._last_step)
+            self._last_step = now
+            window.steps += 1
+
+    def closed(self, window: Window, trainer: StepSource) -> Window:
+        """The window with its wait for data and its losses, which must be finite."""
+        window.data_wait_s = trainer.data_wait_s - self._wait_before
+        losses = self._losses
+        window.losses = torch.stack(losses).cpu().tolist() if losses else []
+        if not all(torch.isfinite(torch.tensor(window.losses))):
+            raise DivergedError(f"the loss became non-finite ({_first_bad(window.losses)})")
+        return window
 
 
 def _window_done(
