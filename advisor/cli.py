@@ -38,7 +38,7 @@ from advisor.knobs import FRAMEWORKS, Framework
 from advisor.report.codegen import launch_command
 from advisor.report.race_view import baseline_kept, went_on_brief
 from advisor.report.render import effort_summary, reproduce_command
-from advisor.report.verdicts import race_verdict, schedule_verdict
+from advisor.report.verdicts import notice_text, race_verdict, schedule_verdict
 from advisor.settings import TuneSettings, mask_url, read_settings_file, setting_help
 
 __all__ = ["cli", "main"]
@@ -133,7 +133,8 @@ def tune(spec: str | None, config: Path | None, as_json: bool, quiet: bool, **fl
         trains = "; train.py trains it" if rec.schedule.schedule is not None else ""
         out.print(f"schedule: {verdict}{trains}", highlight=False, soft_wrap=True)
     for warning in rec.warnings:
-        out.print(f"[yellow]note:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+        text = escape(notice_text(warning))
+        out.print(f"[yellow]note:[/] {text}", highlight=False, soft_wrap=True)
     files = (
         "recommendation.json, trials.csv, report.md, report.html, train.py, launch.sh, logs/, "
         "exports/ (for HF Trainer, Lightning, accelerate)"

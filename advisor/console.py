@@ -10,6 +10,7 @@ from rich.status import Status
 from rich.table import Table
 
 from advisor.knobs import TrialConfig
+from advisor.progress import Stage
 from advisor.results import (
     HardwareProfile,
     NoiseScale,
@@ -21,7 +22,13 @@ from advisor.results import (
     shown_knobs,
 )
 
-__all__ = ["ConsoleProgress", "hardware_table", "recommendation_table", "validation_table"]
+__all__ = [
+    "ConsoleProgress",
+    "hardware_table",
+    "recommendation_table",
+    "stage_text",
+    "validation_table",
+]
 
 PHASE_NAMES = {
     "starting": "starting",
@@ -42,9 +49,10 @@ class ConsoleProgress:
         self._best: float | None = None
         self._failures: Counter[str] = Counter()
 
-    def stage(self, message: str) -> None:
+    def stage(self, message: str | Stage) -> None:
+        text = message if isinstance(message, str) else stage_text(message)
         if not self._quiet:
-            self._console.print(f"[dim]·[/] {escape(message)}", highlight=False, soft_wrap=True)
+            self._console.print(f"[dim]·[/] {escape(text)}", highlight=False, soft_wrap=True)
 
     def trial_started(self, label: str, config: TrialConfig) -> None:
         self._label = escape(f"{label}  {config.label()}")  # printed as rich markup
@@ -211,3 +219,36 @@ def validation_table(result: TrialResult) -> Table:
     if result.startup_s is not None:
         table.add_row("startup", f"{result.startup_s:.1f} s to the first step")
     return table
+
+
+def stage_text(stage: Stage) -> str:
+    """A step of the decision, in a line."""
+    if stage.kind == "racing":
+        return (
+            f"racing {stage.count} configurations for {stage.seconds:g} s of training each, "
+            "from the same initial weights, to your loss"
+        )
+    if stage.kind == "race-goes-on":
+        return (
+            f"the race kept your global batch; {stage.count} finalists go on from where they "
+            f"stopped to {stage.seconds:g} s of training, to judge it later in training"
+        )
+    if stage.kind == "race-skips":
+        return (
+            "your loss did not fall in the race: it cannot compare global batches, so the "
+            f"other {stage.count} racers are skipped"
+        )
+    if stage.kind == "schedule-tracks":
+        return (
+            f"batch-size schedule: training your configuration for {stage.seconds:g} s, "
+            "measuring the noise scale along the way"
+        )
+    if stage.kind == "schedule-races":
+        return (
+            f"racing {stage.label} against the fixed recommendation, {stage.seconds:g} s each "
+            f"at most, to your loss {stage.loss:.4g}"
+        )
+    return (
+        f"your baseline and the next {stage.count} trials all raised {stage.label}: the error "
+        "is your code's or data's, not a configuration's; the search stops"
+    )

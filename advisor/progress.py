@@ -2,18 +2,40 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 from advisor.knobs import TrialConfig
 from advisor.results import NoiseScale, Racer, TrialRecord
 
-__all__ = ["NullProgress", "Progress"]
+__all__ = ["NullProgress", "Progress", "Stage"]
+
+StageKind = Literal[
+    "racing", "race-goes-on", "race-skips", "schedule-tracks", "schedule-races", "same-error"
+]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A step of the decision, as data (`advisor.console` words it): `racing` `count`
+    configurations for `seconds` each; the race kept your batch and `count` finalists go on to
+    `seconds` (`race-goes-on`); your loss did not fall, so `count` racers are skipped
+    (`race-skips`); the schedule's tune trains your configuration for `seconds`
+    (`schedule-tracks`) and races `label` for at most `seconds` to `loss`
+    (`schedule-races`); your baseline and the next `count` trials all raised `label`
+    (`same-error`)."""
+
+    kind: StageKind
+    count: int = 0
+    seconds: float = 0.0
+    loss: float = 0.0
+    label: str = ""
 
 
 class Progress(Protocol):
     """How a tuning run reports what it is doing; the CLI shows it live."""
 
-    def stage(self, message: str) -> None:
+    def stage(self, message: str | Stage) -> None:
         """A step of the run outside trials (probing, pre-flight, writing outputs)."""
 
     def trial_started(self, label: str, config: TrialConfig) -> None:
@@ -35,7 +57,7 @@ class Progress(Protocol):
 class NullProgress:
     """Progress that shows nothing: the Python API's default."""
 
-    def stage(self, message: str) -> None:
+    def stage(self, message: str | Stage) -> None:
         pass
 
     def trial_started(self, label: str, config: TrialConfig) -> None:

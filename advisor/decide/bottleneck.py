@@ -15,7 +15,7 @@ OVERHEAD_GAIN = 1.3  # a larger batch alone raised throughput at least this much
 
 def diagnose(winner: TrialRecord, effects: tuple[KnobEffect, ...]) -> Bottleneck | None:
     """Input-bound when the winner waited for data; overhead-bound when a larger batch alone
-    still paid off; compute-bound otherwise. Each claim cites the trials it rests on."""
+    still paid off; compute-bound otherwise. Each finding cites the trials it rests on."""
     result = winner.result
     wait = result.data_wait_fraction
     if wait is None or result.samples_per_s is None:
@@ -23,18 +23,8 @@ def diagnose(winner: TrialRecord, effects: tuple[KnobEffect, ...]) -> Bottleneck
     number = winner.number
     if wait >= INPUT_BOUND_WAIT:
         workers = [e for e in effects if e.knob == "num_workers"]
-        measured = "".join(
-            f"; num_workers {e.from_value} → {e.to_value} alone gave {e.ratio:.2f}x "
-            f"(trials {', '.join(f'{a} vs {b}' for a, b in e.pairs)})"
-            for e in workers
-        )
         cited = tuple(sorted({number, *(n for e in workers for pair in e.pairs for n in pair)}))
-        return Bottleneck(
-            kind="input",
-            explanation=f"input-bound: trial {number} waited for data {wait:.0%} of its window"
-            f"{measured}",
-            trials=cited,
-        )
+        return Bottleneck(kind="input", trials=cited, trial=number, wait=wait)
     larger = [
         (e, pair)
         for e in effects
@@ -42,30 +32,19 @@ def diagnose(winner: TrialRecord, effects: tuple[KnobEffect, ...]) -> Bottleneck
         for pair in e.pairs
         if pair[0] == number
     ]
-    if larger:
-        effect, (before, after) = max(larger, key=lambda item: _pair_ratio(*item))
-        pair_ratio = _pair_ratio(effect, (before, after))
-        overhead = pair_ratio >= OVERHEAD_GAIN
-        kind: Literal["overhead", "compute"] = "overhead" if overhead else "compute"
-        verdict = (
-            "per-step overhead still dominates, so larger batches pay while memory and the "
-            "optimisation allow"
-            if overhead
-            else "the device is busy computing"
-        )
-        return Bottleneck(
-            kind=kind,
-            explanation=f"{kind}-bound: batch {effect.from_value} → {effect.to_value} alone "
-            f"gave {pair_ratio:.2f}x (trials {before} vs {after}) with {wait:.0%} data wait: "
-            f"{verdict}",
-            trials=(before, after),
-        )
+    if not larger:
+        return Bottleneck(kind="compute", trials=(number,), trial=number, wait=wait)
+    effect, (before, after) = max(larger, key=lambda item: _pair_ratio(*item))
+    ratio = _pair_ratio(effect, (before, after))
+    kind: Literal["overhead", "compute"] = "overhead" if ratio >= OVERHEAD_GAIN else "compute"
     return Bottleneck(
-        kind="compute",
-        explanation=f"compute-bound as far as measured: trial {number} waited for data only "
-        f"{wait:.0%} of its window; no trial differed from it in batch size alone, so "
-        "per-step overhead was not checked",
-        trials=(number,),
+        kind=kind,
+        trials=(before, after),
+        trial=number,
+        wait=wait,
+        batch_from=effect.from_value,
+        batch_to=effect.to_value,
+        ratio=ratio,
     )
 
 

@@ -33,6 +33,7 @@ from advisor.decide.reruns import Selection, failure_summary, select_winner
 from advisor.errors import NoFeasibleConfigError, StorageError
 from advisor.knobs import KNOBS, TrialConfig
 from advisor.noise_scale import predict_batches, race_finalists
+from advisor.progress import Stage
 from advisor.results import (
     BatchPrediction,
     Confirmation,
@@ -82,10 +83,7 @@ def conclude(
         plans = plan_racers(
             selection, predictions, search.space.baseline, context.task.optimizer_class
         )
-        progress.stage(
-            f"racing {len(plans)} configurations for {settings.race_seconds:g} s of training "
-            "each, from the same initial weights, to your loss"
-        )
+        progress.stage(Stage(kind="racing", count=len(plans), seconds=settings.race_seconds))
         race = race_to_loss(study, search, plans)
     winner = selection.winner
     if settings.objective == "time-to-loss":

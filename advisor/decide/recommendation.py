@@ -13,6 +13,7 @@ from advisor.knobs import TrialConfig
 from advisor.results import (
     Efficiency,
     HardwareProfile,
+    Notice,
     RaceSummary,
     Recommendation,
     StudySetup,
@@ -101,36 +102,24 @@ def warnings(
     settings: TuneSettings,
     race: RaceSummary | None = None,
     baseline_over: bool = False,
-) -> tuple[str, ...]:
+) -> tuple[Notice, ...]:
     """What a reader must know beside the recommendation: an unchecked change of global batch,
     a race shorter than a run, a baseline with no speed-up to state."""
     found = []
     if batch != baseline_batch and race is None:
-        unchecked = (
-            "the tune stopped before its race; run the same command again to race it"
-            if settings.objective == "time-to-loss"
-            else "--objective throughput does not race; re-run with --objective time-to-loss "
-            "to race it"
-        )
+        throughput = settings.objective != "time-to-loss"
         found.append(
-            f"the global batch changes from {baseline_batch} to {batch} "
-            f"({batch / baseline_batch:g}x), and nothing checked how soon it reaches your loss: "
-            f"{unchecked}, or with --global-batch-size {baseline_batch} to keep it"
+            Notice(
+                kind="batch-unchecked",
+                batch=batch,
+                baseline_batch=baseline_batch,
+                throughput=throughput,
+            )
         )
     if race is not None and race.target_loss is not None and settings.schedule == "off":
-        found.append(
-            f"the race covered the first {race.seconds:g} s of training from your initial "
-            "weights; the best global batch often grows later in training (the gradient noise "
-            "scale grows as the loss falls): --schedule auto measures that over a longer run "
-            "and races a batch that grows with it"
-        )
+        found.append(Notice(kind="race-short", race_seconds=race.seconds))
     if baseline_rate is None:
-        found.append(
-            "your configuration does not fit the memory budget: no speed-up over it can be "
-            "stated; the memory line says what fits"
-            if baseline_over
-            else "the baseline configuration failed: no speed-up can be stated"
-        )
+        found.append(Notice(kind="baseline-over-budget" if baseline_over else "baseline-failed"))
     return tuple(found)
 
 

@@ -12,6 +12,7 @@ from advisor.report.codegen import launch_command
 from advisor.report.race_view import race_view
 from advisor.report.schedule_view import schedule_view
 from advisor.report.templating import template_environment
+from advisor.report.verdicts import bottleneck_text, notice_text
 from advisor.results import (
     LayoutBest,
     MachineLoad,
@@ -104,6 +105,10 @@ _MARKDOWN_FILTERS = {
 }
 
 
+def _bottleneck(rec: Recommendation) -> str | None:
+    return bottleneck_text(rec.bottleneck, rec.knob_effects) if rec.bottleneck else None
+
+
 def render_markdown(result: TuneResult) -> str:
     """report.md: the recommendation, the evidence for it and every trial."""
     rec = result.recommendation
@@ -113,6 +118,8 @@ def render_markdown(result: TuneResult) -> str:
         .get_template("report.md.j2")
         .render(
             rec=rec,
+            notes=[notice_text(notice) for notice in rec.warnings],
+            bottleneck=_bottleneck(rec),
             view=race_view(rec),
             schedule=schedule_view(rec.schedule, rec.race) if rec.schedule else None,
             knobs=_knob_rows(rec),
@@ -166,6 +173,8 @@ def render_html(result: TuneResult) -> str:
     environment = template_environment(autoescape=True, duration=_duration, **filters)
     return environment.get_template("report.html.j2").render(
         rec=rec,
+        notes=[notice_text(notice) for notice in rec.warnings],
+        bottleneck=_bottleneck(rec),
         view=race_view(rec),
         race_plot=race_svg(rec.race),
         schedule=schedule_view(rec.schedule, rec.race) if rec.schedule else None,

@@ -6,6 +6,9 @@ report.html."""
 from __future__ import annotations
 
 from advisor.results import (
+    Bottleneck,
+    KnobEffect,
+    Notice,
     Racer,
     RaceSummary,
     ScheduleSummary,
@@ -13,7 +16,14 @@ from advisor.results import (
     reference_racer,
 )
 
-__all__ = ["GOODPUT_RULE", "race_verdict", "schedule_rule", "schedule_verdict"]
+__all__ = [
+    "GOODPUT_RULE",
+    "bottleneck_text",
+    "notice_text",
+    "race_verdict",
+    "schedule_rule",
+    "schedule_verdict",
+]
 
 GOODPUT_RULE = (
     "from the best configuration at your global batch (the race's pick for the first "
@@ -204,3 +214,67 @@ def _horizon_seconds(racer: Racer) -> str:
     if racer.time_to_target_s is not None:
         return f"{racer.time_to_target_s:.1f} s"
     return "never within the horizon"
+
+
+def notice_text(notice: Notice) -> str:
+    """A note beside the recommendation, in a sentence."""
+    if notice.kind == "stated":
+        return notice.text or ""
+    if notice.kind == "batch-unchecked":
+        batch, batch0 = notice.batch or 0, notice.baseline_batch or 1
+        unchecked = (
+            "--objective throughput does not race; re-run with --objective time-to-loss to race it"
+            if notice.throughput
+            else "the tune stopped before its race; run the same command again to race it"
+        )
+        return (
+            f"the global batch changes from {batch0} to {batch} ({batch / batch0:g}x), and "
+            f"nothing checked how soon it reaches your loss: {unchecked}, or with "
+            f"--global-batch-size {batch0} to keep it"
+        )
+    if notice.kind == "race-short":
+        return (
+            f"the race covered the first {notice.race_seconds:g} s of training from your initial "
+            "weights; the best global batch often grows later in training (the gradient noise "
+            "scale grows as the loss falls): --schedule auto measures that over a longer run "
+            "and races a batch that grows with it"
+        )
+    if notice.kind == "baseline-over-budget":
+        return (
+            "your configuration does not fit the memory budget: no speed-up over it can be "
+            "stated; the memory line says what fits"
+        )
+    return "the baseline configuration failed: no speed-up can be stated"
+
+
+def bottleneck_text(bottleneck: Bottleneck, effects: tuple[KnobEffect, ...]) -> str:
+    """What limits the recommended configuration, in a sentence citing its trials."""
+    if bottleneck.stated is not None:
+        return bottleneck.stated
+    number, wait = bottleneck.trial, bottleneck.wait or 0.0
+    if bottleneck.kind == "input":
+        measured = "".join(
+            f"; num_workers {e.from_value} → {e.to_value} alone gave {e.ratio:.2f}x "
+            f"(trials {', '.join(f'{a} vs {b}' for a, b in e.pairs)})"
+            for e in effects
+            if e.knob == "num_workers"
+        )
+        return f"input-bound: trial {number} waited for data {wait:.0%} of its window{measured}"
+    if bottleneck.ratio is None:
+        return (
+            f"compute-bound as far as measured: trial {number} waited for data only {wait:.0%} "
+            "of its window; no trial differed from it in batch size alone, so per-step overhead "
+            "was not checked"
+        )
+    before, after = bottleneck.trials
+    why = (
+        "per-step overhead still dominates, so larger batches pay while memory and the "
+        "optimisation allow"
+        if bottleneck.kind == "overhead"
+        else "the device is busy computing"
+    )
+    return (
+        f"{bottleneck.kind}-bound: batch {bottleneck.batch_from} → {bottleneck.batch_to} alone "
+        f"gave {bottleneck.ratio:.2f}x (trials {before} vs {after}) with {wait:.0%} data wait: "
+        f"{why}"
+    )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from advisor.frozen import Frozen
 from advisor.knobs import BASE_GROUP, KNOBS, Knob, TrialConfig
@@ -33,6 +33,7 @@ __all__ = [
     "FixedKnob",
     "KnobEffect",
     "LayoutBest",
+    "Notice",
     "Recommendation",
     "Rejected",
     "RejectedValue",
@@ -84,11 +85,29 @@ class RejectedValue(Frozen):
 
 
 class Bottleneck(Frozen):
-    """What limits the winner, as its own measurements and its neighbours' show."""
+    """What limits the winner, as its own measurements and its neighbours' show, as data
+    (`advisor.report.verdicts` words it): the winner `trial` waited for data `wait` of its
+    window; where a trial differing in batch size alone ran after it, the batch went from
+    `batch_from` to `batch_to` and gave `ratio` x. `trials`: every trial it rests on."""
 
     kind: Literal["input", "overhead", "compute"]
-    explanation: str = Field(description="one sentence, citing the trials it rests on")
     trials: tuple[int, ...]
+    trial: int | None = None
+    wait: float | None = None
+    batch_from: str | None = None
+    batch_to: str | None = None
+    ratio: float | None = None
+    stated: str | None = Field(
+        default=None, description="a study stored when this was a sentence keeps its sentence"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stored_sentence(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "explanation" in data:
+            data = {**data, "stated": data["explanation"]}
+            del data["explanation"]
+        return data
 
 
 class Efficiency(Frozen):
@@ -126,6 +145,31 @@ class StudySetup(Frozen):
     fixed_knobs: tuple[FixedKnob, ...] = ()
     hardware: HardwareProfile
     task: TaskSummary
+
+
+NoticeKind = Literal[
+    "batch-unchecked", "race-short", "baseline-over-budget", "baseline-failed", "stated"
+]
+
+
+class Notice(Frozen):
+    """What a reader must know beside the recommendation, as data (`advisor.report.verdicts`
+    words it): `batch-unchecked` (the global batch changes from `baseline_batch` to `batch` and
+    no race checked it: the tune stopped before its race, or `throughput` ranks without one),
+    `race-short` (the race covered only its first `race_seconds`), `baseline-over-budget`,
+    `baseline-failed`; `stated`: a study stored when notes were sentences keeps its `text`."""
+
+    kind: NoticeKind
+    batch: int | None = None
+    baseline_batch: int | None = None
+    throughput: bool = False
+    race_seconds: float | None = None
+    text: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stored_sentence(cls, data: Any) -> Any:
+        return {"kind": "stated", "text": data} if isinstance(data, str) else data
 
 
 class ThroughputPick(Frozen):
@@ -199,7 +243,7 @@ class Recommendation(Frozen):
     memory_budget: BudgetSummary | None = Field(
         default=None, description="--memory-budget, and what went over it"
     )
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[Notice, ...] = ()
     fixed_knobs: tuple[FixedKnob, ...] = ()
     parallel_best: tuple[LayoutBest, ...] = Field(
         default=(), description="best search trial per parallel layout"

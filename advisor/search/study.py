@@ -22,6 +22,7 @@ from optuna.trial import TrialState
 
 from advisor.errors import SettingsError
 from advisor.knobs import KNOBS, TrialConfig
+from advisor.progress import Stage
 from advisor.results import TrialRecord
 from advisor.search.checks import known_out_of_memory, memory_problem
 from advisor.search.context import SearchContext
@@ -165,11 +166,8 @@ def run_search(study: optuna.Study, context: SearchContext) -> list[TrialRecord]
             context.progress.stage(f"--timeout {settings.timeout:g} s reached")
             return records
         if (error := _same_error(records, first_number)) is not None:
-            context.progress.stage(
-                f"your baseline and the next {SAME_ERROR_TRIALS - 1} trials all raised "
-                f"{error}: the error is your code's or data's, not a configuration's; the "
-                "search stops"
-            )
+            failed = Stage(kind="same-error", count=SAME_ERROR_TRIALS - 1, label=error)
+            context.progress.stage(failed)
             return records
         if objective.unmeasured_in_a_row >= MAX_UNMEASURED_IN_A_ROW:
             context.progress.stage(

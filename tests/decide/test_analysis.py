@@ -5,6 +5,7 @@ import pytest
 from advisor.decide.analysis import best_by_layout, knob_effects, rejected_values
 from advisor.decide.bottleneck import diagnose
 from advisor.knobs import TrialConfig
+from advisor.report.verdicts import bottleneck_text
 from advisor.results import TrialRecord, TrialResult
 
 
@@ -50,27 +51,38 @@ def test_no_pairs_no_effects():
     assert knob_effects([TRIALS[0], TRIALS[5]]) == ()
 
 
+def _said(bottleneck, effects) -> str:
+    """The bottleneck as the reports word it."""
+    return bottleneck_text(bottleneck, effects)
+
+
 def test_input_bound_when_the_winner_waited_for_data():
-    bottleneck = diagnose(TRIALS[2], knob_effects(TRIALS))
+    effects = knob_effects(TRIALS)
+    bottleneck = diagnose(TRIALS[2], effects)
     assert bottleneck.kind == "input" and bottleneck.trials == (2, 3)
-    assert bottleneck.explanation == (
+    assert _said(bottleneck, effects) == (
         "input-bound: trial 2 waited for data 61% of its window; "
         "num_workers 0 → 2 alone gave 2.10x (trials 2 vs 3)"
     )
 
 
 def test_overhead_bound_when_a_larger_batch_alone_still_paid_off():
-    bottleneck = diagnose(TRIALS[0], knob_effects(TRIALS))
+    effects = knob_effects(TRIALS)
+    bottleneck = diagnose(TRIALS[0], effects)
     assert bottleneck.kind == "overhead" and bottleneck.trials == (0, 2)
-    assert "batch 32 → 256 alone gave 2.00x (trials 0 vs 2)" in bottleneck.explanation
+    assert "batch 32 → 256 alone gave 2.00x (trials 0 vs 2)" in _said(bottleneck, effects)
 
 
 def test_compute_bound_when_a_larger_batch_gained_little_or_was_not_tried():
     trials = [_trial(0, 1000), _trial(1, 1100, batch_size=64)]
-    bottleneck = diagnose(trials[0], knob_effects(trials))
-    assert bottleneck.kind == "compute" and "gave 1.10x (trials 0 vs 1)" in bottleneck.explanation
+    effects = knob_effects(trials)
+    bottleneck = diagnose(trials[0], effects)
+    assert bottleneck.kind == "compute" and "gave 1.10x (trials 0 vs 1)" in _said(
+        bottleneck, effects
+    )
     lonely = diagnose(TRIALS[5], knob_effects(TRIALS))
-    assert lonely.kind == "compute" and "per-step overhead was not checked" in lonely.explanation
+    said = _said(lonely, knob_effects(TRIALS))
+    assert lonely.kind == "compute" and "per-step overhead was not checked" in said
 
 
 def test_best_by_layout_uses_rerun_medians_of_each_layouts_best():

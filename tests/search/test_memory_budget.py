@@ -100,14 +100,15 @@ def test_a_tune_whose_own_configuration_does_not_fit_keeps_its_batch_within_the_
     assert rec.memory_budget is not None and rec.memory_budget.baseline_over
     assert "your configuration among them" in rec.memory_budget.statement
     assert rec.baseline_samples_per_s is None  # it ran, but what does not fit is no baseline
-    assert any(
-        w.startswith("your configuration does not fit the memory budget") for w in rec.warnings
-    )
+    assert [w.kind for w in rec.warnings if w.kind.startswith("baseline")] == [
+        "baseline-over-budget"
+    ]
     reruns = [t for t in result.confirmations if t.result.config == rec.config]
     assert reruns and all((t.result.peak_memory_bytes or 0) <= budget for t in reruns)
     report = (tmp_path / "tune" / "report.md").read_text()
     assert "**Memory:** memory budget" in report and "your configuration among them" in report
     assert "(your configuration does not fit the memory budget, so no speed-up" in report
+    assert "> **Note:** your configuration does not fit the memory budget: no speed-up" in report
 
 
 def _ran(number: int, config: TrialConfig, rate: float, peak_mib: int, role: str = "search"):

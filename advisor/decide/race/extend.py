@@ -28,6 +28,7 @@ import optuna
 from advisor.decide.race.plan import RacePlan
 from advisor.decide.race.run import run_race
 from advisor.decide.race.verdict import decide_race
+from advisor.progress import Stage
 from advisor.results import Racer, RaceSummary
 from advisor.search.context import SearchContext
 from advisor.search.records import StudyKey
@@ -87,10 +88,7 @@ def go_on(study: optuna.Study, context: SearchContext, race: RaceSummary) -> Rac
         return race
     racers = going_on(race)
     horizon = factor * race.seconds
-    context.progress.stage(
-        f"the race kept your global batch; {len(racers)} finalists go on from where they "
-        f"stopped to {horizon:g} s of training, to judge it later in training"
-    )
+    context.progress.stage(Stage(kind="race-goes-on", count=len(racers), seconds=horizon))
     plans = [RacePlan(r.role, r.trial, r.config, r.lr, r.samples_per_s, resumes=r) for r in racers]
     went_on = run_race(study, context, plans, horizon, key=StudyKey.RACERS_WENT_ON)
     merged = [_after(racer, went_on) for racer in race.racers]

@@ -39,6 +39,7 @@ import optuna
 
 from advisor.decide.race.plan import RacePlan
 from advisor.decide.race.verdict import RACE_MARGIN, pick_at_batch0, time_to_loss
+from advisor.progress import Stage
 from advisor.results import RaceCurve, Racer, did_not_fall, reference_racer
 from advisor.search.context import SearchContext
 from advisor.search.records import StudyKey, read_noise, read_racers, write_racer
@@ -75,10 +76,7 @@ def run_race(
     racers: list[Racer] = []
     for index, plan in enumerate(plans):
         if did_not_fall(racers):
-            context.progress.stage(
-                "your loss did not fall in the race: it cannot compare global batches, so the "
-                f"other {len(plans) - index} racers are skipped"
-            )
+            context.progress.stage(Stage(kind="race-skips", count=len(plans) - index))
             break
         earlier = next(
             (

@@ -35,6 +35,7 @@ from advisor.decide.race.plan import lr_rule
 from advisor.decide.race.verdict import RACE_MARGIN, beats, time_to_loss, timed_to
 from advisor.knobs import TrialConfig
 from advisor.noise_scale import noise_track
+from advisor.progress import Stage
 from advisor.results import (
     BatchSchedule,
     LrPlan,
@@ -175,10 +176,7 @@ def tune_schedule(
     if baseline.world_size > 1:
         processes = ScheduleVerdict(kind="processes", processes=baseline.world_size)
         return race.summary(None, processes)
-    context.progress.stage(
-        f"batch-size schedule: training your configuration for {seconds:g} s, measuring the "
-        "noise scale along the way"
-    )
+    context.progress.stage(Stage(kind="schedule-tracks", seconds=seconds))
     reference = race.run("baseline", baseline, LrPlan(), track=True)
     track = noise_track(reference.curve) if reference.curve is not None else None
     why = _why_no_schedule(reference, track)
@@ -207,9 +205,9 @@ def _race_schedules(
     schedule stops once it can no longer beat the fixed one by the margin."""
     assert reference.curve is not None
     target, seconds = reference.curve.best_loss, reference.race_seconds
+    label = schedules[0].label(base.world_size)
     race.context.progress.stage(
-        f"racing {schedules[0].label(base.world_size)} against the fixed recommendation, "
-        f"{seconds:g} s each at most, to your loss {target:.4g}"
+        Stage(kind="schedule-races", label=label, seconds=seconds, loss=target)
     )
     # Where the fixed recommendation is your configuration, your run is its run too.
     same = fixed == (reference.config, LrPlan())
