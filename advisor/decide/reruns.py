@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from advisor.errors import NoFeasibleConfigError
 from advisor.knobs import KNOBS, TrialConfig
-from advisor.results import MachineLoad, TrialRecord, TrialResult, relative_spread
+from advisor.results import MachineLoad, TrialRecord, TrialResult, TrialRole, relative_spread
 from advisor.search.checks import memory_problem
 from advisor.search.context import SearchContext
 from advisor.trial.orders import WindowOrder
@@ -296,7 +296,7 @@ def _confirm(
             )
             rerun = TrialRecord(
                 number=record.number,
-                role="confirm",
+                role=TrialRole.CONFIRM,
                 result=result,
                 infeasible_reason=_problem(result, context),
                 round=round_offset + round_index + 1 if paired else None,

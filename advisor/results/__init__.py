@@ -29,6 +29,7 @@ from advisor.results._convergence import (
 )
 from advisor.results._race import (
     Racer,
+    RacerRole,
     RaceSummary,
     RaceVerdict,
     ScheduleSummary,
@@ -63,6 +64,7 @@ from advisor.results._trial import (
     TaskSummary,
     TrialRecord,
     TrialResult,
+    TrialRole,
     TrialStatus,
     relative_spread,
 )
@@ -96,6 +98,7 @@ __all__ = [
     "RaceSummary",
     "RaceVerdict",
     "Racer",
+    "RacerRole",
     "RankResult",
     "Recommendation",
     "Rejected",
@@ -109,6 +112,7 @@ __all__ = [
     "ThroughputPick",
     "TrialRecord",
     "TrialResult",
+    "TrialRole",
     "TrialStatus",
     "TuneResult",
     "did_not_fall",

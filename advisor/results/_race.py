@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from enum import Enum
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -19,6 +20,7 @@ __all__ = [
     "RaceSummary",
     "RaceVerdict",
     "Racer",
+    "RacerRole",
     "ScheduleSummary",
     "ScheduleVerdict",
     "did_not_fall",
@@ -26,10 +28,24 @@ __all__ = [
 ]
 
 
+class RacerRole(str, Enum):
+    """Why a configuration races. Its value is what a stored study holds; the reports say it
+    in words of their own (`advisor.report.race_view`)."""
+
+    BASELINE = "baseline"  # your configuration
+    YOUR_BATCH = "your batch"  # the fastest configuration at your global batch
+    CANDIDATE = "candidate"  # the best at another global batch, with a learning rate of its own
+    FIXED = "fixed"  # the fixed recommendation a schedule races against
+    SCHEDULE = "schedule"  # a batch-size schedule
+
+    def __str__(self) -> str:  # its value, in messages and reports, on every Python
+        return str(self.value)
+
+
 class Racer(Frozen):
     """One configuration in the race, with the learning rate it would ship with."""
 
-    role: Literal["baseline", "your batch", "candidate", "fixed", "schedule"]
+    role: RacerRole
     trial: int | None = Field(default=None, description="the search trial it re-runs")
     config: TrialConfig
     lr: LrPlan

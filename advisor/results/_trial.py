@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from enum import Enum
 from typing import Literal
 
 from pydantic import Field
@@ -23,6 +24,7 @@ __all__ = [
     "TaskSummary",
     "TrialRecord",
     "TrialResult",
+    "TrialRole",
     "TrialStatus",
     "relative_spread",
 ]
@@ -198,11 +200,23 @@ class TrialResult(Frozen):
         return self.status == "ok"
 
 
+class TrialRole(str, Enum):
+    """Why a trial ran; its value is what a stored study holds."""
+
+    BASELINE = "baseline"  # your configuration, measured first
+    SEARCH = "search"  # proposed by the search
+    CONFIRM = "confirm"  # a re-run of a finalist
+    DUPLICATE = "duplicate"  # a repeat the sampler proposed, answered from the trial it repeats
+
+    def __str__(self) -> str:  # its value, in messages and reports, on every Python
+        return str(self.value)
+
+
 class TrialRecord(Frozen):
     """A trial as stored in the study: its Optuna number, role and result."""
 
     number: int
-    role: Literal["baseline", "search", "confirm", "duplicate"]
+    role: TrialRole
     result: TrialResult
     infeasible_reason: str | None = Field(
         default=None,

@@ -22,7 +22,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from advisor.knobs import TrialConfig
-from advisor.results import TrialRecord, TrialResult
+from advisor.results import TrialRecord, TrialResult, TrialRole
 from advisor.search.context import SearchContext
 from advisor.search.ranking import Ranking
 from advisor.search.records import planned_params, record_attrs
@@ -138,7 +138,7 @@ def add_siblings(
             context.progress.trial_started(f"{label} (derived from {of})", config)
             sibling = TrialRecord(
                 number=len(study.get_trials(deepcopy=False)),
-                role="search",
+                role=TrialRole.SEARCH,
                 result=result,
                 derived_from=source.number,
                 worker=settings.worker_name,

@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 from advisor.errors import SettingsError
 from advisor.knobs import KNOBS, TrialConfig
 from advisor.progress import Stage
-from advisor.results import TrialRecord
+from advisor.results import TrialRecord, TrialRole
 from advisor.search.checks import known_out_of_memory, memory_problem
 from advisor.search.context import SearchContext
 from advisor.search.dominance import rejected_in_search
@@ -241,7 +241,7 @@ class _Objective:
             trial.set_user_attr(TrialKey.PRUNED_REASON, problem)
             raise optuna.TrialPruned(problem)
         self.unmeasured_in_a_row = 0
-        role = trial.user_attrs.get(TrialKey.ROLE, "search")
+        role = TrialRole(trial.user_attrs.get(TrialKey.ROLE, TrialRole.SEARCH))
         label = f"trial {self.done + 1}/{settings.trials}"
         if TrialKey.STAGE in trial.user_attrs:
             label += f", {trial.user_attrs[TrialKey.STAGE]}"
@@ -307,7 +307,7 @@ def _measured_now(
 
 
 def _measure(
-    trial: optuna.Trial, config: TrialConfig, role: str, label: str, context: SearchContext
+    trial: optuna.Trial, config: TrialConfig, role: TrialRole, label: str, context: SearchContext
 ) -> TrialRecord:
     context.progress.trial_started(f"{label} ({role})" if role != "search" else label, config)
     log_path = context.logs_dir / f"trial-{trial.number}.log"
@@ -332,7 +332,7 @@ def _measure(
         problem = context.numerics.problem(result, context.progress.trial_phase)
     return TrialRecord(
         number=trial.number,
-        role=role,  # type: ignore[arg-type]
+        role=role,
         result=result,
         infeasible_reason=problem,
     )

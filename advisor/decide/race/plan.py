@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from advisor.decide.reruns import Selection
 from advisor.knobs import TrialConfig
-from advisor.results import BatchPrediction, LrPlan, Racer, TrialRecord
+from advisor.results import BatchPrediction, LrPlan, Racer, RacerRole, TrialRecord
 
 __all__ = ["RacePlan", "lr_rule", "plan_racers"]
 
@@ -35,7 +35,7 @@ class RacePlan:
     """A racer before it runs: which finalist, in which role, with which learning rate; one
     that `resumes` an earlier racer goes on from its saved state (`advisor.decide.race.extend`)."""
 
-    role: str
+    role: RacerRole
     trial: int | None
     config: TrialConfig
     lr: LrPlan
@@ -62,18 +62,18 @@ def plan_racers(
     baseline_record = next((r for r in selection.finalists if r.result.config == baseline), None)
     plans = []
     if baseline_record is not None:
-        plans.append(_plan("baseline", baseline_record, LrPlan(), rates))
+        plans.append(_plan(RacerRole.BASELINE, baseline_record, LrPlan(), rates))
     if batch0 in by_batch and by_batch[batch0][1] is not baseline_record:
-        plans.append(_plan("your batch", by_batch[batch0][1], LrPlan(), rates))
+        plans.append(_plan(RacerRole.YOUR_BATCH, by_batch[batch0][1], LrPlan(), rates))
     for prediction in predictions:
         if not prediction.raced or prediction.global_batch not in by_batch:
             continue
         record = by_batch[prediction.global_batch][1]
         rule = lr_rule(optimizer_class, batch0, prediction.global_batch)
-        plans.append(_plan("candidate", record, LrPlan(), rates))
-        plans.append(_plan("candidate", record, rule, rates))
+        plans.append(_plan(RacerRole.CANDIDATE, record, LrPlan(), rates))
+        plans.append(_plan(RacerRole.CANDIDATE, record, rule, rates))
     return plans
 
 
-def _plan(role: str, record: TrialRecord, lr: LrPlan, rates: dict[int, float]) -> RacePlan:
+def _plan(role: RacerRole, record: TrialRecord, lr: LrPlan, rates: dict[int, float]) -> RacePlan:
     return RacePlan(role, record.number, record.result.config, lr, rates.get(record.number))

@@ -133,7 +133,7 @@ def _race_one(
     result = context.runner.run(order, log_path, on_phase=context.progress.trial_phase)
     saved = state is not None and not went_on and Path(state).exists()
     return Racer(
-        role=plan.role,  # type: ignore[arg-type]
+        role=plan.role,
         trial=plan.trial,
         config=plan.config,
         lr=plan.lr,

@@ -42,6 +42,7 @@ from advisor.results import (
     LrRule,
     NoiseTrack,
     Racer,
+    RacerRole,
     ScheduleStage,
     ScheduleSummary,
     ScheduleVerdict,
@@ -177,7 +178,7 @@ def tune_schedule(
         processes = ScheduleVerdict(kind="processes", processes=baseline.world_size)
         return race.summary(None, processes)
     context.progress.stage(Stage(kind="schedule-tracks", seconds=seconds))
-    reference = race.run("baseline", baseline, LrPlan(), track=True)
+    reference = race.run(RacerRole.BASELINE, baseline, LrPlan(), track=True)
     track = noise_track(reference.curve) if reference.curve is not None else None
     why = _why_no_schedule(reference, track)
     if why is not None or track is None:
@@ -211,11 +212,11 @@ def _race_schedules(
     )
     # Where the fixed recommendation is your configuration, your run is its run too.
     same = fixed == (reference.config, LrPlan())
-    kept = reference if same else race.run("fixed", *fixed, target=target)
+    kept = reference if same else race.run(RacerRole.FIXED, *fixed, target=target)
     rival = time_to_loss(kept.curve, target) if kept.curve else None
     limit = max(min(seconds, rival * (1 - RACE_MARGIN)), 0.05 * seconds) if rival else seconds
     for schedule in schedules:
-        race.run("schedule", base, LrPlan(), target=target, schedule=schedule, limit=limit)
+        race.run(RacerRole.SCHEDULE, base, LrPlan(), target=target, schedule=schedule, limit=limit)
 
 
 def _why_no_schedule(reference: Racer, track: NoiseTrack | None) -> ScheduleVerdict | None:
@@ -243,7 +244,7 @@ class _ScheduleRace:
 
     def run(
         self,
-        role: str,
+        role: RacerRole,
         config: TrialConfig,
         lr: LrPlan,
         *,
@@ -305,7 +306,7 @@ class _ScheduleRace:
 
     def _race(
         self,
-        role: str,
+        role: RacerRole,
         config: TrialConfig,
         lr: LrPlan,
         track: bool,
@@ -331,7 +332,7 @@ class _ScheduleRace:
             on_phase=context.progress.trial_phase,
         )
         racer = Racer(
-            role=role,  # type: ignore[arg-type]
+            role=role,
             config=config,
             lr=lr,
             schedule=schedule,
