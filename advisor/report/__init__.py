@@ -1,10 +1,13 @@
 """What a tune hands the user, rendered from a `TuneResult`: pure functions that decide nothing
-and import nothing from `advisor.search` (which decided it all).
+and import nothing from `advisor.search` or `advisor.decide` (which decided it all).
 
 - `render`: report.md, report.html and trials.csv;
-- `race`: what the reports say about the race, the learning rate and the noise scale;
+- `verdicts`: the race's and the schedule's verdicts, the notes and the bottleneck, in words;
+- `race_view`, `schedule_view`: what the reports say about the race, the learning rate, the
+  noise scale and the batch-size schedule;
 - `plots`: the HTML report's figures;
 - `codegen`: train.py and launch.sh;
-- `exports`: the recommendation for HF Trainer, Lightning and accelerate, from the knob table;
+- `exports`, `fsdp_export`: the recommendation for HF Trainer, Lightning and accelerate, from
+  the knob table;
 - `templating`: the Jinja2 environment of `templates/`.
 """

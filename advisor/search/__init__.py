@@ -1,7 +1,8 @@
 """The search: which configurations to measure, measured through the trial runner
 (docs/architecture.md, "Searching"). It proposes and measures; `advisor.decide` decides.
 
-- `space`: the searchable domains on this machine, the fixed knobs and the baseline;
+- `space`, `machine`: the searchable domains on this machine, the fixed knobs and the baseline;
+  the device and the facts the knob rules read;
 - `study`: the Optuna study that proposes and measures configurations;
 - `proposals`, `staging`, `seeding`: what advisor queues before the sampler's proposals;
 - `siblings`, `dominance`, `pruning`: what the search derives, rejects and stops early;

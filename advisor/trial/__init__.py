@@ -1,2 +1,4 @@
-"""Isolated trials. `parent/` starts a trial, watches and kills its process group and reads its
-result; `child/` runs in that group and trains and measures. `protocol` is what they exchange."""
+"""Isolated trials behind one seam. `orders` is what the search asks for (one typed order per
+kind of trial) and the `TrialRunner` that carries it out; `protocol` is what crosses the process
+boundary. `parent/` starts a trial, watches and kills its process group and reads its result;
+`child/` runs in that group and trains and measures."""
