@@ -30,7 +30,7 @@ from tests.postgres import PASSWORD, postgres_url  # noqa: F401 (a fixture)
 from tests.scripted_runner import ScriptedRunner, scripted_context
 
 FAST = ("--trial-seconds", "0.3", "--warmup-steps", "2", "--confirm-top", "1")
-FAST += ("--objective", "throughput")
+FAST += ("--objective", "throughput", "--confirm-max-repeats", "2")
 
 
 def _worker(name: str, storage: str, out, trials: int) -> subprocess.Popen[str]:
