@@ -38,16 +38,12 @@ from advisor.trial.child.budget import (
     too_long_for_window,
     warm_up_trial,
 )
+from advisor.trial.child.gradient_noise import measure_gradient_norms
 from advisor.trial.child.loop import DivergedError, Trainer
 from advisor.trial.child.memory import PeakMemory
 from advisor.trial.child.outcome import flops_per_sample, summarise, window_result
 from advisor.trial.child.racer_state import load_racer, save_racer
-from advisor.trial.child.racing import (
-    held_out_split,
-    measure_gradient_norms,
-    time_evaluation,
-    train_racer,
-)
+from advisor.trial.child.racing import held_out_split, time_evaluation, train_racer
 from advisor.trial.child.steps import Clock
 from advisor.trial.child.warmup import FirstStep
 from advisor.trial.child.window import Bounds, run_window

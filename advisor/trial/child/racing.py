@@ -9,10 +9,8 @@ map-style dataset the loss is the mean over a fixed held-out slice that no racer
 evaluated in fp32 with the model in eval mode; for an IterableDataset it is the mean training
 loss between evaluations.
 
-A noise trial records, per optimizer step, the squared norm of one micro-batch's gradient and of
-the whole accumulated (and, under DDP, all-reduced) gradient: the two batch sizes the gradient
-noise scale is estimated from (`advisor.search.noise`). Under GradScaler the norms are of
-the unscaled gradients.
+A noise trial's gradient norms, and the probes of phi along a tracked race, are
+`advisor.trial.child.gradient_noise`'s.
 """
 
 from __future__ import annotations
@@ -23,13 +21,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
-from advisor.noise_scale import estimate_noise_scale
 from advisor.results import (
     BatchSchedule,
-    GradientNorms,
     NoiseProbe,
     RaceCurve,
     RacePoint,
@@ -37,6 +32,12 @@ from advisor.results import (
 )
 from advisor.task import TrainingTask
 from advisor.trial.child.batches import compute_loss, to_device
+from advisor.trial.child.gradient_noise import (
+    PROBE_MIN_S,
+    PROBE_SHARE,
+    noise_probe,
+    rank_zero_says,
+)
 from advisor.trial.child.loop import DivergedError, Trainer
 from advisor.trial.child.steps import Clock
 from advisor.trial.orders import HELD_OUT_MAX, RACE_EVALUATIONS, TRACK_POINTS, RaceOrder
@@ -46,8 +47,6 @@ __all__ = [
     "TRACK_POINTS",
     "enter_stage",
     "held_out_split",
-    "measure_gradient_norms",
-    "probe_noise",
     "time_evaluation",
     "train_racer",
 ]
@@ -56,13 +55,6 @@ HELD_OUT_FRACTION = 0.1
 HELD_OUT_SEED = 2018  # fixed, so that every racer is evaluated on the same samples
 EVAL_BATCH = 256
 EVALUATIONS = RACE_EVALUATIONS  # loss points per race, evenly spaced in training time
-NOISE_MIN_STEPS = 10
-PROBE_MICRO = 8  # micro-batches in a probe's big batch
-PROBE_MIN_GROUPS = 8  # gradient pairs a probe averages at least,
-PROBE_MAX_GROUPS = 128  # and at most, stopping once
-PROBE_PRECISION = 0.5  # phi's 95 % interval is within this fraction of its value,
-PROBE_SHARE = 0.05  # or the probe took this share of the race's training time,
-PROBE_MIN_S = 1.0  # or this long if that is more
 
 
 def held_out_split(
@@ -106,13 +98,13 @@ def train_racer(
     while True:
         losses.append(trainer.step())
         run.stepped(trainer, order.schedule)
-        if not _rank_zero_says(run.trained_s + clock() - started >= run.next_at, trainer):
+        if not rank_zero_says(run.trained_s + clock() - started >= run.next_at, trainer):
             continue
         trainer.synchronize()
         loss = run.evaluated(trainer, clock() - started, _finite_mean(losses), evaluate, order)
         losses = []
         reached = order.target is not None and loss <= order.target
-        if _rank_zero_says(run.trained_s >= order.seconds or reached, trainer):
+        if rank_zero_says(run.trained_s >= order.seconds or reached, trainer):
             break
         started = clock()
     return RaceCurve(
@@ -149,7 +141,7 @@ class _RaceRun:
             points.append(RacePoint(seconds=0.0, samples=0, steps=0, loss=evaluate()))
         probe_s = max(PROBE_SHARE * order.seconds, PROBE_MIN_S)
         first = points[0] if points else None
-        track = [_noise_probe(trainer, first, probe_s)] if order.track_noise else []
+        track = [noise_probe(trainer, first, probe_s)] if order.track_noise else []
         last = points[-1] if continues is not None and points else None
         stage = enter_stage(trainer, order.schedule, last.steps if last else 0, None)
         run = cls(points, track, probe_s, order.seconds / order.evaluations, stage)
@@ -183,7 +175,7 @@ class _RaceRun:
         self.next_at = (math.floor(self.trained_s / self.interval) + 1) * self.interval
         share = len(self.track) * order.seconds / TRACK_POINTS - self.interval / 2
         if order.track_noise and self.trained_s >= share:
-            self.track.append(_noise_probe(trainer, point, self.probe_s))
+            self.track.append(noise_probe(trainer, point, self.probe_s))
         return loss
 
 
@@ -218,158 +210,11 @@ def enter_stage(
     return stage
 
 
-def _noise_probe(trainer: Trainer, point: RacePoint | None, seconds: float) -> NoiseProbe:
-    """Gradient norms where the run is now, with the run's position and loss (None before a
-    first evaluation of a training loss); the parent estimates phi from them."""
-    return NoiseProbe(
-        seconds=point.seconds if point else 0.0,
-        samples=point.samples if point else 0,
-        loss=point.loss if point else None,
-        norms=probe_noise(trainer, seconds=seconds),
-    )
-
-
-def probe_noise(
-    trainer: Trainer,
-    micro: int = PROBE_MICRO,
-    *,
-    seconds: float = math.inf,
-    min_groups: int = PROBE_MIN_GROUPS,
-    max_groups: int = PROBE_MAX_GROUPS,
-    clock: Clock = time.perf_counter,
-) -> GradientNorms:
-    """Squared gradient norms at one micro-batch and at `micro` of them, at the current
-    weights, group after group: at least `min_groups`, then until phi's 95 % interval is within
-    `PROBE_PRECISION` of its value, `seconds` have passed or `max_groups` are in. The
-    gradients are computed and dropped, never applied, so the run goes on as if not measured
-    (but for the micro-batches its stream gave the probe). Under fp16 the loss is scaled as
-    the GradScaler scales it and the norms are unscaled. One process only; time is read from
-    `clock`."""
-    if trainer.config.world_size > 1:
-        raise ValueError("the noise scale is tracked in one process")
-    params = [p for p in trainer.module.parameters() if p.requires_grad]
-    scale = trainer.scaler.get_scale() if trainer.scaler.is_enabled() else 1.0
-    batch = trainer.config.batch_size
-    small: list[float] = []
-    big: list[float] = []
-    trainer.optimizer.zero_grad(set_to_none=True)
-    started = clock()
-    for group in range(max_groups):
-        pair = _probe_pair(trainer, params, micro, scale)
-        if pair is not None:
-            small.append(pair[0])
-            big.append(pair[1])
-        if group + 1 >= min_groups and clock() - started >= seconds:
-            break
-        if group + 1 >= min_groups and len(big) >= 2:
-            estimate = estimate_noise_scale(small, big, batch, batch * micro)
-            if estimate.value and (estimate.high or math.inf) - estimate.value < (
-                PROBE_PRECISION * estimate.value
-            ):
-                break
-    return GradientNorms(
-        small_batch=batch, big_batch=batch * micro, small_sq=tuple(small), big_sq=tuple(big)
-    )
-
-
-def _probe_pair(
-    trainer: Trainer, params: list[torch.nn.Parameter], micro: int, scale: float
-) -> tuple[float, float] | None:
-    """One micro-batch's squared gradient norm and that of `micro` micro-batches' mean; None
-    where either is not finite. The gradients are dropped."""
-    first = math.nan
-    for index in range(micro):
-        with trainer.autocast():
-            loss = compute_loss(trainer.module, trainer.next_batch(), trainer.loss_fn)
-        (loss.float() * (scale / micro)).backward()
-        if index == 0:
-            first = _squared_norm(params) * (micro / scale) ** 2
-    whole = _squared_norm(params) / scale**2
-    trainer.optimizer.zero_grad(set_to_none=True)
-    return (first, whole) if math.isfinite(first) and math.isfinite(whole) else None
-
-
-def measure_gradient_norms(
-    trainer: Trainer,
-    seconds: float,
-    *,
-    max_steps: int | None = None,
-    clock: Clock = time.perf_counter,
-) -> GradientNorms:
-    """Train for about `seconds` (at least `NOISE_MIN_STEPS` steps, at most three times as
-    long), recording each step's squared gradient norms at one micro-batch and at the whole
-    batch. Steps whose gradients are not finite (GradScaler backing off) are left out. With
-    `max_steps`, it ends once it has recorded that many, however little time they took: a
-    run of known length (`TrialRequest.max_measure_steps`). Time is read from `clock`."""
-    config = trainer.config
-    if config.accumulation_steps < 2:
-        raise ValueError("a noise trial needs accumulation_steps >= 2: two batch sizes")
-    small: list[float] = []
-    big: list[float] = []
-    started = clock()
-    while True:
-        norms = _NormCapture(trainer)
-        trainer.step(on_backward=norms)
-        if norms.small is not None and norms.big is not None:
-            small.append(norms.small)
-            big.append(norms.big)
-        elapsed = clock() - started
-        done = (len(big) >= NOISE_MIN_STEPS and elapsed >= seconds) or elapsed >= 3 * seconds
-        done = done or (max_steps is not None and len(big) >= max_steps)
-        if _rank_zero_says(done, trainer):
-            break
-    return GradientNorms(
-        small_batch=config.batch_size,
-        big_batch=config.global_batch_size,
-        small_sq=tuple(small),
-        big_sq=tuple(big),
-    )
-
-
-class _NormCapture:
-    """Called after each micro-step's backward: the first micro-batch's gradient, scaled back
-    to a mean over that micro-batch, and the whole step's once the last backward is done."""
-
-    def __init__(self, trainer: Trainer) -> None:
-        self._trainer = trainer
-        self._params = [p for p in trainer.module.parameters() if p.requires_grad]
-        self.small: float | None = None
-        self.big: float | None = None
-
-    def __call__(self, micro: int) -> None:
-        accumulation = self._trainer.config.accumulation_steps
-        scale = self._trainer.scaler.get_scale() if self._trainer.scaler.is_enabled() else 1.0
-        if micro == 0:  # the loss was divided by the accumulation steps
-            self.small = _finite(_squared_norm(self._params) * (accumulation / scale) ** 2)
-        if micro == accumulation - 1:
-            self.big = _finite(_squared_norm(self._params) / scale**2)
-
-
-def _squared_norm(params: list[torch.nn.Parameter]) -> float:
-    grads = [p.grad.detach().float() for p in params if p.grad is not None]
-    if not grads:
-        return 0.0
-    return float(torch.stack([g.pow(2).sum() for g in grads]).sum().item())
-
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
 def _finite_mean(losses: list[torch.Tensor]) -> float:
     values = torch.stack(losses).float().cpu()
     if not torch.isfinite(values).all():
         raise DivergedError("the loss became non-finite during the race")
     return float(values.mean().item())
-
-
-def _rank_zero_says(flag: bool, trainer: Trainer) -> bool:
-    """Rank 0's `flag` on every rank (DDP ranks must stop and evaluate after the same steps)."""
-    if trainer.config.world_size == 1:
-        return flag
-    value = torch.tensor([int(flag)], device=trainer.device)
-    dist.broadcast(value, src=0)
-    return bool(value.item())
 
 
 class _HeldOut:
