@@ -81,14 +81,16 @@ def _early_alike(config: TrialConfig) -> tuple[float, ...]:
 class ScriptedRunner:
     """Answers each order from `rate` (samples/s, or a whole result such as an oom), `loss`
     (a racer's held-out loss after `samples`), `peak` (bytes), `wait` (the share of a window
-    spent waiting for data) and `early` (the first steps' losses); records the orders in
-    `orders`. Tests that need more subclass it."""
+    spent waiting for data), `early` (the first steps' losses) and `phi` (the noise scale the
+    noise trial's gradient norms give); records the orders in `orders`. Tests that need more
+    override `answered`."""
 
     rate: Callable[[TrialConfig], float | TrialResult] = _rate_by_batch
     loss: Callable[[TrialConfig, LrPlan, int], float] = _loss_by_samples
     peak: Callable[[TrialConfig], int] = lambda config: PEAK_BYTES
     wait: Callable[[TrialConfig], float] = lambda config: 0.0
     early: Callable[[TrialConfig], tuple[float, ...]] = _early_alike
+    phi: float = 1000.0
     orders: list[TrialOrder] = field(default_factory=list)
 
     def run(
@@ -99,8 +101,18 @@ class ScriptedRunner:
         on_phase: PhaseCallback | None = None,
         on_progress: ProgressCallback | None = None,
     ) -> TrialResult:
-        """The scripted result of `order`."""
+        """The scripted result of `order`, as `answered` makes it."""
         self.orders.append(order)
+        return self.answered(order, self._scripted(order), on_progress)
+
+    def answered(
+        self, order: TrialOrder, result: TrialResult, on_progress: ProgressCallback | None
+    ) -> TrialResult:
+        """What a subclass makes of the scripted `result` (noise of its own, a machine's load,
+        a stop the progress callback orders): by default, the result as it is."""
+        return result
+
+    def _scripted(self, order: TrialOrder) -> TrialResult:
         if isinstance(order, RaceOrder):
             return self._race(order)
         if isinstance(order, NoiseOrder):
@@ -136,12 +148,12 @@ class ScriptedRunner:
     def _noise(self, order: NoiseOrder) -> TrialResult:
         config = order.config
         small, big = config.batch_size, config.global_batch_size
-        # |G|^2 + tr(S)/B with |G|^2 = 1 and tr(S) = 1000: a noise scale of 1000
+        # |G|^2 + tr(S)/B with |G|^2 = 1 and tr(S) = phi: a noise scale of phi
         norms = GradientNorms(
             small_batch=small,
             big_batch=big,
-            small_sq=tuple(1.0 + 1000.0 / small for _ in range(20)),
-            big_sq=tuple(1.0 + 1000.0 / big for _ in range(20)),
+            small_sq=(1.0 + self.phi / small,) * 20,
+            big_sq=(1.0 + self.phi / big,) * 20,
         )
         return _ok(config, gradient_norms=norms, eval_s_per_sample=1e-5)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from advisor.report.verdicts import race_verdict
+from advisor.report.verdicts import ROLE_WORDS, race_verdict
 from advisor.results import (
     NoiseScale,
     Racer,
@@ -24,12 +24,6 @@ __all__ = [
     "went_on_brief",
     "went_on_text",
 ]
-
-ROLES = {
-    "baseline": "your configuration",
-    "your batch": "fastest at your batch",
-    "candidate": "another global batch",
-}
 
 
 @dataclass(frozen=True)
@@ -212,7 +206,7 @@ def _rows(race: RaceSummary) -> tuple[RaceRow, ...]:
     return tuple(
         RaceRow(
             label=racer.config.label(),
-            role=ROLES[racer.role],
+            role=ROLE_WORDS[racer.role],
             global_batch=racer.config.global_batch_size,
             lr=racer.lr.label,
             samples_per_s=racer.samples_per_s,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from advisor.report.verdicts import schedule_rule, schedule_verdict
+from advisor.report.verdicts import ROLE_WORDS, schedule_rule, schedule_verdict
 from advisor.results import NoisePoint, NoiseTrack, Racer, RaceSummary, ScheduleSummary
 
 __all__ = [
@@ -17,12 +17,6 @@ __all__ = [
     "schedule_headline",
     "schedule_view",
 ]
-
-ROLES = {
-    "baseline": "your configuration",
-    "fixed": "the fixed recommendation",
-    "schedule": "schedule",
-}
 
 
 @dataclass(frozen=True)
@@ -156,7 +150,7 @@ def _row(racer: Racer, shipped: bool) -> ScheduleRow:
         reaches = f"not within {curve.points[-1].seconds:.1f} s"
     return ScheduleRow(
         label=racer.label,
-        role=ROLES.get(racer.role, racer.role),
+        role=ROLE_WORDS[racer.role],
         reaches=reaches,
         final_loss=f"{curve.final_loss:.4g}" if curve else "–",
         shipped=shipped,

@@ -10,6 +10,7 @@ from advisor.results import (
     KnobEffect,
     Notice,
     Racer,
+    RacerRole,
     RaceSummary,
     ScheduleSummary,
     ScheduleVerdict,
@@ -18,12 +19,22 @@ from advisor.results import (
 
 __all__ = [
     "GOODPUT_RULE",
+    "ROLE_WORDS",
     "bottleneck_text",
     "notice_text",
     "race_verdict",
     "schedule_rule",
     "schedule_verdict",
 ]
+
+# What the reports call each racer's role.
+ROLE_WORDS = {
+    RacerRole.BASELINE: "your configuration",
+    RacerRole.YOUR_BATCH: "fastest at your batch",
+    RacerRole.CANDIDATE: "another global batch",
+    RacerRole.FIXED: "the fixed recommendation",
+    RacerRole.SCHEDULE: "schedule",
+}
 
 GOODPUT_RULE = (
     "from the best configuration at your global batch (the race's pick for the first "

@@ -9,7 +9,6 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -20,7 +19,7 @@ from advisor.knobs import TrialConfig
 from advisor.results import MachineLoad, TrialRecord, TrialResult
 from advisor.search.space import build_space
 from advisor.settings import TuneSettings
-from advisor.trial.orders import PhaseCallback, ProgressCallback, TrialOrder, WindowOrder
+from advisor.trial.orders import ProgressCallback, TrialOrder, WindowOrder
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import CPU_PROFILE, ROOT, TINY
 from tests.scripted_runner import TASK, ScriptedRunner, scripted_tune
@@ -174,15 +173,9 @@ class _Wandering(ScriptedRunner):
     factors: tuple[float, ...] = (1.0, 1.05, 0.975, 1.025)
     load: MachineLoad | None = None
 
-    def run(
-        self,
-        order: TrialOrder,
-        log_path: Path,
-        *,
-        on_phase: PhaseCallback | None = None,
-        on_progress: ProgressCallback | None = None,
+    def answered(
+        self, order: TrialOrder, result: TrialResult, on_progress: ProgressCallback | None
     ) -> TrialResult:
-        result = super().run(order, log_path, on_phase=on_phase, on_progress=on_progress)
         if _whole_cycles(order) and result.samples_per_s and order.config != self.baseline:
             done = sum(_whole_cycles(o) and o.config == order.config for o in self.orders) - 1
             factor = self.factors[min(done, len(self.factors) - 1)]

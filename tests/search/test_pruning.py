@@ -11,7 +11,7 @@ from advisor.results import TrialResult
 from advisor.search.pruning import CHECK_AFTER, SlowerThanBestPruner, stop_reason
 from advisor.settings import TuneSettings
 from advisor.trial.child.agreement import ParentWatch
-from advisor.trial.orders import PhaseCallback, ProgressCallback, TrialOrder, WindowOrder
+from advisor.trial.orders import ProgressCallback, TrialOrder, WindowOrder
 from advisor.trial.parent.runner import POLL_S, ProcessRunner, TrialLaunch
 from advisor.trial.parent.watch import STALL_S, ProgressReader
 from advisor.trial.protocol import Channel, TrialRequest
@@ -84,15 +84,9 @@ class _Watched(ScriptedRunner):
 
     trial_seconds: float = 1.0
 
-    def run(
-        self,
-        order: TrialOrder,
-        log_path: Path,
-        *,
-        on_phase: PhaseCallback | None = None,
-        on_progress: ProgressCallback | None = None,
+    def answered(
+        self, order: TrialOrder, result: TrialResult, on_progress: ProgressCallback | None
     ) -> TrialResult:
-        result = super().run(order, log_path, on_phase=on_phase, on_progress=on_progress)
         rate = result.samples_per_s
         if on_progress is None or rate is None:
             return result

@@ -8,7 +8,6 @@ rates the search derives its siblings from. The second scripts its trials
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from advisor.knobs import TrialConfig
@@ -83,8 +82,7 @@ class _TimedInParts(ScriptedRunner):
 
     window_s: float = 1.5
 
-    def run(self, order: TrialOrder, log_path: Path, **callbacks: Any) -> TrialResult:
-        result = super().run(order, log_path, **callbacks)
+    def answered(self, order: TrialOrder, result: TrialResult, on_progress: Any) -> TrialResult:
         if not isinstance(order, WindowOrder) or order.whole_cycles:
             return result
         config = order.config

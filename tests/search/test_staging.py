@@ -10,16 +10,13 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any
+from dataclasses import replace
 
 from advisor.knobs import TrialConfig
-from advisor.results import GradientNorms, LrPlan, NoiseScale, TrialRecord, TrialResult
+from advisor.results import LrPlan, NoiseScale, TrialRecord, TrialResult
 from advisor.search.ranking import Ranking
 from advisor.search.staging import next_move, raced_batches, stage_budget
 from advisor.settings import TuneSettings
-from advisor.trial.orders import NoiseOrder, TrialOrder
 from tests.scripted_runner import TASK, ScriptedRunner, scripted_tune
 from tests.search.test_seeding import SPACE
 
@@ -179,27 +176,6 @@ WHOLE = {"trials": 8, "trial_seconds": 1.0, "race_seconds": 2.5, "max_world_size
 YOURS = TASK.user_batch_size  # 32, the scripted task's own batch
 
 
-@dataclass
-class _WithNoiseScale(ScriptedRunner):
-    """A scripted runner whose noise trial measures the gradient noise scale `phi`: squared
-    gradient norms |G|^2 + tr(S)/B with |G|^2 = 1 and tr(S) = phi."""
-
-    phi: float = 1000.0
-
-    def run(self, order: TrialOrder, log_path: Path, **callbacks: Any) -> TrialResult:
-        result = super().run(order, log_path, **callbacks)
-        if not isinstance(order, NoiseOrder):
-            return result
-        small, big = order.config.batch_size, order.config.global_batch_size
-        norms = GradientNorms(
-            small_batch=small,
-            big_batch=big,
-            small_sq=(1.0 + self.phi / small,) * 20,
-            big_sq=(1.0 + self.phi / big,) * 20,
-        )
-        return result.model_copy(update={"gradient_norms": norms})
-
-
 def _loading(config: TrialConfig) -> float:
     """input_bound: a sample takes 1 ms to load, whatever the batch or the arithmetic; without
     workers the main process loads, else each worker loads in parallel."""
@@ -216,7 +192,7 @@ def _loss_per_step(config: TrialConfig, lr: LrPlan, samples: int) -> float:
 def test_an_input_bound_workload_gets_loader_workers_at_its_own_batch(tmp_path):
     """Only loader workers help (samples/s is set by loading, whatever the batch): the search
     measures them at the user's batch, and the recommendation keeps that batch."""
-    runner = _WithNoiseScale(
+    runner = ScriptedRunner(
         rate=_loading,
         wait=lambda config: 0.5 if config.num_workers else 0.9,  # waiting for data throughout
         loss=_loss_per_step,
@@ -238,7 +214,7 @@ def test_an_input_bound_workload_gets_loader_workers_at_its_own_batch(tmp_path):
 def test_a_larger_batch_that_clearly_wins_is_still_found_and_raced(tmp_path):
     """Steps cost the same whatever the batch and the labels are noisy: larger batches are
     probed, and one of them wins the race."""
-    runner = _WithNoiseScale(
+    runner = ScriptedRunner(
         rate=lambda config: config.batch_size / 0.02,  # every micro-step 20 ms, whatever its size
         # (the default loss: falls alike per sample at every batch, below the critical one)
         phi=81.0,  # d + 1 + sigma^2 d for 8 features and label noise sigma 3

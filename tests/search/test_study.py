@@ -2,7 +2,6 @@
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import optuna
 import pytest
@@ -17,7 +16,7 @@ from advisor.search.context import SearchContext
 from advisor.search.space import build_space
 from advisor.search.study import run_search
 from advisor.settings import TuneSettings
-from advisor.trial.orders import PhaseCallback, ProgressCallback, TrialOrder, WindowOrder
+from advisor.trial.orders import ProgressCallback, TrialOrder, WindowOrder
 from tests.conftest import CPU_PROFILE, TINY, run_advisor, survivors
 from tests.scripted_runner import TASK, ScriptedRunner, scripted_context, scripted_tune
 
@@ -210,15 +209,9 @@ class _Reruns(ScriptedRunner):
 
     runs: dict[TrialConfig, tuple[float, ...]] = field(default_factory=dict)
 
-    def run(
-        self,
-        order: TrialOrder,
-        log_path: Path,
-        *,
-        on_phase: PhaseCallback | None = None,
-        on_progress: ProgressCallback | None = None,
+    def answered(
+        self, order: TrialOrder, result: TrialResult, on_progress: ProgressCallback | None
     ) -> TrialResult:
-        result = super().run(order, log_path, on_phase=on_phase, on_progress=on_progress)
         runs = self.runs[order.config]
         done = sum(other.config == order.config for other in self.orders) - 1
         return result.model_copy(update={"samples_per_s": runs[min(done, len(runs) - 1)]})
