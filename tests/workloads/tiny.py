@@ -489,20 +489,20 @@ def activation_heavy() -> TrainingTask:
 class ResidualBlock(nn.Module):
     """Features widened to `width` and back, with dropout: a transformer block's shape."""
 
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, dropout: float = 0.1) -> None:
         super().__init__()
         self.up = nn.Linear(FEATURES, width)
         self.down = nn.Linear(width, FEATURES)
-        self.drop = nn.Dropout(0.1)
+        self.drop = nn.Dropout(dropout)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return features + self.drop(self.down(torch.relu(self.up(features))))
 
 
 class Tower(nn.Module):
-    def __init__(self, depth: int = 8, width: int = 65536) -> None:
+    def __init__(self, depth: int = 8, width: int = 65536, dropout: float = 0.1) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(ResidualBlock(width) for _ in range(depth))
+        self.blocks = nn.ModuleList(ResidualBlock(width, dropout) for _ in range(depth))
         self.head = nn.Linear(FEATURES, 2)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
@@ -515,6 +515,14 @@ def blocks() -> TrainingTask:
     """Eight repeated blocks of 65,536-wide activations (about 4 MiB per sample in all)."""
     return TrainingTask(
         model=Tower(), dataset=_data(), loss_fn=nn.CrossEntropyLoss(), batch_size=64
+    )
+
+
+def one_batch_blocks() -> TrainingTask:
+    """`blocks` without dropout over a dataset of one batch: whatever order a sampler reads it
+    in, the first loss is the mean over the same 128 samples with the same weights."""
+    return TrainingTask(
+        model=Tower(dropout=0.0), dataset=_data(128), loss_fn=nn.CrossEntropyLoss(), batch_size=128
     )
 
 
