@@ -11,6 +11,7 @@ from rich.table import Table
 
 from advisor.knobs import TrialConfig
 from advisor.progress import Stage
+from advisor.report.verdicts import claim_text
 from advisor.results import (
     HardwareProfile,
     NoiseScale,
@@ -142,11 +143,13 @@ def recommendation_table(rec: Recommendation) -> Table:
     if rec.confirmation is not None and not rec.confirmation.confirmed:
         speedup = f"unconfirmed, at most {speedup}"
     title = f"Recommended configuration ({speedup} your baseline's samples/s)"
-    if rec.time_to_loss_speedup:
+    if rec.time_to_loss is not None:
         title = (
-            f"Recommended configuration: your loss {rec.time_to_loss_speedup:.2f}x sooner "
+            f"Recommended configuration: your loss {claim_text(rec.time_to_loss)} sooner "
             f"({speedup} samples/s)"
         )
+    elif rec.race is not None and rec.race.verdict.kind == "close-call":
+        title = f"Recommended configuration: a close call ({speedup} samples/s)"
     table = Table(title=title)
     table.add_column("knob")
     table.add_column("recommended", style="bold green")
@@ -227,6 +230,11 @@ def stage_text(stage: Stage) -> str:
         return (
             f"racing {stage.count} configurations for {stage.seconds:g} s of training each, "
             "from the same initial weights, to your loss"
+        )
+    if stage.kind == "race-replicate":
+        return (
+            f"race replicate {stage.count}: the finalists again, from other initial weights "
+            "and another data order"
         )
     if stage.kind == "race-goes-on":
         return (

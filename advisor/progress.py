@@ -11,14 +11,21 @@ from advisor.results import NoiseScale, Racer, TrialRecord
 __all__ = ["NullProgress", "Progress", "Stage"]
 
 StageKind = Literal[
-    "racing", "race-goes-on", "race-skips", "schedule-tracks", "schedule-races", "same-error"
+    "racing",
+    "race-replicate",
+    "race-goes-on",
+    "race-skips",
+    "schedule-tracks",
+    "schedule-races",
+    "same-error",
 ]
 
 
 @dataclass(frozen=True)
 class Stage:
     """A step of the decision, as data (`advisor.console` words it): `racing` `count`
-    configurations for `seconds` each; the race kept your batch and `count` finalists go on to
+    configurations for `seconds` each; the race's replicate `count` begins from a seed of its
+    own (`race-replicate`); the race kept your batch and `count` finalists go on to
     `seconds` (`race-goes-on`); your loss did not fall, so `count` racers are skipped
     (`race-skips`); the schedule's tune trains your configuration for `seconds`
     (`schedule-tracks`) and races `label` for at most `seconds` to `loss`

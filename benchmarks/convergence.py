@@ -1,7 +1,7 @@
 """Time to the baseline's loss over a horizon longer than the race, for each pick a tune makes.
 
     python benchmarks/convergence.py [--specs examples/mlp.py:factory ...] [--seconds 60]
-                                     [--repeats 3] [--trials 20] [--evaluations 20] [--schedule]
+                                     [--repeats 3] [--trials 20] [--schedule]
 
 For each example, one default `advisor.tune` (objective time-to-loss) names four configurations:
 
@@ -16,12 +16,15 @@ one given, to check a schedule beyond the horizon it was raced at), and the rows
 baseline, the fixed recommendation and the batch-size schedule (the shipped one, or the sooner
 of the two the tune raced, marked "not shipped"), trained as train.py trains it.
 
-Each then trains `--repeats` times in fresh processes, from the same initial weights, for
-`--seconds` of training time (at least six race lengths), with advisor's race loss (held-out
-slice, fp32, eval mode) at `--evaluations` evenly spaced points. Configurations that coincide
-share their runs. The target is the median over the baseline's repeats of its lowest loss; each
-row gives the time each repeat first reached it. Results: benchmarks/results/convergence.json
-and .md.
+Each then trains `--repeats` times in fresh processes, each repeat from a seed of its own (other
+initial weights and data order, the same for every configuration of a repeat), for `--seconds`
+of training time (`--seconds 0`: the horizon the recommendation's claim was decided at), with
+advisor's race loss (held-out slice, fp32, eval mode) on a geometric grid of sample counts.
+Configurations that coincide share their runs. In each repeat the target is the baseline's
+lowest loss; each row gives the time each repeat first reached it, on the run's own clock, and
+the recommendation's row the ratio of the baseline's time to its own, per repeat, and whether
+their geometric mean falls in the claimed interval, widened by 15 %. Results:
+benchmarks/results/convergence.json and .md.
 """
 
 from __future__ import annotations
@@ -35,12 +38,12 @@ from pathlib import Path
 from typing import Any
 
 import advisor
-from advisor.decide.race.verdict import time_to_loss
+from advisor.decide.race.grid import sample_grid
+from advisor.decide.race.schedule_verdict import time_to_loss
 from advisor.knobs import TrialConfig
 from advisor.results import BatchSchedule, LrPlan, RaceCurve, TuneResult
 from advisor.trial.orders import RaceOrder
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
-from advisor.trial.protocol import RACE_EVALUATIONS
 
 RESULTS = Path(__file__).parent / "results"
 EXAMPLES = (
@@ -56,15 +59,11 @@ Pick = tuple[TrialConfig, LrPlan, BatchSchedule | None]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--specs", nargs="*", default=list(EXAMPLES))
-    parser.add_argument("--seconds", type=float, default=60.0, help="training time per run")
+    parser.add_argument(
+        "--seconds", type=float, default=0.0, help="training time per run (0: the claim's horizon)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="fresh runs per configuration")
     parser.add_argument("--trials", type=int, default=20, help="the tune's --trials")
-    parser.add_argument(
-        "--evaluations",
-        type=int,
-        default=RACE_EVALUATIONS,
-        help="loss points per run (more for a model whose loss bottoms out within seconds)",
-    )
     parser.add_argument("--schedule", action="store_true", help="tune and train the schedule")
     parser.add_argument(
         "--schedule-seconds", type=float, help="the tune's --schedule-seconds (default --seconds)"
@@ -77,7 +76,7 @@ def main() -> None:
         name += f"-{horizon:g}s-tuned"
     for spec in args.specs:
         tune = _tune_settings(args.trials, horizon if args.schedule else None)
-        rows.append(_example(spec, args.seconds, args.repeats, tune, args.evaluations))
+        rows.append(_example(spec, args.seconds, args.repeats, tune))
         _write(rows, args.seconds, name)  # each example's figures as soon as it has them
 
 
@@ -127,36 +126,68 @@ def _schedule_picks(result: TuneResult) -> dict[str, Pick]:
 
 
 def _example(
-    spec: str, seconds: float, repeats: int, settings: dict[str, Any], evaluations: int
+    spec: str, seconds: float, repeats: int, settings: dict[str, Any]
 ) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as out:
         started = time.perf_counter()
         result = advisor.tune(spec, out=Path(out), **settings)
         tune_s = time.perf_counter() - started
+        rec = result.recommendation
+        claim = rec.time_to_loss
+        seconds = seconds or (claim.seconds if claim else rec.race.seconds if rec.race else 10)
         picks = _schedule_picks(result) if "schedule" in settings else _picks(result)
         curves: dict[Pick, list[RaceCurve | None]] = {}
+        rate = max(r.result.samples_per_s or 0.0 for r in result.trials)
+        smallest = min(p[0].global_batch_size for p in picks.values())
+        yours = rec.baseline_samples_per_s or rate
+        grid = sample_grid(smallest, yours * seconds, rate * seconds)
         for pick in dict.fromkeys(picks.values()):
             curves[pick] = [
-                _train(spec, *pick, seconds, evaluations, Path(out)) for _ in range(repeats)
+                _train(spec, *pick, seconds, (grid, 100 + seed), Path(out))
+                for seed in range(repeats)
             ]
-    rec, effort = result.recommendation, result.effort
-    bests = [c.best_loss for c in curves[picks["baseline"]] if c is not None]
-    target = statistics.median(bests) if bests else None
+    effort = result.effort
+    targets = [c.best_loss if c is not None else None for c in curves[picks["baseline"]]]
+    runs = [_row(name, pick, curves[pick], targets) for name, pick in picks.items()]
     return {
         "spec": spec,
         "tune_s": tune_s,
+        "seconds": seconds,
         "search_share": effort.share if effort else None,
         "trials_ran": effort.ran if effort else None,
-        "target_loss": target,
-        "verdict": rec.race.verdict if rec.race else None,
+        "target_loss": statistics.median(t for t in targets if t is not None),
+        "verdict": rec.race.verdict.kind if rec.race else None,
+        "claim": claim.model_dump(mode="json") if claim else None,
+        "independent": _independent(runs, claim),
         "schedule": rec.schedule.model_dump(mode="json") if rec.schedule else None,
         "noise_scale": rec.noise_scale.model_dump(mode="json") if rec.noise_scale else None,
-        "runs": [_row(name, pick, curves[pick], target) for name, pick in picks.items()],
+        "runs": runs,
+    }
+
+
+def _independent(runs: list[dict[str, Any]], claim: Any) -> dict[str, Any] | None:
+    """The recommendation's time to the loss against the baseline's in the independent runs:
+    per repeat, and their geometric mean, and whether the claim's interval (widened by 15 %)
+    holds it."""
+    times = {run["name"]: run["seconds_to_target"] for run in runs}
+    ratios = [
+        mine / theirs
+        for mine, theirs in zip(times["baseline"], times["recommendation"], strict=True)
+        if mine and theirs
+    ]
+    if not ratios:
+        return None
+    typical = statistics.geometric_mean(ratios)
+    low, high = (claim.low, claim.high) if claim else (1.0, 1.0)
+    return {
+        "ratios": ratios,
+        "typical": typical,
+        "within": low / 1.15 <= typical <= high * 1.15,
     }
 
 
 def _row(
-    name: str, pick: Pick, curves: list[RaceCurve | None], target: float | None
+    name: str, pick: Pick, curves: list[RaceCurve | None], targets: list[float | None]
 ) -> dict[str, object]:
     config, lr, schedule = pick
     return {
@@ -168,7 +199,7 @@ def _row(
         else lr.label,
         "seconds_to_target": [
             time_to_loss(c, target) if c is not None and target is not None else None
-            for c in curves
+            for c, target in zip(curves, targets, strict=True)
         ],
         "final_loss": [c.final_loss if c is not None else None for c in curves],
     }
@@ -180,24 +211,20 @@ def _train(
     lr: LrPlan,
     schedule: BatchSchedule | None,
     seconds: float,
-    evaluations: int,
+    grid_and_seed: tuple[tuple[int, ...], int],
     out: Path,
 ) -> RaceCurve | None:
+    grid, seed = grid_and_seed
     launch = TrialLaunch(
         spec=spec,
         cwd=Path.cwd(),
+        seed=seed,
         warmup_steps=1,
         trial_seconds=seconds,
         timeout_s=3 * seconds + 300,
     )
     result = ProcessRunner(launch).run(
-        RaceOrder(
-            config=config,
-            seconds=launch.trial_seconds,
-            lr=lr,
-            schedule=schedule,
-            evaluations=evaluations,
-        ),
+        RaceOrder(config=config, seconds=launch.trial_seconds, lr=lr, schedule=schedule, grid=grid),
         out / "run.log",
     )
     if result.race is None:
@@ -225,11 +252,24 @@ def _markdown(rows: list[dict[str, object]], seconds: float) -> str:
     lines.append("")
     for row in rows:
         share = row["search_share"]
+        claim: Any = row.get("claim")
+        independent: Any = row.get("independent")
+        claimed = (
+            f"{claim['speedup']:.2f}x ({claim['low']:.2f}-{claim['high']:.2f}x)"
+            if claim
+            else "none"
+        )
+        measured = "not measured"
+        if independent:
+            each = ", ".join(f"{r:.2f}" for r in independent["ratios"])
+            where = "inside" if independent["within"] else "OUTSIDE"
+            measured = f"{independent['typical']:.2f}x ({each}), {where} the claim ±15 %"
         lines.append(
             f"- {Path(str(row['spec']).split(':')[0]).name}: tune {row['tune_s']:.0f} s, "
             f"{row['trials_ran']} search trials ran, "
             + (f"{share:.0%} at your batch or one that raced; " if share is not None else "")
-            + f"target loss {row['target_loss']}; race: {row['verdict']}"
+            + f"race: {row['verdict']}; claimed {claimed}, independent runs over "
+            f"{row['seconds']:g} s: {measured}"
             + (f"; schedule: {_verdict(row['schedule'])}" if row.get("schedule") else "")
         )
     return "\n".join(lines) + "\n"

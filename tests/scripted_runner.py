@@ -81,9 +81,10 @@ def _early_alike(config: TrialConfig) -> tuple[float, ...]:
 class ScriptedRunner:
     """Answers each order from `rate` (samples/s, or a whole result such as an oom), `loss`
     (a racer's held-out loss after `samples`), `peak` (bytes), `wait` (the share of a window
-    spent waiting for data), `early` (the first steps' losses) and `phi` (the noise scale the
-    noise trial's gradient norms give); records the orders in `orders`. Tests that need more
-    override `answered`."""
+    spent waiting for data), `early` (the first steps' losses), `phi` (the noise scale the
+    noise trial's gradient norms give) and `seed` (how far a replicate's seed takes a racer
+    per sample, against replicate 0: 1.0 alike); records the orders in `orders`. Tests that
+    need more override `answered`."""
 
     rate: Callable[[TrialConfig], float | TrialResult] = _rate_by_batch
     loss: Callable[[TrialConfig, LrPlan, int], float] = _loss_by_samples
@@ -91,6 +92,7 @@ class ScriptedRunner:
     wait: Callable[[TrialConfig], float] = lambda config: 0.0
     early: Callable[[TrialConfig], tuple[float, ...]] = _early_alike
     phi: float = 1000.0
+    seed: Callable[[TrialConfig, int], float] = lambda config, replicate: 1.0
     orders: list[TrialOrder] = field(default_factory=list)
 
     def run(
@@ -132,18 +134,30 @@ class ScriptedRunner:
     def _race(self, order: RaceOrder) -> TrialResult:
         config, rate = order.config, self.rate(order.config)
         assert not isinstance(rate, TrialResult), "a racer is a configuration that ran"
-        points = []
-        for index in range(order.evaluations + 1):
-            seconds = order.seconds * index / order.evaluations
-            samples = int(rate * seconds)
-            loss = self.loss(config, order.lr, samples)
-            steps = samples // config.global_batch_size
+        batch = config.global_batch_size
+        points = [RacePoint(seconds=0.0, samples=0, steps=0, loss=self._loss(order, 0))]
+        for count in order.grid:
+            samples = -(-count // batch) * batch  # the first step at or past the count
+            seconds = samples / rate
+            if seconds > order.seconds:  # the time runs out first: a last point at its end
+                samples = int(order.seconds * rate) // batch * batch
+                seconds = samples / rate
+            loss = self._loss(order, samples)
+            steps = samples // batch
             points.append(RacePoint(seconds=seconds, samples=samples, steps=steps, loss=loss))
-            if order.target is not None and loss <= order.target:
+            reached = order.target is not None and loss <= order.target
+            beyond = order.max_samples is not None and samples >= order.max_samples
+            if reached or beyond or seconds >= order.seconds * 0.999:
                 break
         curve = RaceCurve(loss_kind="held-out", held_out_samples=order.held_out, lr=order.lr,
                           points=tuple(points))  # fmt: skip
         return _ok(config, race=curve).model_copy(update={"peak_memory_bytes": self.peak(config)})
+
+    def _loss(self, order: RaceOrder, samples: int) -> float:
+        """The scripted loss after `samples`, as far along as the replicate's seed takes it."""
+        return self.loss(
+            order.config, order.lr, int(samples * self.seed(order.config, order.replicate))
+        )
 
     def _noise(self, order: NoiseOrder) -> TrialResult:
         config = order.config

@@ -17,12 +17,12 @@ from advisor.decide.analysis import (
     param_importances,
     search_effort,
 )
-from advisor.decide.claims import COVERAGE, confirm_claim
-from advisor.decide.paired_ratio import paired_ratio
+from advisor.decide.claims import confirm_claim
+from advisor.decide.race.estimate import RateBook
 from advisor.decide.race.extend import race_to_loss
 from advisor.decide.race.plan import plan_racers
 from advisor.decide.race.schedule import schedule_bound, tune_schedule
-from advisor.decide.race.verdict import pick_at_batch0
+from advisor.decide.race.verdict import reclaimed
 from advisor.decide.recommendation import (
     Rates,
     assemble,
@@ -84,12 +84,14 @@ def conclude(
             selection, predictions, search.space.baseline, context.task.optimizer_class
         )
         progress.stage(Stage(kind="racing", count=len(plans), seconds=settings.race_seconds))
-        race = race_to_loss(study, search, plans)
+        race = race_to_loss(study, search, plans, RateBook(selection.confirmations))
     winner = selection.winner
     if settings.objective == "time-to-loss":
         winner, _ = race_choice(selection, race, context.baseline_config)
     race_loads = [racer.result.load for racer in race.racers] if race is not None else []
     selection, confirmation = confirm_claim(selection, winner, search, race_loads)
+    if race is not None:  # the rounds that confirmed the samples/s ratio count in the claim
+        race = reclaimed(race, RateBook(selection.confirmations))
     recommendation = confirmed_recommendation(
         settings, context, selection, records_of(study), race=race, noise=noise
     )
@@ -119,7 +121,8 @@ def _schedule(
     if why is not None or race is None:
         why = why or ScheduleVerdict(kind="no-race")
         return ScheduleSummary(seconds=settings.schedule_seconds, track=None, verdict=why)
-    base = race.racers[pick_at_batch0(race.racers)].config
+    kept = race.verdict.kept
+    base = race.racers[kept].config if kept is not None else race.racers[0].config
     return tune_schedule(
         study, search, base, (rec.config, rec.lr), records, context.task.optimizer_class
     )
@@ -204,6 +207,7 @@ def confirmed_recommendation(
             "noise_scale": noise,
             "throughput_pick": pick,
             "time_to_loss_speedup": time_to_loss_speedup(race),
+            "time_to_loss": race.time_to_loss if race is not None else None,
             "warnings": warnings(
                 rec.config.global_batch_size,
                 rec.baseline_config.global_batch_size,
@@ -217,20 +221,14 @@ def confirmed_recommendation(
 
 
 def _with_confirmation(rec: Recommendation, confirmation: Confirmation | None) -> Recommendation:
-    """The recommendation with the speed-up its paired re-runs support: their typical ratio
-    where they confirm it, else their lowest round, and then its time-to-loss speed-up (one
-    race run each, as noisy as one round) shrinks by the same share."""
+    """The recommendation with the samples/s speed-up its paired re-runs support: their
+    typical ratio where they confirm it, else their lowest round. Its time-to-loss claim
+    carries the rounds' interval already (`advisor.decide.race.estimate`)."""
     if confirmation is None:
         return rec
-    update: dict[str, object] = {
-        "confirmation": confirmation,
-        "speedup": confirmation.claimed_speedup,
-    }
-    if not confirmation.confirmed and rec.time_to_loss_speedup is not None:
-        typical = paired_ratio(confirmation.ratios, COVERAGE).typical
-        share = min(1.0, confirmation.claimed_speedup / typical)
-        update["time_to_loss_speedup"] = rec.time_to_loss_speedup * share
-    return rec.model_copy(update=update)
+    return rec.model_copy(
+        update={"confirmation": confirmation, "speedup": confirmation.claimed_speedup}
+    )
 
 
 def provisional_recommendation(

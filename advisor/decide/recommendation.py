@@ -152,11 +152,5 @@ def efficiency(
 
 
 def time_to_loss_speedup(race: RaceSummary | None) -> float | None:
-    """The baseline's time to its own race target over the winner's."""
-    if race is None or race.winner is None:
-        return None
-    baseline = next((r for r in race.racers if r.role == "baseline"), None)
-    winner = race.racers[race.winner]
-    if baseline is None or not baseline.time_to_target_s or not winner.time_to_target_s:
-        return None
-    return baseline.time_to_target_s / winner.time_to_target_s
+    """How much sooner the race's winner reaches your loss than yours (`TimeToLoss`)."""
+    return race.time_to_loss.speedup if race is not None and race.time_to_loss else None

@@ -20,6 +20,7 @@ from typing import Any
 from advisor.knobs import FRAMEWORKS, KNOBS, Framework, Target
 from advisor.report.fsdp_export import CPU_NOTE, accelerate_fsdp, fsdp_export, hf_fsdp
 from advisor.report.templating import docstring_safe, template_environment
+from advisor.report.verdicts import claim_text
 from advisor.results import LrPlan, Racer, Recommendation, ScheduleSummary
 
 __all__ = ["EXPORT_FILES", "render_export", "write_exports"]
@@ -106,10 +107,10 @@ def _advice(rec: Recommendation, by_hand: list[str]) -> _Advice:
         f"advisor {rec.advisor_version}, study {rec.study_name} ({rec.spec}), {rec.created_at}.",
         measured + ".",
     ]
-    if rec.time_to_loss_speedup and rec.race is not None:
+    if rec.time_to_loss is not None and rec.race is not None:
         headline.append(
-            f"In a {rec.race.seconds:g}-s race from the same initial weights it reached your "
-            f"loss {rec.time_to_loss_speedup:.2f}x sooner."
+            f"Over the first {rec.race.seconds:g} s of training it reaches your loss "
+            f"{claim_text(rec.time_to_loss)} sooner."
         )
     headline.append("Evidence: report.md in the folder above this one.")
     if config.device == "cpu" and config.distributed:

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from advisor.report.verdicts import ROLE_WORDS, race_verdict
+from advisor.report.verdicts import ROLE_WORDS, claim_text, race_verdict
 from advisor.results import (
     NoiseScale,
     Racer,
     RaceSummary,
     Recommendation,
     did_not_fall,
-    reference_racer,
 )
 
 __all__ = [
@@ -122,27 +121,15 @@ def _first_verdict(race: RaceSummary) -> str:
 
 
 def _target_text(race: RaceSummary) -> str | None:
-    """What the target is: the reference's lowest race loss, or that plus its noise band."""
-    reference = reference_racer(race.racers)
-    if race.target_loss is None or reference is None or reference.curve is None:
+    """What the target is: in each replicate, the lowest loss your configuration reached."""
+    if race.target_loss is None:
         return None
-    curve = reference.curve
-    low, high = curve.target_losses[0], curve.target_losses[-1]
-    digits = next((d for d in range(4, 9) if f"{low:.{d}g}" != f"{high:.{d}g}"), 4)
-    shown = {loss: f"{loss:.{digits}g}" for loss in (low, high, race.target_loss)}
-    lowest = (
-        f"the lowest loss your configuration reached in the race, {shown[low]} (its "
-        "end-of-race loss unless it rose again)"
+    replicates = (
+        f"; the median over the race's {race.replicates} replicates" if race.replicates > 1 else ""
     )
-    band = f"twice the noise of its evaluations about their trend ({curve.noise:.2g})"
-    rule = "another global batch must win at both, and the smaller claim is the one made"
-    if low == high:
-        return lowest
-    if race.target_loss == low:
-        return f"{lowest}, or that plus {band}, {shown[high]}: {rule}"
     return (
-        f"{shown[high]}: {lowest}, plus {band}; {rule} (the band keeps a chance dip of a "
-        "flattened loss from deciding)"
+        f"the lowest loss your configuration reached in the race, {race.target_loss:.4g} (its "
+        f"end-of-race loss unless it rose again{replicates})"
     )
 
 
@@ -167,20 +154,26 @@ def baseline_kept(rec: Recommendation) -> tuple[str, str] | None:
             "the race could not compare global batches (see its verdict), and without it your "
             "global batch is kept",
         )
+    if rec.race.verdict.kind == "close-call":
+        return (
+            "Your configuration stands in a close call",
+            "a faster configuration may reach your loss sooner or not: its interval holds both "
+            "(see the race's verdict)",
+        )
     return (
         "Your configuration reached your loss soonest",
-        "no configuration with more samples/s reached it more than 15 % sooner in the race "
-        "(see its verdict)",
+        f"no configuration with more samples/s reached it {rec.race.verdict.margin:.0%} sooner "
+        "at the low end of its interval (see the race's verdict)",
     )
 
 
 def _headline(rec: Recommendation) -> str | None:
     if rec.objective != "time-to-loss":
         return None
-    if rec.time_to_loss_speedup and rec.race:
+    if rec.time_to_loss is not None and rec.race:
         return (
-            f"reaches your loss {rec.time_to_loss_speedup:.2f}x sooner in a "
-            f"{rec.race.seconds:g}-s race from the same initial weights"
+            f"reaches your loss {claim_text(rec.time_to_loss)} sooner over the first "
+            f"{rec.race.seconds:g} s of training"
         )
     return "keeps your global batch" if not rec.global_batch_changed else None
 

@@ -14,6 +14,7 @@ from advisor.results import (
     RaceSummary,
     ScheduleSummary,
     ScheduleVerdict,
+    TimeToLoss,
     reference_racer,
 )
 
@@ -21,6 +22,7 @@ __all__ = [
     "GOODPUT_RULE",
     "ROLE_WORDS",
     "bottleneck_text",
+    "claim_text",
     "notice_text",
     "race_verdict",
     "schedule_rule",
@@ -57,8 +59,19 @@ def race_verdict(race: RaceSummary) -> str:
     assert verdict.kept is not None and race.target_loss is not None
     if verdict.kind in ("won", "won-level"):
         assert race.winner is not None
-        return _won(race, race.winner, verdict.kept, level=verdict.kind == "won-level")
+        return _won(race, race.winner, verdict.kept)
+    if verdict.kind == "close-call" and verdict.best is not None:
+        return _close_call(race, verdict.kept, verdict.best)
     return _kept(race, verdict.kept, verdict.best)
+
+
+def claim_text(claim: TimeToLoss | None) -> str:
+    """A time-to-loss claim with its interval: "2.60x (2.31x-2.94x, 3 replicates)"."""
+    if claim is None:
+        return "as soon as yours"
+    spread = f"{claim.low:.2f}x-{claim.high:.2f}x"
+    replicates = f"{claim.replicates} replicate{'s' if claim.replicates != 1 else ''}"
+    return f"{claim.speedup:.2f}x ({spread}, {replicates})"
 
 
 def _no_fall(race: RaceSummary) -> str:
@@ -76,63 +89,46 @@ def _no_fall(race: RaceSummary) -> str:
     )
 
 
-def _won(race: RaceSummary, winner: int, kept: int, *, level: bool) -> str:
-    """A candidate that won: by the margin, or `level` in a race that went on."""
+def _who(racer: Racer) -> str:
+    if racer.role == "baseline":
+        return "your configuration"
+    return f"{racer.label} (global batch {racer.config.global_batch_size})"
+
+
+def _won(race: RaceSummary, winner: int, kept: int) -> str:
     won, other = race.racers[winner], race.racers[kept]
-    text = (
-        f"{won.label} (global batch {won.config.global_batch_size}) reached your race "
-        f"loss {race.target_loss:.4g} after {won.time_to_target_s:.1f} s of training, "
-    )
-    if not level:
-        return text + (
-            f"against {_seconds(other)} for the best at your global batch "
-            f"{other.config.global_batch_size}"
-        )
+    verdict = race.verdict
+    text = f"{_who(won)} reaches your loss {claim_text(verdict.best_claim)} sooner than yours"
+    if other.role == "baseline":
+        return text + f", by more than {verdict.margin:.0%} at the low end"
     return text + (
-        f"no later than the best at your global batch {other.config.global_batch_size} "
-        f"({_seconds(other)}), though by less than {race.verdict.margin:.0%}: a larger batch "
-        "gains as training goes on, so level here it is ahead over a run longer than the race"
+        f"; the best at your global batch, {other.label}, {claim_text(verdict.kept_claim)}"
+    )
+
+
+def _close_call(race: RaceSummary, kept: int, best: int) -> str:
+    verdict = race.verdict
+    chosen, other = race.racers[kept], race.racers[best]
+    against = "" if chosen.role == "baseline" else f", against {claim_text(verdict.kept_claim)}"
+    return (
+        f"a close call: {_who(other)} may reach your loss sooner than {_who(chosen)} by "
+        f"{verdict.margin:.0%} or not ({claim_text(verdict.best_claim)} sooner than yours"
+        f"{against}); {_who(chosen)}, with fewer changes from yours, stands"
     )
 
 
 def _kept(race: RaceSummary, kept: int, best: int | None) -> str:
     chosen = race.racers[kept]
-    batch = chosen.config.global_batch_size
-    who = (
-        "your configuration"
-        if chosen.role == "baseline"
-        else f"the best at your global batch {batch}"
-    )
-    text = (
-        f"{who} ({chosen.label}) reached your race loss {race.target_loss:.4g} after "
-        f"{_seconds(chosen)}"
-    )
-    if race.verdict.precision_kept:
-        text += _precision_kept(race, chosen)
+    verdict = race.verdict
+    text = f"{_who(chosen)} reaches your loss"
+    if chosen.role != "baseline":
+        text += f" {claim_text(verdict.kept_claim)} sooner than yours"
     if best is None:
         return text + "; no other global batch reached it"
     other = race.racers[best]
     return (
-        f"{text}; no other global batch did more than {race.verdict.margin:.0%} sooner (best: "
-        f"{other.label}, {_seconds(other)})"
-    )
-
-
-def _precision_kept(race: RaceSummary, chosen: Racer) -> str:
-    """Why your configuration stands where a faster racer at your batch changed the precision
-    without earning it."""
-    faster = next((r for r in race.racers if r.role == "your batch"), None)
-    if faster is None:
-        return ""
-    rate = (
-        f"{faster.samples_per_s / chosen.samples_per_s:.2f}x your samples/s, "
-        if faster.samples_per_s and chosen.samples_per_s
-        else ""
-    )
-    return (
-        f" (with amp={faster.config.amp}, {faster.label} ran {rate}reached it after "
-        f"{_seconds(faster)}: a change of precision must earn its place by "
-        f"{race.verdict.margin:.0%}, in samples/s or in the race, so your precision is kept)"
+        f"{text}; no other global batch can be {verdict.margin:.0%} sooner (best: {other.label}, "
+        f"{claim_text(verdict.best_claim)} against yours)"
     )
 
 

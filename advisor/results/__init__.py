@@ -34,6 +34,7 @@ from advisor.results._race import (
     RaceVerdict,
     ScheduleSummary,
     ScheduleVerdict,
+    TimeToLoss,
     did_not_fall,
     reference_racer,
 )
@@ -110,6 +111,7 @@ __all__ = [
     "StudySetup",
     "TaskSummary",
     "ThroughputPick",
+    "TimeToLoss",
     "TrialRecord",
     "TrialResult",
     "TrialRole",

@@ -23,6 +23,7 @@ __all__ = [
     "RacerRole",
     "ScheduleSummary",
     "ScheduleVerdict",
+    "TimeToLoss",
     "did_not_fall",
     "reference_racer",
 ]
@@ -53,6 +54,9 @@ class Racer(Frozen):
         default=None, description="a schedule racer's stages (`config` is its first)"
     )
     race_seconds: float
+    replicate: int = Field(
+        default=0, description="which replicate: its seed set the initial weights and data order"
+    )
     samples_per_s: float | None = Field(default=None, description="its throughput measurement")
     result: TrialResult
     state: str | None = Field(
@@ -63,6 +67,14 @@ class Racer(Frozen):
     time_to_target_s: float | None = Field(
         default=None, description="training time until its loss first reached the target"
     )
+    samples_to_target: float | None = Field(
+        default=None, description="samples trained on until its loss first reached the target"
+    )
+
+    @property
+    def entrant(self) -> tuple[RacerRole, TrialConfig, LrPlan]:
+        """What the racer is across replicates: its role, configuration and learning rate."""
+        return (self.role, self.config, self.lr)
 
     @property
     def curve(self) -> RaceCurve | None:
@@ -90,7 +102,26 @@ def did_not_fall(racers: Sequence[Racer]) -> bool:
     return reference is not None and reference.curve is not None and not reference.curve.fell
 
 
-RaceVerdictKind = Literal["failed", "no-fall", "won", "won-level", "kept", "stated"]
+RaceVerdictKind = Literal["failed", "no-fall", "won", "close-call", "kept", "won-level", "stated"]
+
+
+class TimeToLoss(Frozen):
+    """How much sooner a configuration reaches your loss than yours, with the interval an
+    independent re-measurement falls in (`advisor.decide.race.estimate`): per replicate, the
+    ratio of samples to the loss, times the paired samples/s ratio of the re-runs."""
+
+    speedup: float
+    low: float
+    high: float
+    replicates: int = Field(description="replicates of the race the samples ratios come from")
+    reached: int | None = Field(
+        default=None, description="of them, those in which it reached the loss within its race"
+    )
+    rounds: int = Field(default=0, description="paired re-run rounds of the samples/s ratio")
+    seconds: float = Field(description="the race horizon the claim was decided at")
+    target_loss: float | None = Field(
+        default=None, description="your loss, the median over replicates of their targets"
+    )
 
 
 class RaceVerdict(Frozen):
@@ -98,13 +129,16 @@ class RaceVerdict(Frozen):
 
     - `failed`: the race at your global batch failed (`reason`, the trial's);
     - `no-fall`: your loss did not fall beyond its noise: nothing can be timed to it;
-    - `won`: the candidate `RaceSummary.winner` reached the target more than `margin` sooner
-      than `kept`, the best at your global batch;
-    - `won-level`: in a race that went on, a larger global batch reached it no later;
-    - `kept`: `kept` stands; `best` is the other global batch that came nearest (None: none
-      reached the target); `precision_kept`: the faster racer at your batch changed the
-      precision without earning it, so your configuration stands;
+    - `won`: `RaceSummary.winner` reaches your loss sooner than `kept` (the configuration
+      it had to beat) by more than `margin`, at the low end of its interval (`best_claim`);
+    - `close-call`: `best` may reach it sooner than `kept` by the margin, or not: its
+      interval holds both, so `kept`, with fewer changes from yours, stands;
+    - `kept`: `kept` stands; `best` came nearest (None: none reached the target), and its
+      interval rules out a win by the margin;
+    - `won-level` and `precision_kept`: rules of studies stored before the race had replicates;
     - `stated`: a study stored before verdicts were data keeps its sentence (`reason`).
+
+    `kept_claim` and `best_claim` are each one's time to your loss against yours.
     """
 
     kind: RaceVerdictKind
@@ -113,6 +147,8 @@ class RaceVerdict(Frozen):
     margin: float = Field(default=0.15, description="how much sooner a winner must be")
     precision_kept: bool = False
     reason: str | None = None
+    kept_claim: TimeToLoss | None = None
+    best_claim: TimeToLoss | None = None
 
 
 class RaceSummary(Frozen):
@@ -132,6 +168,10 @@ class RaceSummary(Frozen):
         "is kept"
     )
     verdict: RaceVerdict
+    time_to_loss: TimeToLoss | None = Field(
+        default=None, description="the winner's time to your loss against yours; None: yours won"
+    )
+    replicates: int = Field(default=1, description="replicates of the race")
     went_on_from: float | None = Field(
         default=None,
         description="the race's length before its finalists went on to `seconds` "

@@ -17,7 +17,7 @@ from advisor.results._convergence import (
     LrPlan,
     NoiseScale,
 )
-from advisor.results._race import RaceSummary, ScheduleSummary
+from advisor.results._race import RaceSummary, ScheduleSummary, TimeToLoss
 from advisor.results._trial import (
     HardwareProfile,
     PrunedProposal,
@@ -44,8 +44,9 @@ __all__ = [
     "shown_knobs",
 ]
 
-# 2: the objective, the race, the noise scale, the lr; 3: the verdicts as data
-RECOMMENDATION_SCHEMA_VERSION = 3
+# 2: the objective, the race, the noise scale, the lr; 3: the verdicts as data; 4: the race
+# in replicates, and `time_to_loss` with its interval
+RECOMMENDATION_SCHEMA_VERSION = 4
 
 
 class FixedKnob(Frozen):
@@ -226,7 +227,13 @@ class Recommendation(Frozen):
     lr: LrPlan = Field(default=LrPlan(), description="the learning rate train.py applies")
     time_to_loss_speedup: float | None = Field(
         default=None,
-        description="the baseline's race time to its own lowest loss over the winner's",
+        description="how much sooner the recommendation reaches your loss: `time_to_loss`'s "
+        "speedup (kept for readers of schema 3)",
+    )
+    time_to_loss: TimeToLoss | None = Field(
+        default=None,
+        description="how much sooner the recommendation reaches your loss, with the interval "
+        "an independent re-measurement falls in; None where yours stands or nothing raced",
     )
     confirmation: Confirmation | None = Field(
         default=None,

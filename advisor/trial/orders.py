@@ -5,8 +5,8 @@
   its result carries samples/s, step times, peak memory and the first steps' losses;
 - `ValidateOrder`: one step at the user's own batch size, and its FLOPs (the task's summary);
 - `ReferenceOrder`: the first steps from the seeded weights, untimed (`early_losses`);
-- `RaceOrder`: train for `seconds` with a learning rate, evaluating a held-out slice (`race`,
-  the loss curve);
+- `RaceOrder`: train with a learning rate for `seconds` at most, evaluating a held-out slice at
+  the race's shared sample counts (`race`, the loss curve), from the seed of its replicate;
 - `NoiseOrder`: gradient norms at two batch sizes for `seconds` (`gradient_norms`,
   `eval_s_per_sample`).
 
@@ -30,7 +30,7 @@ from advisor.results import BatchSchedule, LrPlan, RaceCurve, TrialResult
 
 __all__ = [
     "HELD_OUT_MAX",
-    "RACE_EVALUATIONS",
+    "REPLICATE_SEED_STEP",
     "TRACK_POINTS",
     "NoiseOrder",
     "PhaseCallback",
@@ -41,12 +41,14 @@ __all__ = [
     "TrialRunner",
     "ValidateOrder",
     "WindowOrder",
+    "replicate_seed",
 ]
 
 # Noise-scale probes along a tracked race, besides the one at its start (trial.child.racing).
 TRACK_POINTS = 5
-# Loss points a race records by default, evenly spaced in training time (trial.child.racing).
-RACE_EVALUATIONS = 20
+# A race's replicate r trains from seed `seed + r * REPLICATE_SEED_STEP`: other initial weights
+# and another data order, the same for every racer of the replicate.
+REPLICATE_SEED_STEP = 1009
 # Samples of a race's held-out slice at most: enough for a loss within a percent or so.
 HELD_OUT_MAX = 1024
 
@@ -104,8 +106,9 @@ class ReferenceOrder(_Order):
 
 
 class RaceOrder(_Order):
-    """Train for `seconds` with the learning rate it would ship with, evaluating a held-out
-    slice at evenly spaced times; stop at `target` where one is given."""
+    """Train with the learning rate it would ship with, evaluating a held-out slice once the
+    samples trained on reach each count of `grid` (the race's, shared by all its racers); stop
+    after `seconds` of training, at `target` where one is given, or past `max_samples`."""
 
     kind: Literal["race"] = "race"
     seconds: float = Field(gt=0, description="training time, in all where it `continues`")
@@ -123,11 +126,15 @@ class RaceOrder(_Order):
         le=HELD_OUT_MAX,
         description="samples of the held-out slice at most (every racer of a race the same)",
     )
-    evaluations: int = Field(
-        default=RACE_EVALUATIONS,
-        ge=TRACK_POINTS,
-        description="loss points over the training time, evenly spaced",
+    grid: tuple[int, ...] = Field(
+        min_length=1,
+        description="the sample counts the loss is evaluated at (ascending); the race stops "
+        "after the last",
     )
+    max_samples: int | None = Field(
+        default=None, description="stop at the first evaluation past this (None: train on)"
+    )
+    replicate: int = Field(default=0, ge=0, description="which replicate: its seed")
     state: str | None = Field(
         default=None,
         description="where the racer's training state is saved at its end, or, with "
@@ -136,6 +143,12 @@ class RaceOrder(_Order):
     continues: RaceCurve | None = Field(
         default=None, description="the curve of the race this one goes on from"
     )
+
+
+def replicate_seed(seed: int, order: TrialOrder) -> int:
+    """The seed a trial of `order` trains from: a race's replicate's own, else `seed`."""
+    replicate = order.replicate if isinstance(order, RaceOrder) else 0
+    return seed + replicate * REPLICATE_SEED_STEP
 
 
 class NoiseOrder(_Order):

@@ -1,18 +1,18 @@
-"""The race goes on for its finalists where it kept the user's global batch: racers answered
-in-process (`ScriptedRunner`) save their state and go on from it; the rule for when it goes on,
-on described racers. That a real racer saves and loads its training state is
-tests/trial/test_racer_state.py's."""
+"""The race goes on for its finalists where it kept the user's global batch, in every replicate:
+racers answered in-process (`ScriptedRunner`) save their state and go on from it; the rule for
+when it goes on, and how long a racer trains, on described racers. That a real racer saves and
+loads its training state is tests/trial/test_racer_state.py's."""
 
 from pathlib import Path
 
 import optuna
 
-from advisor.decide.race.extend import go_on, going_on, why_not_go_on
+from advisor.decide.race.estimate import RateBook
+from advisor.decide.race.extend import go_on, going_on, race_in_replicates, why_not_go_on
 from advisor.decide.race.plan import RacePlan, lr_rule
-from advisor.decide.race.run import run_race
+from advisor.decide.race.run import WIN_SLACK, _most_samples
 from advisor.decide.race.verdict import decide_race
 from advisor.knobs import TrialConfig
-from advisor.report.verdicts import race_verdict
 from advisor.results import LrPlan, RaceCurve, RacePoint, Racer, TrialResult
 from advisor.search.context import SearchContext
 from advisor.search.records import StudyKey, read_racers
@@ -73,9 +73,9 @@ def _never_stop() -> StopAfterFirstRacer:
 
 
 def test_a_race_that_kept_your_batch_goes_on_from_where_its_finalists_stopped(tmp_path):
-    """Batch 256 loses (exact labels, samples/s flat in the batch): the race keeps 8, then the
-    baseline and the nearer of 256's two learning rates go on to twice the race time, each
-    from its saved state, and the verdict is decided again there."""
+    """Batch 256 loses (exact labels, samples/s flat in the batch): the race keeps 8, then in
+    each replicate the baseline and 256 with the lr that ended lower go on to twice the race
+    time, each from its saved state, and the verdict is decided again there."""
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/study.db", study_name="race")
     progress = _never_stop()
     context, runner = _context(tmp_path, progress)
@@ -84,37 +84,41 @@ def test_a_race_that_kept_your_batch_goes_on_from_where_its_finalists_stopped(tm
         RacePlan("candidate", 1, BIG, LrPlan(), 1000.0),
         RacePlan("candidate", 1, BIG, lr_rule("SGD", 8, 256), 1000.0),
     ]
-    race = decide_race(run_race(study, context, plans, states=tmp_path / "states"), RACE_S)
+    race = race_in_replicates(study, context, plans, RateBook(), tmp_path / "states")
     assert race.racers[race.winner].config == SMALL, race.verdict
-    assert why_not_go_on(race, 2.0) is None
-    nearest = going_on(race)[-1]
-    assert [r.role for r in going_on(race)] == ["baseline", "candidate"]
+    assert race.replicates == 2 and why_not_go_on(race, 2.0) is None
+    going = [*going_on(race, 0), *going_on(race, 1)]
+    assert [(r.role, r.replicate) for r in going] == [
+        ("baseline", 0), ("candidate", 0), ("baseline", 1), ("candidate", 1)
+    ]  # fmt: skip
+    assert going[1].entrant == going[3].entrant  # the same lr goes on in both
     started = len(progress.started)
+    first_grid = runner.orders[0].grid
     runner.orders.clear()
 
-    went = go_on(study, context, race)
+    went = go_on(study, context, race, RateBook())
 
     assert (went.seconds, went.went_on_from, went.first_race) == (2 * RACE_S, RACE_S, race)
     assert went.racers[went.winner].config == SMALL, went.verdict
     # Each that went on loaded the state its first race saved, and went on from its curve.
-    assert [(o.config, o.lr, o.state, o.continues) for o in runner.orders] == [
-        (r.config, r.lr, r.state, r.curve) for r in going_on(race)
+    assert [(o.config, o.lr, o.state, o.continues, o.replicate) for o in runner.orders] == [
+        (r.config, r.lr, r.state, r.curve, r.replicate) for r in going
     ]
+    assert len({o.grid for o in runner.orders}) == 1
+    longer = runner.orders[0].grid  # the race's grid, to the longer horizon
+    assert longer[: len(first_grid)] == first_grid and len(longer) > len(first_grid)
     baseline = went.racers[0]
     first = race.racers[0].curve.points
     assert baseline.curve.points[: len(first)] == first
-    assert baseline.curve.points[-1].seconds >= 2 * RACE_S
+    assert baseline.curve.points[-1].seconds >= 2 * RACE_S * 0.99
     assert went.target_loss < race.target_loss  # the baseline's lowest over the longer run
-    other = next(r for r in went.racers[1:] if r.lr != nearest.lr)
-    raced = next(r for r in race.racers[1:] if r.lr == other.lr)
-    assert other.curve == raced.curve  # it did not go on
-    assert len(progress.started) <= started + 2  # at most the two that went on
+    assert len(progress.started) <= started + 4  # at most the four that went on
     stored = read_racers(study, StudyKey.RACERS_WENT_ON)
-    assert [r.role for r in stored] == ["baseline", "candidate"]
+    assert [r.role for r in stored] == ["baseline", "candidate"] * 2
 
     resumed = _never_stop()  # a resumed tune finds them stored, and trains none again
     context, runner = _context(tmp_path, resumed)
-    again = go_on(study, context, race)
+    again = go_on(study, context, race, RateBook())
     assert len(resumed.started) == 1 and again.racers == went.racers
     assert runner.orders == []
 
@@ -131,9 +135,11 @@ def _racer(role: str, config: TrialConfig, losses: list[float], state: Path | No
         state.write_bytes(b"saved")
     return Racer(
         role=role,  # type: ignore[arg-type]
+        trial={"baseline": 0}.get(role, 1),
         config=config,
         lr=LrPlan(),
         race_seconds=len(losses) - 1,
+        samples_per_s=8.0,
         result=result,
         state=str(state) if state else None,
     )
@@ -153,39 +159,13 @@ def test_the_race_goes_on_only_where_it_kept_your_batch_against_another(tmp_path
     assert "not saved" in (why_not_go_on(kept, 3.0) or "")
 
 
-def test_where_the_race_went_on_a_larger_batch_level_with_yours_wins_the_tie():
-    """Level at the longer horizon, a larger batch is ahead after it (phi grows as the loss
-    falls): it wins once the race went on, never in the first race, and a smaller batch or a
-    later one never does."""
-    curve = [4, 3, 2, 1.5, 1.2, 1.0]
-    baseline = _racer("baseline", SMALL, curve, None)
-    level = _racer("candidate", BIG, curve, None)
-    later = _racer("candidate", BIG, [4, 3.2, 2.4, 1.8, 1.3, 1.05, 1.0], None)
-    smaller = _racer("candidate", TrialConfig(batch_size=4), curve, None)
-
-    first = decide_race([baseline, level], 5)
-    went_on = decide_race([baseline, level], 5, went_on=True)
-
-    assert first.racers[first.winner].config == SMALL
-    assert went_on.racers[went_on.winner].config == BIG, went_on.verdict
-    assert went_on.verdict.kind == "won-level"
-    assert "no later than the best at your global batch 8" in race_verdict(went_on)
-    for other in (later, smaller):
-        kept = decide_race([baseline, other], 6, went_on=True)
-        assert kept.racers[kept.winner].config == SMALL, kept.verdict
-
-
-def test_a_larger_batch_going_on_trains_until_it_can_no_longer_be_level():
-    """In the first race a candidate stops once it can no longer beat the pick at your batch by
-    the margin; going on, a larger batch trains until the pick's time, where it can still be
-    level."""
-    from advisor.decide.race.run import _horizon
-    from advisor.decide.race.verdict import RACE_MARGIN
-
+def test_a_racer_trains_until_it_can_no_longer_win():
+    """The baseline reached its loss after 40 samples at 8 samples/s (5 s): a candidate at 32
+    samples/s stops once it would take `WIN_SLACK` times that, 200 samples; the baseline, which
+    sets the target, trains on."""
     baseline = _racer("baseline", SMALL, [4, 3, 2, 1.5, 1.2, 1.0], None)
-    target = 1.0  # the baseline reached it after 5 s
-    first = RacePlan("candidate", 1, BIG, LrPlan(), 1000.0)
-    going = RacePlan("candidate", 1, BIG, LrPlan(), 1000.0, resumes=baseline)
-
-    assert _horizon(first, [baseline], target, 10) == 5 * (1 - RACE_MARGIN)
-    assert _horizon(going, [baseline], target, 10) == 5
+    candidate = RacePlan("candidate", 1, BIG, LrPlan(), 32.0)
+    assert _most_samples(candidate, [baseline], 1.0, 10) == int(5 * WIN_SLACK * 32)
+    assert _most_samples(candidate, [baseline], None, 10) is None  # no target yet
+    yours = RacePlan("baseline", 0, SMALL, LrPlan(), 8.0)
+    assert _most_samples(yours, [baseline], 1.0, 10) is None

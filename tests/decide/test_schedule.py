@@ -37,6 +37,7 @@ from advisor.results import (
 from advisor.search.context import SearchContext
 from advisor.search.records import StudyKey, read_racers
 from advisor.settings import TuneSettings
+from advisor.trial.child.racing import PROBE_GRACE
 from advisor.trial.orders import TRACK_POINTS, RaceOrder
 from tests.scripted_runner import TASK, ScriptedRunner, scripted_context
 from tests.search.interrupts import StopAfterFirstRacer
@@ -164,7 +165,8 @@ class NoiseGrowsRunner(ScriptedRunner):
         super().__init__(rate=lambda config: RATES[config.global_batch_size])
 
     def _race(self, order: RaceOrder) -> TrialResult:
-        interval = order.seconds / order.evaluations
+        grid = iter(order.grid)
+        due = next(grid)
         seconds, samples, steps, distance = 0.0, 0, 0, START_DISTANCE
         points = [RacePoint(seconds=0.0, samples=0, steps=0, loss=1.0 + distance)]
         probes = [_probe(points[0], distance, order.config)] if order.track_noise else []
@@ -177,15 +179,17 @@ class NoiseGrowsRunner(ScriptedRunner):
             seconds += batch / RATES[batch]
             samples, steps = samples + batch, steps + 1
             distance *= math.exp(-STEP_GAIN * lr * batch / (batch + _noise_scale(distance)))
-            if seconds < (math.floor(points[-1].seconds / interval) + 1) * interval:
+            if samples < due and seconds < order.seconds:
                 continue
+            while due <= samples:  # the grid's next count past the samples trained on
+                due = next(grid, math.inf)
             point = RacePoint(seconds=seconds, samples=samples, steps=steps, loss=1.0 + distance)
             points.append(point)
-            probe_at = len(probes) * order.seconds / TRACK_POINTS - interval / 2
+            probe_at = (len(probes) / TRACK_POINTS - PROBE_GRACE) * order.seconds
             if order.track_noise and seconds >= probe_at:
                 probes.append(_probe(point, distance, order.config))
             reached = order.target is not None and point.loss <= order.target
-            if seconds >= order.seconds or reached:
+            if seconds >= order.seconds or reached or due == math.inf:
                 break
         curve = RaceCurve(
             loss_kind="held-out", lr=order.lr, points=tuple(points), noise_probes=tuple(probes)

@@ -104,25 +104,31 @@ def test_a_kept_baseline_is_said_to_have_won_a_race_only_where_one_ran():
     assert "<b>Your configuration was the fastest one measured</b>" in html
 
 
-def test_the_report_names_both_targets_a_race_verdict_must_hold_at():
-    from advisor.decide.race.verdict import decide_race
+def test_the_report_states_the_claim_with_its_interval_and_a_close_call_as_one():
     from advisor.report.race_view import _target_text
-    from tests.decide.test_race import BIG, SMALL, _half_seconds, _plateau
+    from tests.decide.test_race import BIG, SMALL, YOURS, _replicates
 
-    racers = [
-        _half_seconds("baseline", SMALL, _plateau(1.5, {8.5: 2.3020})),
-        _half_seconds("candidate", BIG, _plateau(1.5, {1.5: 2.3019})),
-    ]
-    race = decide_race(racers, 10)
-    curve = racers[0].curve
-    low, high = curve.target_losses
-
-    text = _target_text(race)
-
-    # Kept at the band's target: it is the one named first, then the lowest loss and the noise.
-    assert race.target_loss == high
-    assert text.startswith(f"{high:.4g}: the lowest loss your configuration reached in the race, ")
-    assert f"race, {low:.4g} (" in text and f"({curve.noise:.2g})" in text
+    fast, slow = [4, 2, 1.0, 0.9, 0.8, 0.7], [4, 3.2, 2.4, 1.8, 1.4, 1.1, 1.0]
+    won = decide_race(
+        _replicates(
+            ("baseline", SMALL, 100.0, [YOURS, YOURS]),
+            ("candidate", BIG, 100.0, [fast, fast]),
+        ),
+        5,
+    )
+    assert "reaches your loss 2.50x (2.50x-2.50x, 2 replicates) sooner" in race_verdict(won)
+    assert "the median over the race's 2 replicates" in _target_text(won)
+    close = decide_race(
+        _replicates(
+            ("baseline", SMALL, 100.0, [YOURS, YOURS]),
+            ("candidate", BIG, 100.0, [fast, slow]),
+        ),
+        5,
+    )
+    assert race_verdict(close).startswith("a close call: ")
+    assert "(0.83x-2.50x, 2 replicates) sooner than yours); your configuration" in (
+        race_verdict(close)
+    )
 
 
 def _with_race(race: RaceSummary, config: TrialConfig, *, html: bool = False) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from advisor.decide.race.grid import sample_grid
 from advisor.knobs import TrialConfig
 from advisor.trial.child.budget import (
     WindowTerms,
@@ -243,3 +244,7 @@ def one_rank_group() -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+# A race's sample grid for the trial tests: whole batches of 16, to 20 million samples.
+GRID = sample_grid(16, 16 * 32, 5_000_000)

@@ -9,11 +9,10 @@ import torch
 from advisor.decide.race.run import held_out_size
 from advisor.knobs import TrialConfig
 from advisor.noise_scale import NoiseScaleEstimate, estimate_noise_scale, noise_track
-from advisor.results import LrPlan
+from advisor.results import LrPlan, TrialResult
 from advisor.task import build_task
 from advisor.trial.child.loop import Trainer, apply_lr
 from advisor.trial.child.racing import (
-    EVALUATIONS,
     TRACK_POINTS,
     held_out_split,
     time_evaluation,
@@ -22,7 +21,7 @@ from advisor.trial.child.racing import (
 from advisor.trial.orders import NoiseOrder, RaceOrder
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import ROOT, TINY
-from tests.trial.scripted import FakeClock, steps_on
+from tests.trial.scripted import GRID, FakeClock, steps_on
 from tests.workloads.convergence import KNOWN_NOISE_SCALE
 
 CONVERGENCE = "tests/workloads/convergence.py"
@@ -96,6 +95,7 @@ def _race(tmp_path: Path, spec: str, lr: LrPlan | None = None, seconds: float = 
             config=TrialConfig(**config),
             seconds=_launch(spec, seconds).trial_seconds,
             lr=lr or LrPlan(),
+            grid=GRID,
         ),
         tmp_path / "race.log",
     )
@@ -121,39 +121,51 @@ def test_racers_start_from_the_same_weights_and_report_training_time(tmp_path):
 STEP_S = 1 / 64  # of training time, on a fake clock: exact in binary, as are the evaluations'
 
 
-def test_a_race_evaluates_evenly_in_training_time_until_its_time():
+def test_a_race_evaluates_at_the_grid_s_sample_counts_until_its_time():
+    """At the first step at or past each count of the grid (24 samples: the second step of
+    16), and where the time runs out, between two counts."""
     task, _ = build_task(f"{TINY}:factory")
     task, held_out = held_out_split(task)
     trainer = Trainer(task, TrialConfig(batch_size=16), torch.device("cpu"))
     clock = steps_on(trainer, STEP_S)
-    seconds = EVALUATIONS * 4 * STEP_S  # an evaluation every fourth step
 
-    order = RaceOrder(config=trainer.config, seconds=seconds)
+    order = RaceOrder(config=trainer.config, seconds=13 * STEP_S, grid=(24, 64, 96, 400))
     curve = train_racer(trainer, task, held_out, order, clock=clock)
     trainer.close()
 
-    # The initial point, then EVALUATIONS evenly spaced in training time, the last at its end.
-    assert [point.steps for point in curve.points] == [4 * k for k in range(EVALUATIONS + 1)]
+    assert [point.samples for point in curve.points] == [0, 32, 64, 96, 13 * 16]
     assert [point.seconds for point in curve.points] == [
-        4 * k * STEP_S for k in range(EVALUATIONS + 1)
+        steps * STEP_S for steps in (0, 2, 4, 6, 13)
     ]
-    assert all(point.samples == point.steps * 16 for point in curve.points)
 
 
-def test_a_race_records_the_evaluations_it_is_asked_for(tmp_path):
-    """A benchmark training a fast-converging model for a minute asks for more loss points
-    than a race's 20; the request carries the count to the trial process."""
-    result = ProcessRunner(_launch(f"{TINY}:factory", 0.8)).run(
-        RaceOrder(
-            config=TrialConfig(batch_size=16),
-            seconds=_launch(f"{TINY}:factory", 0.8).trial_seconds,
-            evaluations=8,
-        ),
-        tmp_path / "race.log",
-    )
-    assert result.status == "ok", result.reason
-    assert len(result.race.points) == 1 + 8  # the initial point, then 8 in training time
-    assert result.race.points[-1].seconds >= 0.8
+def test_a_race_stops_past_the_samples_it_may_train_on():
+    task, _ = build_task(f"{TINY}:factory")
+    task, held_out = held_out_split(task)
+    trainer = Trainer(task, TrialConfig(batch_size=16), torch.device("cpu"))
+    grid = tuple(range(32, 10_000, 32))
+    order = RaceOrder(config=trainer.config, seconds=1.0, grid=grid, max_samples=100)
+    curve = train_racer(trainer, task, held_out, order, clock=steps_on(trainer, STEP_S))
+    trainer.close()
+    assert curve.points[-1].samples == 128  # the first evaluation past 100
+
+
+def test_a_race_trial_evaluates_its_grid_and_trains_from_its_replicate_s_seed(tmp_path):
+    """The order's grid travels to the trial process; replicate 1 starts from other weights
+    (another initial loss on the same held-out slice), replicate 0 again from the same."""
+
+    def race(replicate: int) -> TrialResult:
+        order = RaceOrder(
+            config=TrialConfig(batch_size=16), seconds=5.0, grid=(16, 48, 96), replicate=replicate
+        )
+        result = ProcessRunner(_launch(f"{TINY}:factory", 5.0)).run(order, tmp_path / "r.log")
+        assert result.status == "ok", result.reason
+        return result
+
+    first, again, other = race(0), race(0), race(1)
+    assert [p.samples for p in first.race.points] == [0, 16, 48, 96]
+    assert first.race.points[0].loss == again.race.points[0].loss
+    assert other.race.points[0].loss != first.race.points[0].loss
 
 
 def test_a_race_trains_with_the_planned_learning_rate(tmp_path):
@@ -196,7 +208,7 @@ def test_a_tracked_race_sees_the_noise_scale_grow_as_the_loss_falls(tmp_path):
     launch = _launch(f"{CONVERGENCE}:noise_grows", seconds)
     config = TrialConfig(batch_size=32)
     result = ProcessRunner(launch).run(
-        RaceOrder(config=config, seconds=launch.trial_seconds, track_noise=True),
+        RaceOrder(config=config, seconds=launch.trial_seconds, track_noise=True, grid=GRID),
         tmp_path / "track.log",
     )
     assert result.status == "ok", result.reason
@@ -238,8 +250,9 @@ def test_an_evaluation_is_timed_per_sample_warm_and_sizes_the_race_slice():
     count = min(256, len(task.dataset))
     assert per_sample == pytest.approx(0.128 / count)
 
-    # A 10-s race evaluates every 0.5 s: an evaluation may take 0.125 s.
-    assert held_out_size(0.46 / 1024, 10.0) == 278  # examples/hf_gpt2.py's cost
+    # A 10-s race evaluates about 40 times: an evaluation may take 0.0625 s.
+    assert held_out_size(0.0625 / 512, 10.0) == 512
+    assert held_out_size(0.46 / 1024, 10.0) == 256  # examples/hf_gpt2.py's cost: the least
     assert held_out_size(1e-6, 10.0) == 1024  # cheap: the whole slice
     assert held_out_size(0.01, 10.0) == 256  # never below
     assert held_out_size(None, 10.0) == 1024  # not timed (an IterableDataset)

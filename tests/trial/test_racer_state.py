@@ -13,7 +13,7 @@ from advisor.trial.child.racing import held_out_split, train_racer
 from advisor.trial.orders import RaceOrder
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import ROOT, TINY
-from tests.trial.scripted import steps_on
+from tests.trial.scripted import GRID, steps_on
 
 STEP_S = 1 / 64  # of training time, on a fake clock: exact in binary
 WARM_UP = LrPlan(scale=2.0, warmup_steps=100, rule="linear")  # still ramping when saved
@@ -32,7 +32,8 @@ def _trainer(spec: str = f"{TINY}:factory") -> tuple[Trainer, object, object]:
 
 def test_a_racer_that_goes_on_continues_its_training_and_its_curve(tmp_path):
     first, task, held_out = _trainer()
-    order = RaceOrder(config=first.config, seconds=40 * STEP_S, evaluations=10)
+    grid = tuple(range(128, 100_000, 128))  # one evaluation every 8 steps of 16 samples
+    order = RaceOrder(config=first.config, seconds=40 * STEP_S, grid=grid)
     curve = train_racer(first, task, held_out, order, clock=steps_on(first, STEP_S))
     save_racer(first, tmp_path / "state.pt")
 
@@ -47,7 +48,7 @@ def test_a_racer_that_goes_on_continues_its_training_and_its_curve(tmp_path):
     assert going_on.epochs_begun == first.epochs_begun
 
     # one evaluation every 8 steps from the 40 the first race took
-    order = RaceOrder(config=going_on.config, seconds=80 * STEP_S, evaluations=10, continues=curve)
+    order = RaceOrder(config=going_on.config, seconds=80 * STEP_S, grid=grid, continues=curve)
     whole = train_racer(going_on, task, held_out, order, clock=steps_on(going_on, STEP_S))
     first.close()
     going_on.close()
@@ -72,7 +73,7 @@ def test_a_race_in_its_own_process_saves_its_state_and_goes_on_from_it(tmp_path,
     config = TrialConfig(batch_size=16, **layout)
     state = tmp_path / "racer.pt"
     first = ProcessRunner(_launch(0.6)).run(
-        RaceOrder(config=config, seconds=_launch(0.6).trial_seconds, state=str(state)),
+        RaceOrder(config=config, seconds=_launch(0.6).trial_seconds, state=str(state), grid=GRID),
         tmp_path / "race.log",
     )
     assert first.status == "ok", first.reason
@@ -83,6 +84,7 @@ def test_a_race_in_its_own_process_saves_its_state_and_goes_on_from_it(tmp_path,
             config=config,
             seconds=_launch(1.2).trial_seconds,
             state=str(state),
+            grid=GRID,
             continues=first.race,
         ),
         tmp_path / "went-on.log",

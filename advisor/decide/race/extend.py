@@ -1,20 +1,22 @@
-"""The race goes on for its finalists (docs/method.md, "The race goes on").
+"""The race in replicates, and going on for its finalists (docs/method.md, "Replicates" and
+"The race goes on").
 
-A race from initialisation judges the first seconds of training, where the gradient noise scale
-is smallest, and so is the global batch that reaches a loss soonest: phi grows as the loss falls
-(McCandlish et al. 2018). A verdict for a larger global batch is safe from that bias; one that
-keeps the user's global batch is not, and neither is one between two configurations at it whose
-numerics differ (amp) and whose losses part only later. So where the race kept the user's
-global batch and another global batch raced, three racers go on from where they stopped, to
-`TuneSettings.race_continue` race lengths in all: the baseline, the best at the user's batch,
-and the other global batch that came nearest to winning. Each loads the training state it saved
-(`advisor.trial.child.racer_state`), so only the added seconds cost, and each stops as soon as
-it can no longer win (`advisor.decide.race.run`). The verdict is then decided again
-(`decide_race`) at the baseline's lowest loss over the longer horizon, with the same margin and
-noise band, but for a tie: a larger global batch level with the pick at the user's batch wins
-(`levels`: the horizon is still shorter than the user's run, and a larger batch gains as
-training goes on). The racers that did not go on keep their curves, and win only where they
-reached that loss within them.
+Replicates: on CPU a fixed seed makes a curve exactly repeatable, so one run per racer measures
+nothing of how much the answer depends on the initial weights and the data order. Every race
+runs `MIN_REPLICATES` replicates, each from a seed of its own, and more while the verdict is a
+close call, up to `MAX_REPLICATES` (`race_in_replicates`).
+
+Going on: a race from initialisation judges the first seconds of training, where the gradient
+noise scale is smallest, and so is the global batch that reaches a loss soonest: phi grows as
+the loss falls (McCandlish et al. 2018). A verdict for a larger global batch is safe from that
+bias; one that keeps the user's global batch is not. So where the race kept the user's global
+batch and another global batch raced, in every replicate three racers go on from where they
+stopped, to `TuneSettings.race_continue` race lengths in all: the baseline, the best at the
+user's batch, and the other global batch nearest to winning. Each loads the training state it
+saved (`advisor.trial.child.racer_state`), so only the added seconds cost, and each stops as
+soon as it can no longer win (`advisor.decide.race.run`). The verdict is then decided again
+over the longer horizon, with the same grid (extended) and the same statistics. The racers
+that did not go on keep their curves.
 """
 
 from __future__ import annotations
@@ -25,33 +27,96 @@ from pathlib import Path
 
 import optuna
 
+from advisor.decide.race.estimate import RateBook
 from advisor.decide.race.plan import RacePlan
-from advisor.decide.race.run import run_race
-from advisor.decide.race.verdict import decide_race
+from advisor.decide.race.run import Heat, race_grid, race_replicate
+from advisor.decide.race.verdict import decide_race, needs_replicates
 from advisor.progress import Stage
-from advisor.results import Racer, RaceSummary
+from advisor.results import Racer, RacerRole, RaceSummary
 from advisor.search.context import SearchContext
 from advisor.search.records import StudyKey
 
-__all__ = ["RACE_STATES", "go_on", "going_on", "race_to_loss", "why_not_go_on"]
+__all__ = [
+    "MAX_REPLICATES",
+    "MIN_REPLICATES",
+    "RACE_STATES",
+    "go_on",
+    "going_on",
+    "later_plans",
+    "race_to_loss",
+    "why_not_go_on",
+]
 
 AT_BATCH0 = ("baseline", "your batch")
 RACE_STATES = ".race-states"  # in the output folder: the racers' training states, while racing
+MIN_REPLICATES = 2
+MAX_REPLICATES = 4
 
 
 def race_to_loss(
-    study: optuna.Study, context: SearchContext, plans: Sequence[RacePlan]
+    study: optuna.Study, context: SearchContext, plans: Sequence[RacePlan], rates: RateBook
 ) -> RaceSummary:
-    """Race the plans, decide, and go on where the race kept the user's global batch; the
-    racers' training states lie in the output folder's `RACE_STATES` meanwhile (kept on an
-    interrupt: a resumed tune goes on from them)."""
+    """Race the plans in replicates, decide, and go on where the race kept the user's global
+    batch; the racers' training states lie in the output folder's `RACE_STATES` meanwhile
+    (kept on an interrupt: a resumed tune goes on from them)."""
     settings = context.settings
     states = settings.out_dir / RACE_STATES if settings.race_continue > 1 else None
-    race = decide_race(run_race(study, context, plans, states=states), settings.race_seconds)
-    race = go_on(study, context, race)
+    race = race_in_replicates(study, context, plans, rates, states)
+    race = go_on(study, context, race, rates)
     if states is not None:
         shutil.rmtree(states, ignore_errors=True)
     return race
+
+
+def race_in_replicates(
+    study: optuna.Study,
+    context: SearchContext,
+    plans: Sequence[RacePlan],
+    rates: RateBook,
+    states: Path | None = None,
+) -> RaceSummary:
+    """Replicate 0 races every plan; later ones the entrants that can still decide, at least
+    `MIN_REPLICATES` in all and more while the verdict is a close call."""
+    seconds = context.settings.race_seconds
+    grid = race_grid(plans, seconds)
+    racers = race_replicate(study, context, plans, Heat(0, seconds, grid, states))
+    race = decide_race(racers, seconds, rates)
+    replicate = 1
+    while _more(race, replicate):
+        later = later_plans(race, plans)
+        if len(later) < 2:
+            break
+        context.progress.stage(Stage(kind="race-replicate", count=replicate + 1))
+        heat = Heat(replicate, seconds, grid, states)
+        racers = [*racers, *race_replicate(study, context, later, heat)]
+        race = decide_race(racers, seconds, rates)
+        replicate += 1
+    return race
+
+
+def _more(race: RaceSummary, done: int) -> bool:
+    if race.target_loss is None or done >= MAX_REPLICATES:
+        return False
+    return done < MIN_REPLICATES or needs_replicates(race)
+
+
+def later_plans(race: RaceSummary, plans: Sequence[RacePlan]) -> list[RacePlan]:
+    """The plans a later replicate races: the baseline, the best at the user's batch, and each
+    other global batch with the learning rate that ended lower in replicate 0."""
+    first = [r for r in race.racers if r.replicate == 0 and r.curve is not None]
+    keep = {r.entrant for r in first if r.role in AT_BATCH0}
+    best: dict[object, Racer] = {}
+    for racer in first:
+        if racer.role == RacerRole.CANDIDATE:
+            other = best.get(racer.config)
+            if other is None or _final(racer) < _final(other):
+                best[racer.config] = racer
+    keep |= {r.entrant for r in best.values()}
+    return [plan for plan in plans if (plan.role, plan.config, plan.lr) in keep]
+
+
+def _final(racer: Racer) -> float:
+    return racer.curve.final_loss if racer.curve is not None else float("inf")
 
 
 def why_not_go_on(race: RaceSummary, factor: float) -> str | None:
@@ -69,40 +134,55 @@ def why_not_go_on(race: RaceSummary, factor: float) -> str | None:
     return None
 
 
-def going_on(race: RaceSummary) -> tuple[Racer, ...]:
-    """The racers that go on: the baseline, the best at the user's batch, and the candidate
-    nearest to winning; each with its saved state."""
-    at_batch0 = [r for r in race.racers if r.role in AT_BATCH0 and _saved(r)]
-    candidate = _nearest_candidate(race.racers)
+def going_on(race: RaceSummary, replicate: int = 0) -> tuple[Racer, ...]:
+    """The racers of a replicate that go on: the baseline, the best at the user's batch, and
+    the candidate nearest to winning (replicate 0's); each with its saved state."""
+    racers = [r for r in race.racers if r.replicate == replicate]
+    at_batch0 = [r for r in racers if r.role in AT_BATCH0 and _saved(r)]
+    nearest = _nearest_candidate([r for r in race.racers if r.replicate == 0])
+    candidate = next(
+        (r for r in racers if nearest is not None and r.entrant == nearest.entrant and _saved(r)),
+        None,
+    )
     return (*at_batch0, *([candidate] if candidate else []))
 
 
-def go_on(study: optuna.Study, context: SearchContext, race: RaceSummary) -> RaceSummary:
-    """The race after its finalists went on to `race_continue` race lengths (see the module's
-    doc); the race as it was where it does not go on."""
+def go_on(
+    study: optuna.Study, context: SearchContext, race: RaceSummary, rates: RateBook
+) -> RaceSummary:
+    """The race after its finalists went on to `race_continue` race lengths, in every
+    replicate (see the module's doc); the race as it was where it does not go on."""
     factor = context.settings.race_continue
     why = why_not_go_on(race, factor)
     if why is not None:
         if race.winner is not None and race.racers[race.winner].role in AT_BATCH0:
             context.progress.stage(f"the race kept your global batch and does not go on: {why}")
         return race
-    racers = going_on(race)
     horizon = factor * race.seconds
-    context.progress.stage(Stage(kind="race-goes-on", count=len(racers), seconds=horizon))
-    plans = [RacePlan(r.role, r.trial, r.config, r.lr, r.samples_per_s, resumes=r) for r in racers]
-    went_on = run_race(study, context, plans, horizon, key=StudyKey.RACERS_WENT_ON)
+    first = [r for r in race.racers if r.replicate == 0]
+    plans = [RacePlan(r.role, r.trial, r.config, r.lr, r.samples_per_s) for r in first]
+    grid = race_grid(plans, race.seconds, horizon)  # the race's grid, longer
+    context.progress.stage(Stage(kind="race-goes-on", count=len(going_on(race)), seconds=horizon))
+    went_on: list[Racer] = []
+    for replicate in sorted({r.replicate for r in race.racers}):
+        racers = going_on(race, replicate)
+        plans = [
+            RacePlan(r.role, r.trial, r.config, r.lr, r.samples_per_s, resumes=r) for r in racers
+        ]
+        heat = Heat(replicate, horizon, grid, key=StudyKey.RACERS_WENT_ON)
+        went_on += race_replicate(study, context, plans, heat)
     merged = [_after(racer, went_on) for racer in race.racers]
-    decided = decide_race(merged, horizon, went_on=True)
+    decided = decide_race(merged, horizon, rates)
     return decided.model_copy(update={"went_on_from": race.seconds, "first_race": race})
 
 
 def _nearest_candidate(racers: Sequence[Racer]) -> Racer | None:
     """Of the other global batches' racers with a saved state: the soonest to the race's
-    target, else the lowest at the end of its race."""
+    target (by its samples at its samples/s), else the lowest at the end of its race."""
     candidates = [r for r in racers if r.role == "candidate" and _saved(r)]
-    timed = [r for r in candidates if r.time_to_target_s is not None]
+    timed = [r for r in candidates if r.samples_to_target is not None and r.samples_per_s]
     if timed:
-        return min(timed, key=lambda r: r.time_to_target_s or 0.0)
+        return min(timed, key=lambda r: (r.samples_to_target or 0.0) / (r.samples_per_s or 1.0))
     return min(candidates, key=lambda r: r.curve.final_loss if r.curve else 0.0, default=None)
 
 
@@ -114,5 +194,5 @@ def _saved(racer: Racer) -> bool:
 
 def _after(racer: Racer, went_on: Sequence[Racer]) -> Racer:
     """The racer as it went on, if it did; else as it raced."""
-    key = (racer.role, racer.config, racer.lr)
-    return next((r for r in went_on if (r.role, r.config, r.lr) == key), racer)
+    key = (racer.entrant, racer.replicate)
+    return next((r for r in went_on if (r.entrant, r.replicate) == key), racer)

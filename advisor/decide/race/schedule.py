@@ -15,8 +15,12 @@ al. 2018), so later in a run a larger batch is worth more per sample. After the 
    baseline had trained there;
 3. the fixed recommendation and the schedule, once with the user's learning rate and once with
    the optimizer family's rule at each stage, race to the target from the same weights. The
-   schedule ships only if it reaches the target sooner by more than `RACE_MARGIN` at every
+   schedule ships only if it reaches the target sooner by more than `SCHEDULE_MARGIN` at every
    loss the verdict checks (`RaceCurve.target_losses`); otherwise the report says it did not.
+   Each racer is evaluated at the same sample counts (`advisor.decide.race.grid`). The
+   schedule's racers train at samples/s that change from stage to stage, so, unlike the race's
+   verdict, this one reads time from their own clock, in one replicate, with the margin that
+   covers that clock's noise.
 
 Each racer is stored as it finishes, so an interrupted tune keeps it and a resumed one does not
 race it again.
@@ -31,8 +35,14 @@ from dataclasses import dataclass
 
 import optuna
 
+from advisor.decide.race.grid import sample_grid
 from advisor.decide.race.plan import lr_rule
-from advisor.decide.race.verdict import RACE_MARGIN, beats, time_to_loss, timed_to
+from advisor.decide.race.schedule_verdict import (
+    SCHEDULE_MARGIN,
+    decide_schedule,
+    fixed_racer,
+    time_to_loss,
+)
 from advisor.knobs import TrialConfig
 from advisor.noise_scale import noise_track
 from advisor.progress import Stage
@@ -173,7 +183,7 @@ def tune_schedule(
     started = time.perf_counter()
     seconds = context.settings.schedule_seconds
     baseline = context.space.baseline
-    race = _ScheduleRace(study, context, seconds)
+    race = _ScheduleRace(study, context, seconds, _schedule_grid(records, base, seconds))
     if baseline.world_size > 1:
         processes = ScheduleVerdict(kind="processes", processes=baseline.world_size)
         return race.summary(None, processes)
@@ -214,7 +224,7 @@ def _race_schedules(
     same = fixed == (reference.config, LrPlan())
     kept = reference if same else race.run(RacerRole.FIXED, *fixed, target=target)
     rival = time_to_loss(kept.curve, target) if kept.curve else None
-    limit = max(min(seconds, rival * (1 - RACE_MARGIN)), 0.05 * seconds) if rival else seconds
+    limit = max(min(seconds, rival * (1 - SCHEDULE_MARGIN)), 0.05 * seconds) if rival else seconds
     for schedule in schedules:
         race.run(RacerRole.SCHEDULE, base, LrPlan(), target=target, schedule=schedule, limit=limit)
 
@@ -235,10 +245,13 @@ def _why_no_schedule(reference: Racer, track: NoiseTrack | None) -> ScheduleVerd
 class _ScheduleRace:
     """The schedule race's racers, run in fresh trial processes or read back from the study."""
 
-    def __init__(self, study: optuna.Study, context: SearchContext, seconds: float) -> None:
+    def __init__(
+        self, study: optuna.Study, context: SearchContext, seconds: float, grid: tuple[int, ...]
+    ) -> None:
         self._study = study
         self.context = context
         self._seconds = seconds
+        self._grid = grid
         self._stored = read_racers(study, StudyKey.SCHEDULE_RACERS)
         self.racers: list[Racer] = []
 
@@ -325,6 +338,7 @@ class _ScheduleRace:
             target=target,
             schedule=schedule,
             track_noise=track,
+            grid=self._grid,
         )
         result = context.runner.run(
             order,
@@ -364,34 +378,12 @@ class _ScheduleRace:
         )
 
 
-def decide_schedule(
-    racers: Sequence[Racer],
-) -> tuple[int | None, float | None, tuple[Racer, ...], ScheduleVerdict]:
-    """Time every racer to each loss the baseline's curve sets (`RaceCurve.target_losses`); the
-    schedule that reached the lowest soonest ships if, at every one of them, it beat the fixed
-    recommendation by more than `RACE_MARGIN`. Returns the shipped index (or None), the target
-    the racers are timed to, the timed racers, and the verdict."""
-    reference = next(r for r in racers if r.role == "baseline")
-    assert reference.curve is not None
-    targets = reference.curve.target_losses
-    timed_at = [timed_to(racers, target) for target in targets]
-    timed = timed_at[0]
-    fixed = fixed_racer(timed)
-    schedules = [i for i, r in enumerate(timed) if r.role == "schedule" and r.time_to_target_s]
-    if not schedules:
-        verdict = ScheduleVerdict(kind="none-reached", fixed=fixed, margin=RACE_MARGIN)
-        return None, targets[0], timed, verdict
-    best = min(schedules, key=lambda i: timed[i].time_to_target_s or math.inf)
-    ships = all(beats(at[best], at[fixed]) for at in timed_at)
-    verdict = ScheduleVerdict(
-        kind="ships" if ships else "not-by-margin", best=best, fixed=fixed, margin=RACE_MARGIN
-    )
-    return (best if ships else None), targets[0], timed, verdict
-
-
-def fixed_racer(racers: Sequence[Racer]) -> int:
-    """The fixed recommendation's racer: its own, or your configuration's where it is yours."""
-    fixed = next((i for i, r in enumerate(racers) if r.role == "fixed"), None)
-    if fixed is not None:
-        return fixed
-    return next(i for i, r in enumerate(racers) if r.role == "baseline")
+def _schedule_grid(
+    records: Sequence[TrialRecord], base: TrialConfig, seconds: float
+) -> tuple[int, ...]:
+    """The schedule race's sample grid: from a share of what your configuration trains on in
+    `seconds` to as far as the fastest search trial could."""
+    rates = [r.result.samples_per_s or 0.0 for r in records if r.eligible]
+    yours = next((r.result.samples_per_s for r in records if r.role == "baseline"), None)
+    fastest = max(rates, default=0.0)
+    return sample_grid(base.global_batch_size, (yours or fastest) * seconds, fastest * seconds)

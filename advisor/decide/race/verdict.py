@@ -1,244 +1,206 @@
-"""The race's verdict: time each racer to the loss the baseline reached, and choose.
+"""The race's verdict: which configuration reaches your loss soonest, with its interval, or a
+close call (docs/method.md, "The race and its verdict").
 
-The target is the baseline's lowest loss in the race (the best at the user's batch's, if the
-baseline failed). Where that loss did not fall in the race (`RaceCurve.fell`), time to it
-cannot compare global batches: nothing wins, and the user's global batch is kept. Otherwise the
-winner reaches it soonest, by more than `RACE_MARGIN`; otherwise the
-fastest configuration at the user's global batch B0 is kept, unless it reached the loss
-clearly later than the baseline (its numerics cost more than its speed gains). Where the
-baseline's evaluations are noisy, the verdict must also hold at that loss plus twice their
-noise (`RaceCurve.target_losses`), and the smaller claim is the one made, unless the winner at
-the lowest loss ended the race settled below it by more than that band. A race that went on
-(`advisor.decide.race.extend`) breaks a tie the other way: a larger global batch that reached
-every target no later than the pick at B0 wins (`levels`), since the horizon is still shorter
-than the user's run and a larger batch gains as training goes on. Pure functions
-of the racers, so the race (`advisor.decide.race.run`) can also ask, while it runs, how long a
-racer may still train before it can no longer win.
+Each replicate's target is its baseline's lowest loss; where the baseline's loss did not fall
+(`RaceCurve.fell`), nothing can be timed to it and your global batch is kept. Otherwise every
+racer is timed to the target in samples (`advisor.decide.race.estimate`), and:
+
+1. at your global batch, the fastest configuration stands against yours only where its interval
+   says it reaches the loss sooner by more than `MARGIN`; else yours stands (a precision or a
+   loader change that costs more in samples than it gains in speed loses here);
+2. another global batch wins only where its interval says it reaches the loss sooner than what
+   stands at your batch by more than `MARGIN`;
+3. where an interval holds both a win by the margin and none, the verdict is a **close call**:
+   the configuration with fewer changes from yours stands, and the race adds replicates while
+   it can (`needs_replicates`).
+
+Pure functions of the racers and the re-runs, so the race (`advisor.decide.race.run`) can also
+ask, while it runs, how long a racer may still train before it can no longer win.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
 
+from advisor.decide.race.estimate import RateBook, estimate, timed
 from advisor.knobs import TrialConfig
 from advisor.results import (
-    RaceCurve,
     Racer,
     RaceSummary,
     RaceVerdict,
+    TimeToLoss,
     did_not_fall,
     reference_racer,
 )
 
 __all__ = [
-    "RACE_MARGIN",
-    "beats",
+    "MARGIN",
+    "best_candidate",
     "decide_race",
-    "levels",
-    "pick_at_batch0",
-    "time_to_loss",
-    "timed_to",
-    "unearned_precision",
+    "needs_replicates",
+    "reclaimed",
+    "stand_at_batch0",
 ]
 
-# A racer must reach the loss this much sooner than the best at the user's batch to win:
-# benchmarks/machine_drift.py measured 12 % between two processes of the same configuration.
-RACE_MARGIN = 0.15
+# How much sooner a change must reach your loss, at the low end of its interval, to be made:
+# the interval carries the measurement's noise; the margin is what a change must be worth.
+MARGIN = 0.05
 
 
-def time_to_loss(curve: RaceCurve, target: float) -> float | None:
-    """Training time until the curve first reaches `target`, interpolated between its points;
-    None if it never does."""
-    previous = None
-    for point in curve.points:
-        if point.loss <= target:
-            if previous is None or previous.loss == point.loss:
-                return point.seconds
-            fraction = (previous.loss - target) / (previous.loss - point.loss)
-            return previous.seconds + fraction * (point.seconds - previous.seconds)
-        previous = point
-    return None
-
-
-def decide_race(racers: Sequence[Racer], seconds: float, *, went_on: bool = False) -> RaceSummary:
-    """Time each racer to the baseline's target loss and choose (see the module's doc); a race
-    that `went_on` gives a tie to the larger global batch (`levels`)."""
+def decide_race(
+    racers: Sequence[Racer], seconds: float, rates: RateBook | None = None
+) -> RaceSummary:
+    """Time each racer to its replicate's target loss and choose (see the module's doc)."""
     reference = reference_racer(racers)
     if reference is None or reference.curve is None:
         failed = next((r for r in racers if r.role in ("baseline", "your batch")), None)
         why = (failed.result.reason or failed.result.status) if failed else "no racer ran"
-        return RaceSummary(
-            seconds=seconds,
-            loss_kind="train",
-            target_loss=None,
-            racers=tuple(racers),
-            winner=None,
-            verdict=RaceVerdict(kind="failed", margin=RACE_MARGIN, reason=why),
-        )
-    if did_not_fall(racers):
-        return RaceSummary(
-            seconds=seconds,
-            loss_kind=reference.curve.loss_kind,
-            target_loss=None,
-            racers=tuple(racers),
-            winner=None,
-            verdict=RaceVerdict(kind="no-fall", margin=RACE_MARGIN),
-        )
-    verdicts = [_verdict_at(racers, target, went_on) for target in reference.curve.target_losses]
-    # It must hold at every target: kept if kept at one, else the smallest claim; unless the
-    # winner at the lowest loss settled below the band (`_settled_win`).
-    chosen = _settled_win(verdicts)
-    chosen = chosen or next((v for v in verdicts if v.winner == v.at_batch0), None)
-    chosen = chosen or min(verdicts, key=_speedup)
-    return RaceSummary(
-        seconds=seconds,
-        loss_kind=reference.curve.loss_kind,
-        target_loss=chosen.target,
-        racers=chosen.racers,
-        winner=chosen.winner,
-        verdict=chosen.verdict,
+        return _summary(racers, seconds, RaceVerdict(kind="failed", margin=MARGIN, reason=why))
+    if did_not_fall([r for r in racers if r.replicate == 0]):
+        return _summary(racers, seconds, RaceVerdict(kind="no-fall", margin=MARGIN))
+    racers = timed(racers)
+    verdict = _verdict(racers, rates or RateBook(), seconds)
+    winner = verdict.kept if verdict.kind != "won" else verdict.best
+    claim = verdict.best_claim if verdict.kind == "won" else verdict.kept_claim
+    return _summary(racers, seconds, verdict).model_copy(
+        update={
+            "target_loss": claim.target_loss if claim else reference.curve.best_loss,
+            "winner": winner,
+            "time_to_loss": claim if winner != _baseline(racers) else None,
+        }
     )
 
 
-class _Verdict(NamedTuple):
-    target: float
-    racers: tuple[Racer, ...]  # timed to `target`
-    winner: int
-    at_batch0: int
-    verdict: RaceVerdict
+def _summary(racers: Sequence[Racer], seconds: float, verdict: RaceVerdict) -> RaceSummary:
+    """A race that set no target (yet): nothing won."""
+    reference = reference_racer(racers)
+    curve = reference.curve if reference is not None else None
+    return RaceSummary(
+        seconds=seconds,
+        loss_kind=curve.loss_kind if curve is not None else "train",
+        target_loss=None,
+        racers=tuple(racers),
+        winner=None,
+        verdict=verdict,
+        replicates=len({r.replicate for r in racers}) or 1,
+    )
 
 
-def _verdict_at(racers: Sequence[Racer], target: float, went_on: bool = False) -> _Verdict:
-    """Time each racer to `target` and choose: the candidate that reached it soonest, if it beat
-    the pick at the user's batch by the margin (or, in a race that `went_on`, `levels` it);
-    else that pick."""
-    timed = timed_to(racers, target)
-    at_batch0 = pick_at_batch0(timed)
-    best = _best_candidate(timed)
-    decided = RaceVerdict(kind="kept", kept=at_batch0, best=best, margin=RACE_MARGIN)
-    if best is not None and beats(timed[best], timed[at_batch0]):
-        won = decided.model_copy(update={"kind": "won"})
-        return _Verdict(target, timed, best, at_batch0, won)
-    if best is not None and went_on and levels(timed[best], timed[at_batch0]):
-        level = decided.model_copy(update={"kind": "won-level"})
-        return _Verdict(target, timed, best, at_batch0, level)
-    kept = decided.model_copy(update={"precision_kept": _precision_kept(timed, at_batch0)})
-    return _Verdict(target, timed, at_batch0, at_batch0, kept)
+def _verdict(racers: Sequence[Racer], rates: RateBook, seconds: float) -> RaceVerdict:
+    """Replicate 0's racers stand for their entrants; indices are into `racers`."""
+    baseline = _baseline(racers)
+    stand, pick, pick_vs_yours = stand_at_batch0(racers, rates, seconds)
+    best = best_candidate(racers, stand, rates, seconds)
+    versus = _against(racers, baseline, rates, seconds)
+    decided = RaceVerdict(
+        kind="kept", kept=stand, best=best, margin=MARGIN, kept_claim=versus(stand)
+    )
+    if best is not None:
+        against_stand = estimate(racers, racers[best], racers[stand], rates, seconds)
+        decided = decided.model_copy(update={"best_claim": versus(best)})
+        if against_stand is not None and against_stand.low >= 1 + MARGIN:
+            return decided.model_copy(update={"kind": "won"})
+        if _close(against_stand):
+            return decided.model_copy(update={"kind": "close-call"})
+    if pick is not None and pick != stand and _close(pick_vs_yours):
+        return decided.model_copy(
+            update={"kind": "close-call", "best": pick, "best_claim": pick_vs_yours}
+        )
+    return decided
 
 
-def _settled_win(verdicts: Sequence[_Verdict]) -> _Verdict | None:
-    """The verdict at the lowest loss where its winner, another global batch, ended the race
-    settled below that loss by more than the band (the median of its last three evaluations):
-    the band keeps a chance dip from deciding, and a racer that stays that far below the dip
-    matched no chance. On teacher.py, a noise of 0.041 put the band target (0.294) where every
-    racer was within its first second, while batch 128 ended at 0.125 against the baseline's
-    lowest, 0.212. None where the band decides."""
-    if len(verdicts) < 2:
-        return None
-    lowest, band = verdicts[0], verdicts[-1]
-    if lowest.winner == lowest.at_batch0:
-        return None
-    curve = lowest.racers[lowest.winner].curve
-    if curve is None or len(curve.points) < 3:
-        return None
-    settled = statistics.median(point.loss for point in curve.points[-3:])
-    return lowest if settled < lowest.target - (band.target - lowest.target) else None
+def stand_at_batch0(
+    racers: Sequence[Racer], rates: RateBook, seconds: float
+) -> tuple[int, int | None, TimeToLoss | None]:
+    """What stands at your global batch (an index into `racers`): the fastest configuration
+    there where its interval reaches your loss sooner than yours by more than `MARGIN`, else
+    yours; with the fastest's index and its claim against yours."""
+    first = [i for i, r in enumerate(racers) if r.replicate == 0]
+    baseline = next((i for i in first if racers[i].role == "baseline"), None)
+    pick = next((i for i in first if racers[i].role == "your batch"), None)
+    if baseline is None or racers[baseline].curve is None:
+        return (pick if pick is not None else first[0]), pick, None
+    if pick is None or racers[pick].curve is None:
+        return baseline, pick, None
+    claim = estimate(racers, racers[pick], racers[baseline], rates, seconds)
+    if claim is not None and claim.low >= 1 + MARGIN:
+        return pick, pick, claim
+    return baseline, pick, claim
 
 
-def _speedup(verdict: _Verdict) -> float:
-    """How much sooner the winner reached the target than the pick at the user's batch."""
-    won = verdict.racers[verdict.winner].time_to_target_s
-    kept = verdict.racers[verdict.at_batch0].time_to_target_s
-    return kept / won if won and kept else math.inf
-
-
-def pick_at_batch0(racers: Sequence[Racer]) -> int:
-    """The fastest configuration at the user's batch, unless it reached the loss clearly later
-    than the baseline (its numerics cost more than its speed gains), or it changes the
-    precision and earned that by neither margin (`unearned_precision`): then the baseline."""
-    baseline = next(i for i, r in enumerate(racers) if r.role in ("baseline", "your batch"))
-    faster = next((i for i, r in enumerate(racers) if r.role == "your batch"), None)
-    if faster is None or racers[baseline].role != "baseline":
-        return faster if faster is not None else baseline
-    if beats(racers[baseline], racers[faster]):
-        return baseline
-    if unearned_precision(racers[faster], racers[baseline]):
-        return baseline
-    return faster
-
-
-def unearned_precision(faster: Racer, baseline: Racer) -> bool:
-    """Whether `faster` trains in another precision (amp) than the baseline without earning it:
-    it ran less than `RACE_MARGIN` more samples/s and did not reach the loss more than the
-    margin sooner. Lower precision can leave the loss a little higher late in a run, where the
-    race does not look: on examples/hf_gpt2.py bf16 ran within 15 % of fp32 at batch 16, won its
-    10-s race by less than the margin, and reached fp32's lowest 60-s loss in none of 3 runs
-    against 2 of 3 (docs/benchmarks.md, "convergence"). A change of batch must win the race by
-    the margin; a change of precision must win by it too, in the race or in samples/s."""
-    if faster.config.amp == baseline.config.amp:
-        return False
-    rates = (faster.samples_per_s, baseline.samples_per_s)
-    if rates[0] and rates[1] and rates[0] >= rates[1] * (1 + RACE_MARGIN):
-        return False
-    return not beats(faster, baseline)
-
-
-def _best_candidate(racers: Sequence[Racer]) -> int | None:
-    """Among the other global batches: for each configuration the learning rate that ended at
-    the lower loss (both trained equally long), then the configuration that reached the target
-    soonest."""
+def best_candidate(
+    racers: Sequence[Racer], stand: int, rates: RateBook, seconds: float
+) -> int | None:
+    """Among the other global batches of replicate 0: for each configuration the learning
+    rate that ended at the lower loss (both trained equally long), then the configuration
+    whose time to the loss is the shortest against `stand`'s."""
     chosen: dict[TrialConfig, int] = {}
     for index, racer in enumerate(racers):
-        if racer.role != "candidate" or racer.curve is None:
+        if racer.role != "candidate" or racer.replicate != 0 or racer.curve is None:
             continue
         other = chosen.get(racer.config)
         if other is None or racer.curve.final_loss < _final(racers[other]):
             chosen[racer.config] = index
-    timed = [i for i in chosen.values() if racers[i].time_to_target_s is not None]
-    return min(timed, key=lambda i: racers[i].time_to_target_s or 0.0, default=None)
+    claims = {
+        index: estimate(racers, racers[index], racers[stand], rates, seconds)
+        for index in chosen.values()
+    }
+    scored = {index: claim.speedup for index, claim in claims.items() if claim is not None}
+    return max(scored, key=lambda index: scored[index], default=None)
+
+
+def reclaimed(race: RaceSummary, rates: RateBook) -> RaceSummary:
+    """The race with its winner's claim against yours measured again with `rates` (the
+    re-runs that confirmed it since); the verdict stays as decided."""
+    if race.winner is None or race.time_to_loss is None:
+        return race
+    baseline = _baseline(race.racers)
+    if baseline is None:
+        return race
+    claim = estimate(
+        race.racers,
+        race.racers[race.winner],
+        race.racers[baseline],
+        rates,
+        race.time_to_loss.seconds,
+    )
+    if claim is None:
+        return race
+    which = "best_claim" if race.verdict.kind == "won" else "kept_claim"
+    verdict = race.verdict.model_copy(update={which: claim})
+    return race.model_copy(update={"time_to_loss": claim, "verdict": verdict})
+
+
+def needs_replicates(race: RaceSummary) -> bool:
+    """Whether another replicate could settle the verdict: it is a close call."""
+    return race.verdict.kind == "close-call"
+
+
+def _against(
+    racers: Sequence[Racer], baseline: int | None, rates: RateBook, seconds: float
+) -> Callable[[int | None], TimeToLoss | None]:
+    """A racer's claim against your configuration (None for yours, or without it)."""
+
+    def versus(index: int | None) -> TimeToLoss | None:
+        if index is None or baseline is None or index == baseline:
+            return None
+        return estimate(racers, racers[index], racers[baseline], rates, seconds)
+
+    return versus
+
+
+def _close(claim: TimeToLoss | None) -> bool:
+    """Whether an interval holds both a win by the margin and none (a racer that reached the
+    loss in no replicate holds no win)."""
+    return claim is not None and bool(claim.reached) and claim.low < 1 + MARGIN <= claim.high
+
+
+def _baseline(racers: Sequence[Racer]) -> int | None:
+    return next(
+        (i for i, r in enumerate(racers) if r.replicate == 0 and r.role == "baseline"), None
+    )
 
 
 def _final(racer: Racer) -> float:
     return racer.curve.final_loss if racer.curve else math.inf
-
-
-def timed_to(racers: Sequence[Racer], target: float) -> tuple[Racer, ...]:
-    """The racers with their training time until each first reached `target` (None: never)."""
-    return tuple(
-        r.model_copy(
-            update={"time_to_target_s": time_to_loss(r.curve, target) if r.curve else None}
-        )
-        for r in racers
-    )
-
-
-def beats(first: Racer, second: Racer) -> bool:
-    """Whether `first` reached the target more than the noise sooner than `second`."""
-    if first.time_to_target_s is None:
-        return False
-    if second.time_to_target_s is None:
-        return True
-    return first.time_to_target_s < second.time_to_target_s * (1 - RACE_MARGIN)
-
-
-def levels(candidate: Racer, pick: Racer) -> bool:
-    """Whether `candidate`, of a larger global batch than `pick`, reached the target no later.
-    Judged only where the race went on: the race's horizon is still shorter than the user's
-    run, and the gradient noise scale grows as the loss falls (McCandlish et al. 2018), so a
-    larger batch that is level at the horizon is ahead after it. A smaller batch is not."""
-    if candidate.config.global_batch_size <= pick.config.global_batch_size:
-        return False
-    if candidate.time_to_target_s is None:
-        return False
-    return pick.time_to_target_s is None or candidate.time_to_target_s <= pick.time_to_target_s
-
-
-def _precision_kept(racers: Sequence[Racer], kept: int) -> bool:
-    """Whether the baseline stands for the user's batch because a faster racer there changed
-    the precision without earning it."""
-    faster = next((r for r in racers if r.role == "your batch"), None)
-    chosen = racers[kept]
-    return faster is not None and chosen.role == "baseline" and unearned_precision(faster, chosen)

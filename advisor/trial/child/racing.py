@@ -1,8 +1,10 @@
 """Child side of the convergence measurements: a race trial and a noise trial.
 
-A race trial trains one configuration from the seeded initial weights for a fixed training time
-(`RaceOrder.seconds`) with the learning rate it would ship with, and records the loss as
-it goes; given a target loss (`RaceOrder.target`), it stops once it reaches it. The
+A race trial trains one configuration from its replicate's seeded initial weights with the
+learning rate it would ship with, and records the held-out loss whenever the samples it trained
+on reach a count of the race's grid (`RaceOrder.grid`, shared by every racer, so that all are
+judged at the same sample counts); it stops after `RaceOrder.seconds` of training, or once it
+reaches a target loss (`RaceOrder.target`) or can no longer win (`RaceOrder.max_samples`). The
 clock counts training only: it starts as the first step begins, so torch.compile's compilation
 and cuDNN's autotuning count against the racer, and it stops while the loss is evaluated. For a
 map-style dataset the loss is the mean over a fixed held-out slice that no racer trains on,
@@ -40,10 +42,9 @@ from advisor.trial.child.gradient_noise import (
 )
 from advisor.trial.child.loop import DivergedError, Trainer
 from advisor.trial.child.steps import Clock
-from advisor.trial.orders import HELD_OUT_MAX, RACE_EVALUATIONS, TRACK_POINTS, RaceOrder
+from advisor.trial.orders import HELD_OUT_MAX, TRACK_POINTS, RaceOrder
 
 __all__ = [
-    "EVALUATIONS",
     "TRACK_POINTS",
     "enter_stage",
     "held_out_split",
@@ -54,7 +55,7 @@ __all__ = [
 HELD_OUT_FRACTION = 0.1
 HELD_OUT_SEED = 2018  # fixed, so that every racer is evaluated on the same samples
 EVAL_BATCH = 256
-EVALUATIONS = RACE_EVALUATIONS  # loss points per race, evenly spaced in training time
+PROBE_GRACE = 0.025  # of the race time: a noise probe's point may come this much early
 
 
 def held_out_split(
@@ -83,13 +84,14 @@ def train_racer(
     *,
     clock: Clock = time.perf_counter,
 ) -> RaceCurve:
-    """Train until `order.seconds` of training time, or until the loss reaches `order.target`;
-    the loss at `order.evaluations` evenly spaced points. The trainer applies the learning-rate
-    plan (`Trainer.lr`) and, with a `schedule`, each stage from its step on. With
-    `track_noise`, the noise scale is measured at the start and at `TRACK_POINTS` evaluations,
-    out of the training time (`probe_noise`). A racer that `continues` an earlier race's curve
-    (its state loaded, `advisor.trial.child.racer_state`) goes on from its last point, and
-    returns the whole curve. Time is read from `clock`."""
+    """Train until `order.seconds` of training time, the loss reaches `order.target`, the
+    samples pass `order.max_samples` or the last count of `order.grid`; the loss at each count
+    of the grid (the first step at or past it), and where the time runs out. The trainer
+    applies the learning-rate plan (`Trainer.lr`) and, with a `schedule`, each stage from its
+    step on. With `track_noise`, the noise scale is measured at the start and at
+    `TRACK_POINTS` evaluations, out of the training time (`probe_noise`). A racer that
+    `continues` an earlier race's curve (its state loaded, `advisor.trial.child.racer_state`)
+    goes on from its last point, and returns the whole curve. Time is read from `clock`."""
     evaluate = _HeldOut(trainer, task, held_out) if held_out is not None else None
     run = _RaceRun.starting(trainer, evaluate, order)
     losses: list[torch.Tensor] = []
@@ -98,13 +100,13 @@ def train_racer(
     while True:
         losses.append(trainer.step())
         run.stepped(trainer, order.schedule)
-        if not rank_zero_says(run.trained_s + clock() - started >= run.next_at, trainer):
+        due = run.samples >= run.next_samples or run.trained_s + clock() - started >= order.seconds
+        if not rank_zero_says(due, trainer):
             continue
         trainer.synchronize()
         loss = run.evaluated(trainer, clock() - started, _finite_mean(losses), evaluate, order)
         losses = []
-        reached = order.target is not None and loss <= order.target
-        if rank_zero_says(run.trained_s >= order.seconds or reached, trainer):
+        if rank_zero_says(run.finished(order, loss), trainer):
             break
         started = clock()
     return RaceCurve(
@@ -119,17 +121,17 @@ def train_racer(
 @dataclass
 class _RaceRun:
     """Where a race stands: its points and noise probes so far, the training time, steps and
-    samples behind it, the schedule's stage, and when it evaluates next."""
+    samples behind it, the schedule's stage, and the sample count it evaluates at next."""
 
     points: list[RacePoint]
     track: list[NoiseProbe]
     probe_s: float
-    interval: float
+    grid: tuple[int, ...]
     stage: ScheduleStage | None
     trained_s: float = 0.0
     steps: int = 0
     samples: int = 0
-    next_at: float = 0.0
+    next_samples: float = math.inf
 
     @classmethod
     def starting(cls, trainer: Trainer, evaluate: _HeldOut | None, order: RaceOrder) -> _RaceRun:
@@ -144,11 +146,15 @@ class _RaceRun:
         track = [noise_probe(trainer, first, probe_s)] if order.track_noise else []
         last = points[-1] if continues is not None and points else None
         stage = enter_stage(trainer, order.schedule, last.steps if last else 0, None)
-        run = cls(points, track, probe_s, order.seconds / order.evaluations, stage)
+        run = cls(points, track, probe_s, order.grid, stage)
         if last is not None:
             run.trained_s, run.steps, run.samples = last.seconds, last.steps, last.samples
-        run.next_at = (math.floor(run.trained_s / run.interval) + 1) * run.interval
+        run.next_samples = run.next_count()
         return run
+
+    def next_count(self) -> float:
+        """The grid's first count past the samples trained on (infinite past its last)."""
+        return next((count for count in self.grid if count > self.samples), math.inf)
 
     def stepped(self, trainer: Trainer, schedule: BatchSchedule | None) -> None:
         """Count an optimizer step, and enter the schedule's next stage where it starts."""
@@ -165,18 +171,23 @@ class _RaceRun:
         order: RaceOrder,
     ) -> float:
         """Record the point after `trained_s` more of training, and a noise probe at the first
-        evaluation at or past each of TRACK_POINTS even shares of the run (half an interval's
-        grace for rounding: a step longer than an interval skips a point of the grid, never a
-        probe). Returns the point's loss."""
+        evaluation at or past each of TRACK_POINTS even shares of the run (`PROBE_GRACE` of it
+        early, for rounding). Returns the point's loss."""
         self.trained_s += trained_s
         loss = evaluate() if evaluate else train_loss
         point = RacePoint(seconds=self.trained_s, samples=self.samples, steps=self.steps, loss=loss)
         self.points.append(point)
-        self.next_at = (math.floor(self.trained_s / self.interval) + 1) * self.interval
-        share = len(self.track) * order.seconds / TRACK_POINTS - self.interval / 2
+        self.next_samples = self.next_count()
+        share = (len(self.track) / TRACK_POINTS - PROBE_GRACE) * order.seconds
         if order.track_noise and self.trained_s >= share:
             self.track.append(noise_probe(trainer, point, self.probe_s))
         return loss
+
+    def finished(self, order: RaceOrder, loss: float) -> bool:
+        """Whether the race is over for this racer after the point whose loss is `loss`."""
+        reached = order.target is not None and loss <= order.target
+        beyond = order.max_samples is not None and self.samples >= order.max_samples
+        return reached or beyond or self.trained_s >= order.seconds or self.samples >= self.grid[-1]
 
 
 def time_evaluation(

@@ -30,6 +30,7 @@ from advisor.trial.orders import (
     ProgressCallback,
     RaceOrder,
     TrialOrder,
+    replicate_seed,
 )
 from advisor.trial.parent.environment import child_env, json_safe
 from advisor.trial.parent.group import GRACE_S, TrialChild, kill_group, signal_group
@@ -128,7 +129,7 @@ def _request(
         order=order,
         spec=launch.spec,
         cwd=str(launch.cwd),
-        seed=launch.seed,
+        seed=replicate_seed(launch.seed, order),
         warmup_steps=launch.warmup_steps,
         trial_seconds=launch.trial_seconds,
         max_measure_steps=launch.max_measure_steps,

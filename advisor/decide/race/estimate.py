@@ -1,0 +1,159 @@
+"""How much sooner one racer reaches your loss than another, with its interval (docs/method.md,
+"Time to your loss").
+
+Time to your loss = samples to your loss ÷ samples per second, each part measured where it is
+measured well:
+
+- **samples to the loss** from the race: in each replicate, every racer is evaluated at the same
+  sample counts (`advisor.decide.race.grid`), and its crossing of that replicate's target (the
+  baseline's lowest loss) is read from the curve in samples (`samples_to_loss`); the racers of a
+  replicate share its seed, so the ratio of two racers' samples is paired;
+- **samples per second** from the paired re-runs (`advisor.decide.reruns`): each round runs the
+  two one after the other, and their ratios give the Hodges-Lehmann estimate and its interval
+  (`advisor.decide.paired_ratio`). The race's own clock only bounds how long a racer trains.
+
+The speed-up is the geometric mean of the replicates' samples ratios times the typical
+samples/s ratio; its interval runs from the lowest replicate's ratio times the low end of the
+samples/s interval to the highest's times its high end. A racer that never reached the target in
+a replicate counts with the samples it had trained on by then: a bound in its favour (its
+speed-up and high end are at most that), and its low end is unknown, so 0: it cannot win.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from advisor.decide.claims import COVERAGE
+from advisor.decide.paired_ratio import paired_ratio
+from advisor.decide.reruns import rerun_pairs
+from advisor.results import RaceCurve, Racer, TimeToLoss, TrialRecord, reference_racer
+
+__all__ = ["RateBook", "estimate", "replicate_targets", "samples_to_loss", "timed"]
+
+
+def samples_to_loss(curve: RaceCurve, target: float) -> float | None:
+    """Samples trained on until the curve first reaches `target`, interpolated between its
+    points; None if it never does."""
+    previous = None
+    for point in curve.points:
+        if point.loss <= target:
+            if previous is None or previous.loss == point.loss:
+                return float(point.samples)
+            fraction = (previous.loss - target) / (previous.loss - point.loss)
+            return previous.samples + fraction * (point.samples - previous.samples)
+        previous = point
+    return None
+
+
+def _seconds_to_loss(curve: RaceCurve, target: float) -> float | None:
+    """Training time until the curve first reaches `target` (for the reports' curves)."""
+    previous = None
+    for point in curve.points:
+        if point.loss <= target:
+            if previous is None or previous.loss == point.loss:
+                return point.seconds
+            fraction = (previous.loss - target) / (previous.loss - point.loss)
+            return previous.seconds + fraction * (point.seconds - previous.seconds)
+        previous = point
+    return None
+
+
+def replicate_targets(racers: Sequence[Racer]) -> dict[int, float]:
+    """Each replicate's target: the lowest loss of its reference racer (the baseline's)."""
+    targets = {}
+    for replicate in sorted({r.replicate for r in racers}):
+        reference = reference_racer([r for r in racers if r.replicate == replicate])
+        if reference is not None and reference.curve is not None:
+            targets[replicate] = reference.curve.best_loss
+    return targets
+
+
+def timed(racers: Sequence[Racer]) -> tuple[Racer, ...]:
+    """The racers with the samples and the training time each took to its replicate's target
+    (None: it never reached it)."""
+    targets = replicate_targets(racers)
+    out = []
+    for racer in racers:
+        target = targets.get(racer.replicate)
+        curve = racer.curve
+        if target is None or curve is None:
+            out.append(racer)
+            continue
+        update = {
+            "samples_to_target": samples_to_loss(curve, target),
+            "time_to_target_s": _seconds_to_loss(curve, target),
+        }
+        out.append(racer.model_copy(update=update))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class RateBook:
+    """The paired re-runs the samples/s ratios come from: every re-run, by search trial."""
+
+    confirmations: tuple[TrialRecord, ...] = ()
+
+    def ratios(self, racer: Racer, rival: Racer) -> list[float]:
+        """`racer`'s samples/s over `rival`'s in each round that re-ran both; one ratio of the
+        two racers' own rates where no round did; none where either is unknown."""
+        if racer.trial is not None and racer.trial == rival.trial:
+            return [1.0]
+        if racer.trial is not None and rival.trial is not None:
+            pairs = rerun_pairs(self.confirmations, racer.trial, rival.trial)
+            if pairs:
+                return [mine / theirs for mine, theirs, _ in pairs]
+        if racer.samples_per_s and rival.samples_per_s:
+            return [racer.samples_per_s / rival.samples_per_s]
+        return []
+
+
+def estimate(
+    racers: Sequence[Racer], racer: Racer, rival: Racer, rates: RateBook, seconds: float
+) -> TimeToLoss | None:
+    """How much sooner `racer` reaches the loss than `rival` (both replicate 0's, `racers`
+    timed by `timed`), over the replicates in which both raced; None where `rival` never
+    reached it or no samples/s ratio is known."""
+    samples, reached = [], 0
+    for replicate in replicate_targets(racers):
+        mine = _in_replicate(racers, racer, replicate)
+        theirs = _in_replicate(racers, rival, replicate)
+        if mine is None or theirs is None or not theirs.samples_to_target:
+            continue
+        needed = mine.samples_to_target or _trained(mine)
+        if needed:
+            reached += mine.samples_to_target is not None
+            samples.append(theirs.samples_to_target / needed)
+    speeds = rates.ratios(racer, rival)
+    if not samples or not speeds:
+        return None
+    speed = paired_ratio(speeds, COVERAGE)
+    targets = replicate_targets(racers)
+    return TimeToLoss(
+        speedup=_geometric_mean(samples) * speed.typical,
+        low=min(samples) * speed.low if reached == len(samples) else 0.0,
+        high=max(samples) * speed.high,
+        replicates=len(samples),
+        reached=reached,
+        rounds=len(speeds),
+        seconds=seconds,
+        target_loss=statistics.median(targets.values()) if targets else None,
+    )
+
+
+def _in_replicate(racers: Sequence[Racer], racer: Racer, replicate: int) -> Racer | None:
+    return next(
+        (r for r in racers if r.replicate == replicate and r.entrant == racer.entrant), None
+    )
+
+
+def _trained(racer: Racer) -> float | None:
+    """The samples a racer that never reached the target had trained on by its end."""
+    curve = racer.curve
+    return float(curve.points[-1].samples) if curve is not None and curve.points else None
+
+
+def _geometric_mean(values: Sequence[float]) -> float:
+    return math.exp(statistics.fmean(math.log(value) for value in values))
