@@ -3,7 +3,8 @@ evidence lets advisor claim (docs/architecture.md, "Deciding").
 
 - `reruns`: re-measure the finalists and your configuration, interleaved, in numbered rounds;
 - `claims`, `paired_ratio`: whether the paired rounds support the speed-up claimed;
-- `race/`: the race to your loss (plan, run, verdict, extend) and the batch-size schedule;
+- `race/`: the race to your loss in replicates (plan, grid, run, estimate, verdict, extend)
+  and the batch-size schedule;
 - `analysis`, `bottleneck`: what the trials show about single knobs, layouts, what limits the
   winner;
 - `recommendation`: the `Recommendation`, assembled from its rates and what the trials show;

@@ -5,8 +5,10 @@ Time to your loss = samples to your loss ÷ samples per second, each part measur
 measured well:
 
 - **samples to the loss** from the race: in each replicate, every racer is evaluated at the same
-  sample counts (`advisor.decide.race.grid`), and its crossing of that replicate's target (the
-  baseline's lowest loss) is read from the curve in samples (`samples_to_loss`); the racers of a
+  sample counts (`advisor.decide.race.grid`), and its crossing of that replicate's target is read
+  in samples from its curve made non-increasing (`settled`: an isotonic fit, which pools a
+  plateau's wobble into its mean); the target is where the baseline's fitted curve ends, so a
+  chance dip of one evaluation neither sets the target nor reaches it. The racers of a
   replicate share its seed, so the ratio of two racers' samples is paired;
 - **samples per second** from the paired re-runs (`advisor.decide.reruns`): each round runs the
   two one after the other, and their ratios give the Hodges-Lehmann estimate and its interval
@@ -31,43 +33,71 @@ from advisor.decide.paired_ratio import paired_ratio
 from advisor.decide.reruns import rerun_pairs
 from advisor.results import RaceCurve, Racer, TimeToLoss, TrialRecord, reference_racer
 
-__all__ = ["RateBook", "estimate", "replicate_targets", "samples_to_loss", "timed"]
+__all__ = [
+    "RateBook",
+    "estimate",
+    "replicate_targets",
+    "samples_to_loss",
+    "settled",
+    "target_of",
+    "timed",
+]
+
+
+def settled(curve: RaceCurve) -> list[tuple[int, float]]:
+    """The curve's (samples, loss) made non-increasing by the isotonic fit of least squares
+    (pool adjacent violators): a rise pools with what came before into their mean."""
+    blocks: list[list[float]] = []  # [sum, count] per pooled block
+    for point in curve.points:
+        blocks.append([point.loss, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    fitted = [total / count for total, count in blocks for _ in range(int(count))]
+    return [(p.samples, loss) for p, loss in zip(curve.points, fitted, strict=True)]
+
+
+def target_of(curve: RaceCurve) -> float:
+    """The loss a replicate's racers are timed to: where the baseline's settled curve ends."""
+    return settled(curve)[-1][1]
 
 
 def samples_to_loss(curve: RaceCurve, target: float) -> float | None:
-    """Samples trained on until the curve first reaches `target`, interpolated between its
-    points; None if it never does."""
-    previous = None
-    for point in curve.points:
-        if point.loss <= target:
-            if previous is None or previous.loss == point.loss:
-                return float(point.samples)
-            fraction = (previous.loss - target) / (previous.loss - point.loss)
-            return previous.samples + fraction * (point.samples - previous.samples)
-        previous = point
+    """Samples trained on until the settled curve first reaches `target`, interpolated
+    between its points; None if it never does."""
+    previous: tuple[int, float] | None = None
+    for samples, loss in settled(curve):
+        if loss <= target:
+            if previous is None or previous[1] == loss:
+                return float(samples)
+            fraction = (previous[1] - target) / (previous[1] - loss)
+            return previous[0] + fraction * (samples - previous[0])
+        previous = (samples, loss)
     return None
 
 
 def _seconds_to_loss(curve: RaceCurve, target: float) -> float | None:
-    """Training time until the curve first reaches `target` (for the reports' curves)."""
-    previous = None
-    for point in curve.points:
-        if point.loss <= target:
-            if previous is None or previous.loss == point.loss:
+    """Training time until the settled curve first reaches `target` (for the reports)."""
+    previous: tuple[float, float] | None = None
+    for point, (_, loss) in zip(curve.points, settled(curve), strict=True):
+        if loss <= target:
+            if previous is None or previous[1] == loss:
                 return point.seconds
-            fraction = (previous.loss - target) / (previous.loss - point.loss)
-            return previous.seconds + fraction * (point.seconds - previous.seconds)
-        previous = point
+            fraction = (previous[1] - target) / (previous[1] - loss)
+            return previous[0] + fraction * (point.seconds - previous[0])
+        previous = (point.seconds, loss)
     return None
 
 
 def replicate_targets(racers: Sequence[Racer]) -> dict[int, float]:
-    """Each replicate's target: the lowest loss of its reference racer (the baseline's)."""
+    """Each replicate's target: where its reference racer's (the baseline's) settled curve
+    ends."""
     targets = {}
     for replicate in sorted({r.replicate for r in racers}):
         reference = reference_racer([r for r in racers if r.replicate == replicate])
         if reference is not None and reference.curve is not None:
-            targets[replicate] = reference.curve.best_loss
+            targets[replicate] = target_of(reference.curve)
     return targets
 
 

@@ -1,7 +1,8 @@
 """The race's verdict: which configuration reaches your loss soonest, with its interval, or a
 close call (docs/method.md, "The race and its verdict").
 
-Each replicate's target is its baseline's lowest loss; where the baseline's loss did not fall
+Each replicate's target is where its baseline's settled (non-increasing) curve ends; where the
+baseline's loss did not fall
 (`RaceCurve.fell`), nothing can be timed to it and your global batch is kept. Otherwise every
 racer is timed to the target in samples (`advisor.decide.race.estimate`), and:
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from advisor.decide.race.estimate import RateBook, estimate, timed
+from advisor.decide.race.estimate import RateBook, estimate, target_of, timed
 from advisor.knobs import TrialConfig
 from advisor.results import (
     Racer,
@@ -65,7 +66,7 @@ def decide_race(
     claim = verdict.best_claim if verdict.kind == "won" else verdict.kept_claim
     return _summary(racers, seconds, verdict).model_copy(
         update={
-            "target_loss": claim.target_loss if claim else reference.curve.best_loss,
+            "target_loss": claim.target_loss if claim else target_of(reference.curve),
             "winner": winner,
             "time_to_loss": claim if winner != _baseline(racers) else None,
         }
