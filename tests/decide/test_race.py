@@ -278,6 +278,25 @@ def test_samples_to_loss_interpolates_between_evaluations():
     assert samples_to_loss(curve, 0.5) is None
 
 
+def test_a_chance_dip_on_a_plateau_neither_sets_the_target_nor_wins():
+    """Both reach a plateau of 2.3025 after 3 evaluations and wobble about it; your lowest
+    evaluation is a dip at the end, the candidate dips as low at once. On the raw curves the
+    candidate would be 2.5x sooner; on the settled ones both reach the plateau together."""
+    wobble = [0.0002, -0.0001, 0.0003, -0.0002, 0.0001, -0.0003, 0.0002]
+    plateau = [2.3164, 2.31, 2.305] + [2.3025 + w for w in wobble]
+    yours = [*plateau[:-1], 2.3020]
+    dipping = [*plateau[:3], 2.3019, *plateau[4:]]
+    racers = _replicates(
+        ("baseline", SMALL, 100.0, [yours, yours]),
+        ("candidate", BIG, 100.0, [dipping, dipping]),
+    )
+    race = decide_race(racers, 9)
+    assert race.winner == 0 and race.verdict.kind == "kept"
+    assert 2.3021 < race.target_loss < 2.3026  # on the plateau, not the dip
+    claim = race.verdict.best_claim
+    assert claim.high < 1.05
+
+
 def test_a_falling_curve_keeps_its_targets_close():
     losses = [2.0 * 0.8**i + 0.1 for i in range(21)]  # still falling at the end, noiseless
     curve = _racer("baseline", SMALL, losses).curve
@@ -293,7 +312,7 @@ def _rated(racer: Racer, rate: float, trial: int, replicate: int = 0) -> Racer:
     return racer.model_copy(update={"samples_per_s": rate, "trial": trial, "replicate": replicate})
 
 
-YOURS = [4, 3, 2, 1.5, 1.2, 1.0]  # 1.0 after 40 samples
+YOURS = [4, 3, 2, 1.5, 1.2, 1.0, 1.0, 1.0]  # 1.0 after 40 samples, and settled there
 
 
 def _replicates(*curves: tuple[str, TrialConfig, float, list[list[float]]]) -> list[Racer]:

@@ -252,7 +252,7 @@ def test_a_throughput_pick_is_judged_by_the_lr_that_ended_lower_as_the_verdict_j
     mid = TrialConfig(batch_size=64)
     rule = LrPlan(scale=4.0, rule="sqrt")
     racers = [
-        _racer("baseline", SMALL, [4.0, 3.0, 2.0, 1.5, 1.2, 1.0]),
+        _racer("baseline", SMALL, [4.0, 3.0, 2.0, 1.5, 1.2, 1.0, 1.0, 1.0]),
         _racer("candidate", mid, [4.0, 2.0, 1.5, 1.2, 1.0, 0.9]),
         _racer("candidate", WINNER, [4.0, 2.5, 2.2, 2.1, 2.0, 1.9]),
         _racer("candidate", WINNER, [4.0, 0.9, 2.0, 2.5, 2.8, 3.0], rule),

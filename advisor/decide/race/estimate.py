@@ -7,8 +7,9 @@ measured well:
 - **samples to the loss** from the race: in each replicate, every racer is evaluated at the same
   sample counts (`advisor.decide.race.grid`), and its crossing of that replicate's target is read
   in samples from its curve made non-increasing (`settled`: an isotonic fit, which pools a
-  plateau's wobble into its mean); the target is where the baseline's fitted curve ends, so a
-  chance dip of one evaluation neither sets the target nor reaches it. The racers of a
+  plateau's wobble into its mean); the target is where the baseline's fitted curve ends (the
+  median of its last three points), so a chance dip of one evaluation neither sets the target
+  nor reaches it. The racers of a
   replicate share its seed, so the ratio of two racers' samples is paired;
 - **samples per second** from the paired re-runs (`advisor.decide.reruns`): each round runs the
   two one after the other, and their ratios give the Hodges-Lehmann estimate and its interval
@@ -32,6 +33,9 @@ from advisor.decide.claims import COVERAGE
 from advisor.decide.paired_ratio import paired_ratio
 from advisor.decide.reruns import rerun_pairs
 from advisor.results import RaceCurve, Racer, TimeToLoss, TrialRecord, reference_racer
+
+# The last evaluations of the baseline's settled curve whose median is a replicate's target.
+SETTLED_POINTS = 3
 
 __all__ = [
     "RateBook",
@@ -59,8 +63,9 @@ def settled(curve: RaceCurve) -> list[tuple[int, float]]:
 
 
 def target_of(curve: RaceCurve) -> float:
-    """The loss a replicate's racers are timed to: where the baseline's settled curve ends."""
-    return settled(curve)[-1][1]
+    """The loss a replicate's racers are timed to: where the baseline's settled curve ends,
+    the median of its last `SETTLED_POINTS` (a last evaluation that dips is not the end)."""
+    return statistics.median(loss for _, loss in settled(curve)[-SETTLED_POINTS:])
 
 
 def samples_to_loss(curve: RaceCurve, target: float) -> float | None:
