@@ -337,6 +337,27 @@ def test_a_clear_win_claims_the_samples_ratio_times_the_samples_per_s_ratio():
     assert claim.replicates == 2 and claim.target_loss == 1.0
 
 
+def test_of_two_winning_batches_the_nearer_stands_unless_the_farther_wins_against_it():
+    """Batches 64 and 256 both reach your loss 2.5x sooner in samples: at 1.04x the samples/s
+    of 64, 256 is within the margin of it, and 64, fewer changes from yours, wins; at 2x,
+    256 beats 64 by the margin too, and wins."""
+    fast = [4, 2, 1.0, 0.9, 0.8, 0.7]
+    mid = TrialConfig(batch_size=64)
+
+    def winner(rate: float) -> TrialConfig:
+        racers = _replicates(
+            ("baseline", SMALL, 100.0, [YOURS, YOURS]),
+            ("candidate", BIG, rate, [fast, fast]),
+            ("candidate", mid, 100.0, [fast, fast]),
+        )
+        race = decide_race(racers, 5)
+        assert race.verdict.kind == "won"
+        return race.racers[race.winner].config
+
+    assert winner(104.0) == mid
+    assert winner(200.0) == BIG
+
+
 def test_replicates_that_disagree_widen_the_interval_to_a_close_call():
     """One replicate 2x sooner in samples, the other 0.8x: the interval holds a win and a loss,
     so the user's configuration, with fewer changes, stands, and the verdict says why."""

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import optuna
 
-from advisor.decide.race.estimate import samples_to_loss
+from advisor.decide.race.estimate import samples_to_loss, target_of
 from advisor.decide.race.grid import sample_grid
 from advisor.decide.race.plan import RacePlan
 from advisor.progress import Stage
@@ -124,7 +124,10 @@ def _race_one(
     held-out slice's samples at most and the racer's place in the heat."""
     held_out, count = where
     reference = reference_racer(racers)
-    target = reference.curve.best_loss if reference is not None and reference.curve else None
+    curve = reference.curve if reference is not None else None
+    # A racer stops below the lowest evaluation of yours, past the target it is timed to
+    # (`target_of`), so that its own settled curve crosses that target before it stops.
+    target = curve.best_loss if curve is not None else None
     name = f"race-{plan.trial}-{count.split('/')[0]}-r{heat.replicate}"
     resumes = plan.resumes
     went_on = resumes is not None
@@ -138,7 +141,7 @@ def _race_one(
         # A candidate's two learning rates train equally long: the one that ends lower ships.
         target=target if plan.role != RacerRole.CANDIDATE or heat.replicate or went_on else None,
         grid=heat.grid,
-        max_samples=_most_samples(plan, racers, target, heat.seconds),
+        max_samples=_most_samples(plan, racers, target_of(curve) if curve else None, heat.seconds),
         replicate=heat.replicate,
         state=str(state) if state else None,
         continues=resumes.curve if resumes is not None else None,

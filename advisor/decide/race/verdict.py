@@ -10,7 +10,8 @@ racer is timed to the target in samples (`advisor.decide.race.estimate`), and:
    says it reaches the loss sooner by more than `MARGIN`; else yours stands (a precision or a
    loader change that costs more in samples than it gains in speed loses here);
 2. another global batch wins only where its interval says it reaches the loss sooner than what
-   stands at your batch by more than `MARGIN`;
+   stands at your batch by more than `MARGIN`; of several that do, the nearest your global
+   batch, unless a farther one wins against it by the margin in turn;
 3. where an interval holds both a win by the margin and none, the verdict is a **close call**:
    the configuration with fewer changes from yours stands, and the race adds replicates while
    it can (`needs_replicates`).
@@ -133,9 +134,11 @@ def stand_at_batch0(
 def best_candidate(
     racers: Sequence[Racer], stand: int, rates: RateBook, seconds: float
 ) -> int | None:
-    """Among the other global batches of replicate 0: for each configuration the learning
-    rate that ended at the lower loss (both trained equally long), then the configuration
-    whose time to the loss is the shortest against `stand`'s."""
+    """Among the other global batches of replicate 0, each with the learning rate that ended
+    at the lower loss (both trained equally long): of those whose interval wins against
+    `stand`, the one with the fewest changes from yours, unless a larger change wins against
+    it by the margin in turn (`_fewest_changes`); where none wins, the one whose time to the
+    loss is the shortest against `stand`'s."""
     chosen: dict[TrialConfig, int] = {}
     for index, racer in enumerate(racers):
         if racer.role != "candidate" or racer.replicate != 0 or racer.curve is None:
@@ -147,8 +150,33 @@ def best_candidate(
         index: estimate(racers, racers[index], racers[stand], rates, seconds)
         for index in chosen.values()
     }
-    scored = {index: claim.speedup for index, claim in claims.items() if claim is not None}
-    return max(scored, key=lambda index: scored[index], default=None)
+    scored = {index: claim for index, claim in claims.items() if claim is not None}
+    winners = [index for index, claim in scored.items() if claim.low >= 1 + MARGIN]
+    if winners:
+        return _fewest_changes(racers, winners, stand, rates, seconds)
+    return max(scored, key=lambda index: scored[index].speedup, default=None)
+
+
+def _fewest_changes(
+    racers: Sequence[Racer], winners: Sequence[int], stand: int, rates: RateBook, seconds: float
+) -> int:
+    """Of candidates that each win against `stand`: the global batch nearest yours, replaced by
+    a farther one only where that one reaches the loss sooner than it by the margin at the low
+    end of its interval. Two winners within each other's noise give the same answer whichever
+    measured a little faster."""
+    batch0 = racers[stand].config.global_batch_size
+
+    def distance(index: int) -> tuple[float, float]:
+        ratio = racers[index].config.global_batch_size / batch0
+        return (abs(math.log(ratio)), -racers[index].config.global_batch_size)
+
+    ordered = sorted(winners, key=distance)
+    current = ordered[0]
+    for other in ordered[1:]:
+        against = estimate(racers, racers[other], racers[current], rates, seconds)
+        if against is not None and against.low >= 1 + MARGIN:
+            current = other
+    return current
 
 
 def reclaimed(race: RaceSummary, rates: RateBook) -> RaceSummary:
