@@ -9,6 +9,7 @@ from pathlib import Path
 
 from advisor.knobs import TrialConfig
 from advisor.report.templating import docstring_safe, template_environment
+from advisor.report.verdicts import claim_text
 from advisor.results import LrPlan, Recommendation
 from advisor.task import is_file_spec
 
@@ -53,7 +54,7 @@ def render_training_script(recommendation: Recommendation, script_dir: Path) -> 
         schedule=shipped.schedule if shipped is not None else None,
         schedule_speedup=(summary.speedup or 0.0) if summary is not None else 0.0,
         schedule_seconds=summary.seconds if summary is not None else 0.0,
-        time_to_loss_speedup=recommendation.time_to_loss_speedup,
+        time_to_loss=claim_text(recommendation.time_to_loss) if recommendation.time_to_loss else "",
         race_seconds=recommendation.race.seconds if recommendation.race else 0,
         baseline_global_batch=recommendation.baseline_config.global_batch_size,
         amp_dtype=_AMP_DTYPES[config.amp],
