@@ -20,8 +20,9 @@ Each then trains `--repeats` times in fresh processes, each repeat from a seed o
 initial weights and data order, the same for every configuration of a repeat), for `--seconds`
 of training time (`--seconds 0`: the horizon the recommendation's claim was decided at), with
 advisor's race loss (held-out slice, fp32, eval mode) on a geometric grid of sample counts.
-Configurations that coincide share their runs. In each repeat the target is the baseline's
-lowest loss; each row gives the time each repeat first reached it, on the run's own clock, and
+Configurations that coincide share their runs. In each repeat the target is where the baseline's
+settled curve ends, as the race reads it (`advisor.decide.race.estimate`); each row gives the time
+each repeat's settled curve first reached it, on the run's own clock, and
 the recommendation's row the ratio of the baseline's time to its own, per repeat, and whether
 their geometric mean falls in the claimed interval, widened by 15 %. Results:
 benchmarks/results/convergence.json and .md.
@@ -38,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import advisor
+from advisor.decide.race.estimate import settled, target_of
 from advisor.decide.race.grid import sample_grid
-from advisor.decide.race.schedule_verdict import time_to_loss
 from advisor.knobs import TrialConfig
 from advisor.results import BatchSchedule, LrPlan, RaceCurve, TuneResult
 from advisor.trial.orders import RaceOrder
@@ -147,7 +148,7 @@ def _example(
                 for seed in range(repeats)
             ]
     effort = result.effort
-    targets = [c.best_loss if c is not None else None for c in curves[picks["baseline"]]]
+    targets = [target_of(c) if c is not None else None for c in curves[picks["baseline"]]]
     runs = [_row(name, pick, curves[pick], targets) for name, pick in picks.items()]
     return {
         "spec": spec,
@@ -186,6 +187,19 @@ def _independent(runs: list[dict[str, Any]], claim: Any) -> dict[str, Any] | Non
     }
 
 
+def _time_to(curve: RaceCurve, target: float) -> float | None:
+    """Training time until the settled curve (advisor's reading) first reaches `target`."""
+    previous: tuple[float, float] | None = None
+    for point, (_, loss) in zip(curve.points, settled(curve), strict=True):
+        if loss <= target:
+            if previous is None or previous[1] == loss:
+                return point.seconds
+            fraction = (previous[1] - target) / (previous[1] - loss)
+            return previous[0] + fraction * (point.seconds - previous[0])
+        previous = (point.seconds, loss)
+    return None
+
+
 def _row(
     name: str, pick: Pick, curves: list[RaceCurve | None], targets: list[float | None]
 ) -> dict[str, object]:
@@ -198,7 +212,7 @@ def _row(
         if schedule and schedule.rule != "yours"
         else lr.label,
         "seconds_to_target": [
-            time_to_loss(c, target) if c is not None and target is not None else None
+            _time_to(c, target) if c is not None and target is not None else None
             for c, target in zip(curves, targets, strict=True)
         ],
         "final_loss": [c.final_loss if c is not None else None for c in curves],

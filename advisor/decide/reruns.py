@@ -19,7 +19,14 @@ from advisor.search.checks import memory_problem
 from advisor.search.context import SearchContext
 from advisor.trial.orders import WindowOrder
 
-__all__ = ["Selection", "failure_summary", "rerun_pairs", "run_round", "select_winner"]
+__all__ = [
+    "Selection",
+    "failure_summary",
+    "knob_changes",
+    "rerun_pairs",
+    "run_round",
+    "select_winner",
+]
 
 # Re-runs closer than this are treated as equal even when their own spread is smaller: two
 # re-runs are too few to estimate the noise, and benchmarks/measurement_noise.py measured a
@@ -224,7 +231,7 @@ def _decide(
     reference = baseline.result.config if baseline is not None else None
     simpler = min(
         (fast, slow),
-        key=lambda r: (_changes(r.result.config, reference), -_median(reruns[r.number])),
+        key=lambda r: (knob_changes(r.result.config, reference), -_median(reruns[r.number])),
     )
     other = slow if simpler is fast else fast
     gap = _median(reruns[fast.number]) / _median(reruns[slow.number]) - 1
@@ -253,7 +260,8 @@ def _spread(runs: list[TrialRecord]) -> float:
     return relative_spread(_rates(runs))
 
 
-def _changes(config: TrialConfig, baseline: TrialConfig | None) -> int:
+def knob_changes(config: TrialConfig, baseline: TrialConfig | None) -> int:
+    """How many knobs `config` changes from `baseline`."""
     if baseline is None:
         return 0
     return sum(getattr(config, row.name) != getattr(baseline, row.name) for row in KNOBS)

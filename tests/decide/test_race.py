@@ -507,3 +507,32 @@ def test_without_a_race_a_tie_at_your_batch_goes_as_the_re_runs_broke_it():
     assert race_choice(tied, None, SMALL) == (baseline, LrPlan())
     ahead = replace(tied, winner=bf16, close_call=None)
     assert race_choice(ahead, None, SMALL)[0] is bf16
+
+
+def test_at_each_batch_the_racer_is_the_one_with_fewer_changes_unless_clearly_faster():
+    """bf16 with a loader worker re-ran 2 % faster than fp32 with one, within the noise: fp32,
+    one change from yours, races for your batch; 20 % faster, bf16 does."""
+    from advisor.decide.race.plan import fastest_at
+
+    workers = TrialConfig(batch_size=8, num_workers=1)
+    both = TrialConfig(batch_size=8, num_workers=1, amp="bf16")
+
+    def chosen(bf16_rates: tuple[float, float]) -> TrialConfig:
+        records = [_record(0, 8, 100.0)]
+        for number, config in ((1, workers), (2, both)):
+            result = TrialResult(config=config, status="ok", samples_per_s=100.0)
+            records.append(TrialRecord(number=number, role="search", result=result))
+        rounds = _rounds({0: (100.0, 100.0), 1: (150.0, 150.0), 2: bf16_rates})
+        confirmations = tuple(
+            c.model_copy(update={"result": c.result.model_copy(update={"config": config})})
+            for c, config in zip(rounds, [SMALL, SMALL, workers, workers, both, both], strict=True)
+        )
+        selection = Selection(
+            winner=records[2], winner_runs=bf16_rates, baseline_runs=(100.0, 100.0),
+            confirmations=confirmations, finalists=tuple(records),
+            confirmed_rates={0: 100.0, 1: 150.0, 2: sum(bf16_rates) / 2},
+        )  # fmt: skip
+        return fastest_at(selection, SMALL)[8].result.config
+
+    assert chosen((153.0, 153.0)) == workers
+    assert chosen((180.0, 180.0)) == both
