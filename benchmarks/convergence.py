@@ -249,7 +249,8 @@ def _train(
 def _markdown(rows: list[dict[str, object]], seconds: float) -> str:
     lines = [
         "| example | run | configuration | global batch | lr | "
-        f"time to the baseline's best {seconds:g}-s loss, each repeat | final loss (median) |",
+        f"time to the baseline's {f'{seconds:g}-s ' if seconds else ''}settled loss, each repeat "
+        "| final loss (median) |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:

@@ -64,7 +64,7 @@ def _tune(spec: str, trials: int) -> dict[str, Any]:
         "global_batch": _global(rec["config"]),
         "amp": rec["config"]["amp"],
         "label": _label(rec["config"]),
-        "verdict": (race.get("verdict") or {}).get("kind"),
+        "verdict": _kind(race.get("verdict")),
         "replicates": race.get("replicates"),
         "claim": rec.get("time_to_loss"),
         "samples_speedup": rec.get("speedup"),
@@ -72,6 +72,11 @@ def _tune(spec: str, trials: int) -> dict[str, Any]:
     }
     print(json.dumps(row), flush=True)
     return row
+
+
+def _kind(verdict: Any) -> str | None:
+    """The verdict's kind; a recommendation of an earlier schema stored a sentence."""
+    return verdict.get("kind") if isinstance(verdict, dict) else verdict
 
 
 def _global(config: dict[str, Any]) -> int:
