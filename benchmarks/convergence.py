@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import advisor
-from advisor.decide.race.estimate import settled, target_of
+from advisor.decide.race.estimate import seconds_to_loss, target_of
 from advisor.decide.race.grid import sample_grid
 from advisor.knobs import TrialConfig
 from advisor.results import BatchSchedule, LrPlan, RaceCurve, TuneResult
@@ -187,19 +187,6 @@ def _independent(runs: list[dict[str, Any]], claim: Any) -> dict[str, Any] | Non
     }
 
 
-def _time_to(curve: RaceCurve, target: float) -> float | None:
-    """Training time until the settled curve (advisor's reading) first reaches `target`."""
-    previous: tuple[float, float] | None = None
-    for point, (_, loss) in zip(curve.points, settled(curve), strict=True):
-        if loss <= target:
-            if previous is None or previous[1] == loss:
-                return point.seconds
-            fraction = (previous[1] - target) / (previous[1] - loss)
-            return previous[0] + fraction * (point.seconds - previous[0])
-        previous = (point.seconds, loss)
-    return None
-
-
 def _row(
     name: str, pick: Pick, curves: list[RaceCurve | None], targets: list[float | None]
 ) -> dict[str, object]:
@@ -212,7 +199,7 @@ def _row(
         if schedule and schedule.rule != "yours"
         else lr.label,
         "seconds_to_target": [
-            _time_to(c, target) if c is not None and target is not None else None
+            seconds_to_loss(c, target) if c is not None and target is not None else None
             for c, target in zip(curves, targets, strict=True)
         ],
         "final_loss": [c.final_loss if c is not None else None for c in curves],

@@ -40,8 +40,10 @@ SETTLED_POINTS = 3
 __all__ = [
     "RateBook",
     "estimate",
+    "first_crossing",
     "replicate_targets",
     "samples_to_loss",
+    "seconds_to_loss",
     "settled",
     "target_of",
     "timed",
@@ -68,31 +70,33 @@ def target_of(curve: RaceCurve) -> float:
     return statistics.median(loss for _, loss in settled(curve)[-SETTLED_POINTS:])
 
 
-def samples_to_loss(curve: RaceCurve, target: float) -> float | None:
-    """Samples trained on until the settled curve first reaches `target`, interpolated
-    between its points; None if it never does."""
-    previous: tuple[int, float] | None = None
-    for samples, loss in settled(curve):
-        if loss <= target:
-            if previous is None or previous[1] == loss:
-                return float(samples)
-            fraction = (previous[1] - target) / (previous[1] - loss)
-            return previous[0] + fraction * (samples - previous[0])
-        previous = (samples, loss)
-    return None
-
-
-def _seconds_to_loss(curve: RaceCurve, target: float) -> float | None:
-    """Training time until the settled curve first reaches `target` (for the reports)."""
+def first_crossing(
+    positions: Sequence[float], losses: Sequence[float], target: float
+) -> float | None:
+    """Where the losses first reach `target` (a sample count or a time, as `positions` are),
+    interpolated linearly between the points either side; None if they never do."""
     previous: tuple[float, float] | None = None
-    for point, (_, loss) in zip(curve.points, settled(curve), strict=True):
+    for position, loss in zip(positions, losses, strict=True):
         if loss <= target:
             if previous is None or previous[1] == loss:
-                return point.seconds
+                return float(position)
             fraction = (previous[1] - target) / (previous[1] - loss)
-            return previous[0] + fraction * (point.seconds - previous[0])
-        previous = (point.seconds, loss)
+            return previous[0] + fraction * (position - previous[0])
+        previous = (position, loss)
     return None
+
+
+def samples_to_loss(curve: RaceCurve, target: float) -> float | None:
+    """Samples trained on until the settled curve first reaches `target`; None if never."""
+    fitted = [loss for _, loss in settled(curve)]
+    return first_crossing([p.samples for p in curve.points], fitted, target)
+
+
+def seconds_to_loss(curve: RaceCurve, target: float) -> float | None:
+    """Training time until the settled curve first reaches `target` (for the reports, and
+    for re-measurements on their own clock); None if never."""
+    fitted = [loss for _, loss in settled(curve)]
+    return first_crossing([p.seconds for p in curve.points], fitted, target)
 
 
 def replicate_targets(racers: Sequence[Racer]) -> dict[int, float]:
@@ -119,7 +123,7 @@ def timed(racers: Sequence[Racer]) -> tuple[Racer, ...]:
             continue
         update = {
             "samples_to_target": samples_to_loss(curve, target),
-            "time_to_target_s": _seconds_to_loss(curve, target),
+            "time_to_target_s": seconds_to_loss(curve, target),
         }
         out.append(racer.model_copy(update=update))
     return tuple(out)

@@ -75,7 +75,7 @@ def race_grid(
     far as the fastest racer can in `horizon` (the race going on: the same grid, longer)."""
     fastest = max((plan.samples_per_s or 0.0 for plan in plans), default=0.0)
     baseline = next((plan for plan in plans if plan.role == RacerRole.BASELINE), None)
-    yours = (baseline or plans[0]).samples_per_s or fastest if plans else 0.0
+    yours = (baseline.samples_per_s if baseline is not None else None) or fastest
     smallest = min((plan.config.global_batch_size for plan in plans), default=1)
     return sample_grid(smallest, yours * seconds, fastest * (horizon or seconds))
 

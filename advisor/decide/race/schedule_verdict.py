@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from advisor.decide.race.estimate import first_crossing
 from advisor.results import RaceCurve, Racer, ScheduleVerdict
 
 __all__ = ["SCHEDULE_MARGIN", "beats", "decide_schedule", "fixed_racer", "time_to_loss"]
@@ -53,15 +54,7 @@ def fixed_racer(racers: Sequence[Racer]) -> int:
 def time_to_loss(curve: RaceCurve, target: float) -> float | None:
     """Training time until the curve first reaches `target`, interpolated between its points;
     None if it never does."""
-    previous = None
-    for point in curve.points:
-        if point.loss <= target:
-            if previous is None or previous.loss == point.loss:
-                return point.seconds
-            fraction = (previous.loss - target) / (previous.loss - point.loss)
-            return previous.seconds + fraction * (point.seconds - previous.seconds)
-        previous = point
-    return None
+    return first_crossing([p.seconds for p in curve.points], [p.loss for p in curve.points], target)
 
 
 def timed_to(racers: Sequence[Racer], target: float) -> tuple[Racer, ...]:
