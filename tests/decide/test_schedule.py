@@ -37,8 +37,8 @@ from advisor.results import (
 from advisor.search.context import SearchContext
 from advisor.search.records import StudyKey, read_racers
 from advisor.settings import TuneSettings
-from advisor.trial.child.racing import PROBE_GRACE
-from advisor.trial.orders import TRACK_POINTS, RaceOrder
+from advisor.trial.child.racing import probe_due
+from advisor.trial.orders import RaceOrder
 from tests.scripted_runner import TASK, ScriptedRunner, scripted_context
 from tests.search.interrupts import StopAfterFirstRacer
 
@@ -185,7 +185,7 @@ class NoiseGrowsRunner(ScriptedRunner):
                 due = next(grid, math.inf)
             point = RacePoint(seconds=seconds, samples=samples, steps=steps, loss=1.0 + distance)
             points.append(point)
-            probe_at = (len(probes) / TRACK_POINTS - PROBE_GRACE) * order.seconds
+            probe_at = probe_due(len(probes), order.seconds)
             if order.track_noise and seconds >= probe_at:
                 probes.append(_probe(point, distance, order.config))
             reached = order.target is not None and point.loss <= order.target

@@ -171,14 +171,14 @@ class _RaceRun:
         order: RaceOrder,
     ) -> float:
         """Record the point after `trained_s` more of training, and a noise probe at the first
-        evaluation at or past each of TRACK_POINTS even shares of the run (`PROBE_GRACE` of it
-        early, for rounding). Returns the point's loss."""
+        evaluation at or past each of TRACK_POINTS even shares of the run (`probe_due`).
+        Returns the point's loss."""
         self.trained_s += trained_s
         loss = evaluate() if evaluate else train_loss
         point = RacePoint(seconds=self.trained_s, samples=self.samples, steps=self.steps, loss=loss)
         self.points.append(point)
         self.next_samples = self.next_count()
-        share = (len(self.track) / TRACK_POINTS - PROBE_GRACE) * order.seconds
+        share = probe_due(len(self.track), order.seconds)
         if order.track_noise and self.trained_s >= share:
             self.track.append(noise_probe(trainer, point, self.probe_s))
         return loss
@@ -188,6 +188,15 @@ class _RaceRun:
         reached = order.target is not None and loss <= order.target
         beyond = order.max_samples is not None and self.samples >= order.max_samples
         return reached or beyond or self.trained_s >= order.seconds or self.samples >= self.grid[-1]
+
+
+def probe_due(probed: int, seconds: float) -> float:
+    """The training time from which the next noise probe of a tracked race is due, after
+    `probed` probes: each of TRACK_POINTS even shares of the run, `PROBE_GRACE` of it early for
+    rounding, but the last at the run's end (the evaluation that stops it), never at a sample
+    count of the grid just before it."""
+    grace = PROBE_GRACE if probed < TRACK_POINTS else 0.0
+    return (probed / TRACK_POINTS - grace) * seconds
 
 
 def time_evaluation(
