@@ -8,7 +8,7 @@ from torch import nn
 
 from advisor.knobs import TrialConfig
 from advisor.trial.child.blocks import checkpoint_blocks, repeated_block
-from advisor.trial.orders import ReferenceOrder, WindowOrder
+from advisor.trial.orders import WindowOrder
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import ROOT, TINY
 from tests.workloads.tiny import Tower
@@ -35,33 +35,25 @@ def test_checkpointed_blocks_keep_the_models_parameter_names():
     assert list(model.state_dict()) == names  # a checkpoint saved from it loads into yours
 
 
-def _trial(tmp_path, checkpointing: str, mode: str = "trial"):
+def _trial(tmp_path, checkpointing: str):
     launch = TrialLaunch(
         spec=f"{TINY}:blocks", cwd=ROOT, warmup_steps=2, trial_seconds=0.5, timeout_s=120
     )
     config = TrialConfig(batch_size=128, activation_checkpointing=checkpointing)
     result = ProcessRunner(launch).run(
-        _order(mode, config), tmp_path / f"{checkpointing}-{mode}.log"
+        WindowOrder(config=config), tmp_path / f"{checkpointing}.log"
     )
     assert result.status == "ok", result.reason
     return result
 
 
 def test_checkpointing_changes_no_maths_and_takes_less_memory(tmp_path):
-    """Dropout included: the recomputed forward draws the same masks."""
-    plain, checkpointed = (
-        _trial(tmp_path, "off", "reference"),
-        _trial(tmp_path, "ResidualBlock", "reference"),
-    )
-    assert checkpointed.early_losses == plain.early_losses
+    """Dropout included: the recomputed forward draws the same masks, so a search trial's first
+    losses (those the numerics check compares with the reference's) are the same."""
     off, on = _trial(tmp_path, "off"), _trial(tmp_path, "ResidualBlock")
+    assert len(on.early_losses) >= 2 and on.early_losses == off.early_losses
     # 8 blocks x 128 samples x 65,536 floats kept without it, 256 MiB (measured: 720 MiB against
     # 500 MiB); with it, one block's at a time
     assert (off.peak_memory_bytes or 0) - (on.peak_memory_bytes or 0) > 128 * 2**20, (
         off.peak_memory_bytes, on.peak_memory_bytes,
     )  # fmt: skip
-
-
-def _order(mode: str, config: TrialConfig) -> WindowOrder | ReferenceOrder:
-    """A search trial's order, or with `mode` "reference" the numerics reference's."""
-    return ReferenceOrder(config=config) if mode == "reference" else WindowOrder(config=config)
