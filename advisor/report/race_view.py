@@ -224,6 +224,8 @@ def _reaches(racer: Racer, seconds: float) -> str:
         return f"not within its {racer.race_seconds:g} s (it did not go on)"
     if racer.time_to_target_s is None:
         return "not within the race"
+    if racer.steps_of_baseline:  # it did not train: your curve, at its samples/s
+        return f"{racer.time_to_target_s:.1f} s (your steps, at its samples/s)"
     return f"{racer.time_to_target_s:.1f} s"
 
 

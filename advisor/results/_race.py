@@ -70,6 +70,11 @@ class Racer(Frozen):
     samples_to_target: float | None = Field(
         default=None, description="samples trained on until its loss first reached the target"
     )
+    steps_of_baseline: bool = Field(
+        default=False,
+        description="it computes the baseline's steps (it differs only in how batches arrive), "
+        "so its curve is the baseline's, at its own samples/s, and it did not train",
+    )
 
     @property
     def entrant(self) -> tuple[RacerRole, TrialConfig, LrPlan]:

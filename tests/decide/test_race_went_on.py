@@ -3,6 +3,7 @@ racers answered in-process (`ScriptedRunner`) save their state and go on from it
 when it goes on, and how long a racer trains, on described racers. That a real racer saves and
 loads its training state is tests/trial/test_racer_state.py's."""
 
+import math
 from pathlib import Path
 
 import optuna
@@ -53,7 +54,22 @@ class SavingRunner(ScriptedRunner):
         return result.model_copy(update={"race": curve})
 
 
-def _context(tmp_path: Path, progress: StopAfterFirstRacer) -> tuple[SearchContext, SavingRunner]:
+def late_big_batch() -> ScriptedRunner:
+    """Batch 256 learns nothing for its first 1,200 samples, then fast: at 1,000 samples/s
+    each, it is behind batch 8 after the 1.5-s race and reaches batch 8's 3-s loss after 2,100
+    samples (batch 8 takes 3,000)."""
+
+    def loss(config: TrialConfig, lr: LrPlan, samples: int) -> float:
+        if config == SMALL:
+            return 0.3 + 2.0 * math.exp(-samples / 1000)
+        return 2.3 if samples < 1200 else 0.3 + 2.0 * math.exp(-(samples - 1200) / 300)
+
+    return ScriptedRunner(rate=lambda config: 1000.0, loss=loss)
+
+
+def _context(
+    tmp_path: Path, progress: StopAfterFirstRacer, scripted: ScriptedRunner | None = None
+) -> tuple[SearchContext, SavingRunner]:
     settings = TuneSettings(
         spec="train.py:task",
         race_seconds=RACE_S,
@@ -61,7 +77,7 @@ def _context(tmp_path: Path, progress: StopAfterFirstRacer) -> tuple[SearchConte
         max_world_size=1,
         out=tmp_path,
     )
-    scripted = big_batch_loses()
+    scripted = scripted or late_big_batch()
     runner = SavingRunner(rate=scripted.rate, loss=scripted.loss)
     return scripted_context(settings, runner, tmp_path, progress=progress), runner
 
@@ -73,9 +89,9 @@ def _never_stop() -> StopAfterFirstRacer:
 
 
 def test_a_race_that_kept_your_batch_goes_on_from_where_its_finalists_stopped(tmp_path):
-    """Batch 256 loses (exact labels, samples/s flat in the batch): the race keeps 8, then in
-    each replicate the baseline and 256 with the lr that ended lower go on to twice the race
-    time, each from its saved state, and the verdict is decided again there."""
+    """Batch 256 starts late (`late_big_batch`): the race keeps 8, then in each of the three
+    replicates the baseline and 256 with the lr that ended lower go on to twice the race time,
+    each from its saved state, and the verdict is decided again there: 256 wins."""
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/study.db", study_name="race")
     progress = _never_stop()
     context, runner = _context(tmp_path, progress)
@@ -86,12 +102,13 @@ def test_a_race_that_kept_your_batch_goes_on_from_where_its_finalists_stopped(tm
     ]
     race = race_in_replicates(study, context, plans, RateBook(), tmp_path / "states")
     assert race.racers[race.winner].config == SMALL, race.verdict
-    assert race.replicates == 2 and why_not_go_on(race, 2.0) is None
-    going = [*going_on(race, 0), *going_on(race, 1)]
+    assert race.replicates == 3 and why_not_go_on(race, 2.0) is None
+    going = [r for replicate in range(3) for r in going_on(race, replicate)]
     assert [(r.role, r.replicate) for r in going] == [
-        ("baseline", 0), ("candidate", 0), ("baseline", 1), ("candidate", 1)
+        ("baseline", 0), ("candidate", 0), ("baseline", 1), ("candidate", 1),
+        ("baseline", 2), ("candidate", 2),
     ]  # fmt: skip
-    assert going[1].entrant == going[3].entrant  # the same lr goes on in both
+    assert going[1].entrant == going[3].entrant == going[5].entrant  # the same lr in all
     started = len(progress.started)
     first_grid = runner.orders[0].grid
     runner.orders.clear()
@@ -99,7 +116,7 @@ def test_a_race_that_kept_your_batch_goes_on_from_where_its_finalists_stopped(tm
     went = go_on(study, context, race, RateBook())
 
     assert (went.seconds, went.went_on_from, went.first_race) == (2 * RACE_S, RACE_S, race)
-    assert went.racers[went.winner].config == SMALL, went.verdict
+    assert went.verdict.kind == "won" and went.racers[went.winner].config == BIG, went.verdict
     # Each that went on loaded the state its first race saved, and went on from its curve.
     assert [(o.config, o.lr, o.state, o.continues, o.replicate) for o in runner.orders] == [
         (r.config, r.lr, r.state, r.curve, r.replicate) for r in going
@@ -112,15 +129,35 @@ def test_a_race_that_kept_your_batch_goes_on_from_where_its_finalists_stopped(tm
     assert baseline.curve.points[: len(first)] == first
     assert baseline.curve.points[-1].seconds >= 2 * RACE_S * 0.99
     assert went.target_loss < race.target_loss  # the baseline's lowest over the longer run
-    assert len(progress.started) <= started + 4  # at most the four that went on
+    assert len(progress.started) <= started + 6  # at most the six that went on
     stored = read_racers(study, StudyKey.RACERS_WENT_ON)
-    assert [r.role for r in stored] == ["baseline", "candidate"] * 2
+    assert [r.role for r in stored] == ["baseline", "candidate"] * 3
 
     resumed = _never_stop()  # a resumed tune finds them stored, and trains none again
     context, runner = _context(tmp_path, resumed)
     again = go_on(study, context, race, RateBook())
     assert len(resumed.started) == 1 and again.racers == went.racers
     assert runner.orders == []
+
+
+def test_where_no_other_batch_reaches_your_loss_in_the_first_replicate_no_other_goes_on(
+    tmp_path,
+):
+    """Batch 256 loses (exact labels, samples/s flat in the batch): in replicate 1 it goes on
+    and still does not reach your loss, so it cannot win whatever the others show; they do not
+    go on, and the race's verdict stands."""
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/study.db", study_name="race")
+    context, runner = _context(tmp_path, _never_stop(), big_batch_loses())
+    plans = [
+        RacePlan("baseline", 0, SMALL, LrPlan(), 1000.0),
+        RacePlan("candidate", 1, BIG, LrPlan(), 1000.0),
+    ]
+    race = race_in_replicates(study, context, plans, RateBook(), tmp_path / "states")
+    assert race.verdict.kind == "kept" and why_not_go_on(race, 2.0) is None
+    runner.orders.clear()
+
+    assert go_on(study, context, race, RateBook()) == race
+    assert [(o.config, o.replicate) for o in runner.orders] == [(SMALL, 0), (BIG, 0)]
 
 
 def _racer(role: str, config: TrialConfig, losses: list[float], state: Path | None) -> Racer:
@@ -145,6 +182,11 @@ def _racer(role: str, config: TrialConfig, losses: list[float], state: Path | No
     )
 
 
+def _in_replicates(*racers: Racer, count: int = 3) -> list[Racer]:
+    """The racers again in each of `count` replicates, alike."""
+    return [r.model_copy(update={"replicate": i}) for i in range(count) for r in racers]
+
+
 def test_the_race_goes_on_only_where_it_kept_your_batch_against_another(tmp_path):
     baseline = _racer("baseline", SMALL, [4, 3, 2, 1.5, 1.2, 1.0], tmp_path / "b.pt")
     slower = _racer("candidate", BIG, [4, 3.5, 3, 2.5, 2.0, 1.8], tmp_path / "c.pt")
@@ -153,7 +195,8 @@ def test_the_race_goes_on_only_where_it_kept_your_batch_against_another(tmp_path
     kept = decide_race([baseline, slower], 5)
     assert why_not_go_on(kept, 3.0) is None
     assert "--race-continue 1" in (why_not_go_on(kept, 1.0) or "")
-    assert "already" in (why_not_go_on(decide_race([baseline, sooner], 5), 3.0) or "")
+    won = decide_race(_in_replicates(baseline, sooner), 5)
+    assert won.verdict.kind == "won" and "already" in (why_not_go_on(won, 3.0) or "")
     assert "no other global batch" in (why_not_go_on(decide_race([baseline], 5), 3.0) or "")
     Path(baseline.state or "").unlink()  # e.g. a resumed tune whose states were cleaned up
     assert "not saved" in (why_not_go_on(kept, 3.0) or "")

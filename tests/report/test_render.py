@@ -12,6 +12,7 @@ from advisor.results import (
     FixedKnob,
     LrPlan,
     NoiseScale,
+    Racer,
     RaceSummary,
     RaceVerdict,
     Recommendation,
@@ -116,7 +117,10 @@ def test_the_report_states_the_claim_with_its_interval_and_a_close_call_as_one()
         ),
         5,
     )
-    assert "reaches your loss 2.50x (2.50x-2.50x, 2 replicates) sooner" in race_verdict(won)
+    claim = won.time_to_loss
+    assert claim is not None and claim.low < 2.5 < claim.high
+    interval = f"({claim.low:.2f}x-{claim.high:.2f}x, 2 replicates)"
+    assert f"reaches your loss 2.50x {interval} sooner" in race_verdict(won)
     assert "the median over the race's 2 replicates" in _target_text(won)
     close = decide_race(
         _replicates(
@@ -126,9 +130,10 @@ def test_the_report_states_the_claim_with_its_interval_and_a_close_call_as_one()
         5,
     )
     assert race_verdict(close).startswith("a close call: ")
-    assert "(0.83x-2.50x, 2 replicates) sooner than yours); your configuration" in (
-        race_verdict(close)
-    )
+    best = close.verdict.best_claim
+    assert best is not None
+    interval = f"({best.low:.2f}x-{best.high:.2f}x, 2 replicates)"
+    assert f"{interval} sooner than yours); your configuration" in race_verdict(close)
 
 
 def _with_race(race: RaceSummary, config: TrialConfig, *, html: bool = False) -> str:
@@ -242,6 +247,11 @@ def test_the_reports_say_where_the_search_went_and_the_best_at_your_batch():
     assert "**Best at your global batch:** your configuration;" in kept_report
 
 
+def _in_replicates(racers: list[Racer], count: int = 3) -> list[Racer]:
+    """The racers again in each of `count` replicates, alike."""
+    return [r.model_copy(update={"replicate": i}) for i in range(count) for r in racers]
+
+
 def test_a_throughput_pick_is_judged_by_the_lr_that_ended_lower_as_the_verdict_judged_it():
     """On an H200, batch 256 dipped below the race loss sooner with lr x4 than the winner, then
     rose far above where your lr left it: a dip it did not hold is no crossing (its settled
@@ -257,7 +267,7 @@ def test_a_throughput_pick_is_judged_by_the_lr_that_ended_lower_as_the_verdict_j
         _racer("candidate", WINNER, [4.0, 2.5, 2.2, 2.1, 2.0, 1.9]),
         _racer("candidate", WINNER, [4.0, 0.9, 2.0, 2.5, 2.8, 3.0], rule),
     ]
-    race = decide_race(racers, 5)
+    race = decide_race(_in_replicates(racers), 5)
     assert race.racers[race.winner].config == mid
     report = _with_race(race, mid)
     assert "it raced and did not reach your loss within the race (your lr)" in report
@@ -299,7 +309,7 @@ def test_a_stored_race_keeps_its_figures_and_is_worded_when_rendered():
 
     baseline = _racer("baseline", SMALL, [2.3 - 0.03 * i for i in range(11)])
     candidate = _racer("candidate", BIG, [2.3 - 0.06 * i for i in range(11)])
-    race = decide_race([baseline, candidate], 10)
+    race = decide_race(_in_replicates([baseline, candidate]), 10)
     stored = race.model_dump_json()
     assert race.verdict.kind == "won" and "reached your race loss" not in stored
     assert race_verdict(RaceSummary.model_validate_json(stored)) == race_verdict(race)

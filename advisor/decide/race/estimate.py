@@ -16,10 +16,20 @@ measured well:
   (`advisor.decide.paired_ratio`). The race's own clock only bounds how long a racer trains.
 
 The speed-up is the geometric mean of the replicates' samples ratios times the typical
-samples/s ratio; its interval runs from the lowest replicate's ratio times the low end of the
-samples/s interval to the highest's times its high end. A racer that never reached the target in
-a replicate counts with the samples it had trained on by then: a bound in its favour (its
-speed-up and high end are at most that), and its low end is unknown, so 0: it cannot win.
+samples/s ratio. Its interval is where a re-measurement as thorough as the race (as many
+replicates, its own seeds, its own rounds) falls with probability `COVERAGE`, on the log scale:
+
+- the samples ratios' part is Student's prediction interval, t(n-1) x s x sqrt(2/n) for n
+  replicates of spread s: with two replicates t is 2.41, with three 1.60, so a claim from few
+  replicates is as wide as it is uncertain (docs/benchmarks.md, convergence.py: two replicates'
+  range missed re-measurements that spread 3.7x-8.9x);
+- the samples/s part is the paired rounds' interval, widened by `RATE_DRIFT_SD`, the drift of a
+  samples/s ratio between tunes that one tune's rounds cannot see;
+- the three are independent, so their half-widths add in quadrature.
+
+A racer that never reached the target in a replicate counts with the samples it had trained on
+by then: a bound in its favour (its speed-up and high end are at most that), and its low end is
+unknown, so 0: it cannot win; nor can a racer of one replicate, whose spread is unknown.
 """
 
 from __future__ import annotations
@@ -30,14 +40,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from advisor.decide.claims import COVERAGE
-from advisor.decide.paired_ratio import paired_ratio
+from advisor.decide.paired_ratio import PairedRatio, paired_ratio
 from advisor.decide.reruns import rerun_pairs
+from advisor.decide.student_t import t_quantile
 from advisor.results import RaceCurve, Racer, TimeToLoss, TrialRecord, reference_racer
 
 # The last evaluations of the baseline's settled curve whose median is a replicate's target.
 SETTLED_POINTS = 3
+# The standard deviation, on the log scale, of a samples/s ratio between tunes run one after
+# the other on a quiet machine: examples/data_bound.py's loader workers over none, confirmed by
+# each of 5 tunes' own paired rounds, read 1.34x-1.66x (docs/benchmarks.md, stability.py).
+RATE_DRIFT_SD = 0.087
 
 __all__ = [
+    "RATE_DRIFT_SD",
     "RateBook",
     "estimate",
     "first_crossing",
@@ -169,17 +185,36 @@ def estimate(
     if not samples or not speeds:
         return None
     speed = paired_ratio(speeds, COVERAGE)
+    drift = 0.0 if racer.config == rival.config else RATE_DRIFT_SD
+    low, high = _interval(samples, speed, drift)
     targets = replicate_targets(racers)
     return TimeToLoss(
         speedup=_geometric_mean(samples) * speed.typical,
-        low=min(samples) * speed.low if reached == len(samples) else 0.0,
-        high=max(samples) * speed.high,
+        low=low if reached == len(samples) and len(samples) > 1 else 0.0,
+        high=high,
         replicates=len(samples),
         reached=reached,
         rounds=len(speeds),
         seconds=seconds,
         target_loss=statistics.median(targets.values()) if targets else None,
     )
+
+
+def _interval(samples: Sequence[float], speed: PairedRatio, drift: float) -> tuple[float, float]:
+    """The low and high ends of the speed-up from the replicates' samples ratios, the paired
+    samples/s ratio and the between-tune drift (see the module's doc); with one replicate the
+    samples ratios' part is unknown and left out (such a claim cannot win)."""
+    logs = [math.log(ratio) for ratio in samples]
+    centre = statistics.fmean(logs) + math.log(speed.typical)
+    n = len(logs)
+    spread = 0.0
+    if n > 1:
+        t = t_quantile((1 + COVERAGE) / 2, n - 1)
+        spread = t * statistics.stdev(logs) * math.sqrt(2 / n)
+    z = statistics.NormalDist().inv_cdf((1 + COVERAGE) / 2)
+    below = math.hypot(spread, math.log(speed.typical / speed.low), z * drift)
+    above = math.hypot(spread, math.log(speed.high / speed.typical), z * drift)
+    return math.exp(centre - below), math.exp(centre + above)
 
 
 def _in_replicate(racers: Sequence[Racer], racer: Racer, replicate: int) -> Racer | None:

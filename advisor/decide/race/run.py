@@ -13,7 +13,9 @@ optimisation. So, after the throughput search:
    user's baseline, the fastest configuration at the user's global batch B0, and the fastest at
    each predicted batch twice: with the user's learning rate and with the optimizer family's
    scaling rule (`plan_racers`); later replicates race each entrant that can still decide the
-   verdict, a candidate with the learning rate that ended lower (`later_plans`);
+   verdict (`later_plans`). The best at B0 that differs from the baseline only in how batches
+   arrive (loader workers, pinning) computes the baseline's steps: it is read from the
+   baseline's curve at its own samples/s, not trained again (`_twin_of`);
 3. the verdict times every racer to its replicate's target in samples, and turns samples into
    time with the paired re-runs' samples/s (`advisor.decide.race.verdict`).
 
@@ -106,7 +108,12 @@ def race_replicate(
             racers.append(earlier.model_copy(update={"role": plan.role, "trial": plan.trial}))
             continue
         count = f"{index + 1}/{len(plans)}"
-        racer = _race_one(context, plan, racers, heat, (held_out, count))
+        twin = _twin_of(plan, racers)
+        racer = (
+            _as_twin(plan, twin, heat)
+            if twin is not None
+            else _race_one(context, plan, racers, heat, (held_out, count))
+        )
         write_racer(study, racer, heat.key)  # at once: an interrupt keeps every finished racer
         context.progress.racer_finished(racer)
         racers.append(racer)
@@ -138,7 +145,8 @@ def _race_one(
         config=plan.config,
         seconds=heat.seconds,  # in all: one that goes on starts at its last point
         lr=plan.lr,
-        # A candidate's two learning rates train equally long: the one that ends lower ships.
+        # In replicate 0 a candidate's two learning rates train equally long: where neither
+        # reaches the target, the one that ends lower races on in later replicates.
         target=target if plan.role != RacerRole.CANDIDATE or heat.replicate or went_on else None,
         grid=heat.grid,
         max_samples=_most_samples(plan, racers, target_of(curve) if curve else None, heat.seconds),
@@ -160,6 +168,52 @@ def _race_one(
         samples_per_s=plan.samples_per_s,
         result=result,
         state=str(state) if saved else None,
+    )
+
+
+def _twin_of(plan: RacePlan, racers: Sequence[Racer]) -> Racer | None:
+    """The heat's baseline racer where `plan` is the best at the user's batch and computes its
+    steps (it differs only in how batches arrive, `TrialConfig.steps_twin`) with its learning
+    rate: it reaches every loss after the same samples, so it is not trained again."""
+    if plan.role != RacerRole.YOUR_BATCH:
+        return None
+    return next(
+        (
+            r
+            for r in racers
+            if r.role == RacerRole.BASELINE
+            and r.curve is not None
+            and r.lr == plan.lr
+            and r.config.steps_twin == plan.config.steps_twin
+        ),
+        None,
+    )
+
+
+def _as_twin(plan: RacePlan, twin: Racer, heat: Heat) -> Racer:
+    """`plan`'s racer read from its twin's: the same samples and losses, each evaluation's
+    training time at `plan`'s own samples/s (the re-runs measured it; only the reports show the
+    seconds)."""
+    curve = twin.curve
+    assert curve is not None  # `_twin_of` chose a twin with a curve
+    scale = (
+        twin.samples_per_s / plan.samples_per_s
+        if twin.samples_per_s and plan.samples_per_s
+        else 1.0
+    )
+    points = tuple(p.model_copy(update={"seconds": p.seconds * scale}) for p in curve.points)
+    race = curve.model_copy(update={"points": points})
+    return Racer(
+        role=plan.role,
+        trial=plan.trial,
+        config=plan.config,
+        lr=plan.lr,
+        race_seconds=heat.seconds,
+        replicate=heat.replicate,
+        samples_per_s=plan.samples_per_s,
+        result=twin.result.model_copy(update={"config": plan.config, "race": race}),
+        state=twin.state,
+        steps_of_baseline=True,
     )
 
 

@@ -134,27 +134,38 @@ def stand_at_batch0(
 def best_candidate(
     racers: Sequence[Racer], stand: int, rates: RateBook, seconds: float
 ) -> int | None:
-    """Among the other global batches of replicate 0, each with the learning rate that ended
-    at the lower loss (both trained equally long): of those whose interval wins against
-    `stand`, the one with the fewest changes from yours, unless a larger change wins against
-    it by the margin in turn (`_fewest_changes`); where none wins, the one whose time to the
-    loss is the shortest against `stand`'s."""
-    chosen: dict[TrialConfig, int] = {}
-    for index, racer in enumerate(racers):
-        if racer.role != "candidate" or racer.replicate != 0 or racer.curve is None:
-            continue
-        other = chosen.get(racer.config)
-        if other is None or racer.curve.final_loss < _final(racers[other]):
-            chosen[racer.config] = index
-    claims = {
-        index: estimate(racers, racers[index], racers[stand], rates, seconds)
-        for index in chosen.values()
-    }
-    scored = {index: claim for index, claim in claims.items() if claim is not None}
+    """Among the other global batches, each with its learning rate that reaches the loss
+    soonest against `stand` over the replicates (`_by_batch`): of those whose interval wins
+    against `stand`, the one with the fewest changes from yours, unless a larger change wins
+    against it by the margin in turn (`_fewest_changes`); where none wins, the one whose time
+    to the loss is the shortest against `stand`'s."""
+    scored = _by_batch(racers, stand, rates, seconds)
     winners = [index for index, claim in scored.items() if claim.low >= 1 + MARGIN]
     if winners:
         return _fewest_changes(racers, winners, stand, rates, seconds)
     return max(scored, key=lambda index: scored[index].speedup, default=None)
+
+
+def _by_batch(
+    racers: Sequence[Racer], stand: int, rates: RateBook, seconds: float
+) -> dict[int, TimeToLoss]:
+    """Each other global batch's racer (of replicate 0) with the learning rate whose claim
+    against `stand` is the strongest: one with a low end (it reached the target in every
+    replicate, and raced in more than one) before one without, then the higher speed-up over
+    the replicates; where none of a batch's learning rates has a claim, none."""
+    best: dict[TrialConfig, tuple[int, TimeToLoss]] = {}
+    for index, racer in enumerate(racers):
+        if racer.role != "candidate" or racer.replicate != 0 or racer.curve is None:
+            continue
+        claim = estimate(racers, racer, racers[stand], rates, seconds)
+        other = best.get(racer.config)
+        if claim is not None and (other is None or _strength(claim) > _strength(other[1])):
+            best[racer.config] = (index, claim)
+    return dict(best.values())
+
+
+def _strength(claim: TimeToLoss) -> tuple[bool, float]:
+    return (claim.low > 0, claim.speedup)
 
 
 def _fewest_changes(
@@ -229,7 +240,3 @@ def _baseline(racers: Sequence[Racer]) -> int | None:
     return next(
         (i for i, r in enumerate(racers) if r.replicate == 0 and r.role == "baseline"), None
     )
-
-
-def _final(racer: Racer) -> float:
-    return racer.curve.final_loss if racer.curve else math.inf
