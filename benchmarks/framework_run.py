@@ -111,7 +111,7 @@ def _load(path: Path) -> Any:
 def run_lightning(task: TrainingTask, exports: Path, steps: int, warmup: int) -> None:
     import lightning.pytorch as pl
 
-    snippet = _load(exports / "lightning.py")
+    snippet = _load(exports / "lightning_trainer.py")
     clock = StepClock(warmup)
 
     class Module(pl.LightningModule):
@@ -145,7 +145,7 @@ def run_accelerate(task: TrainingTask, exports: Path, steps: int, warmup: int) -
     from accelerate import Accelerator
 
     # The accelerate config's comment names the same loader settings as Lightning's snippet.
-    loader_kwargs = _load(exports / "lightning.py").DATALOADER_KWARGS
+    loader_kwargs = _load(exports / "lightning_trainer.py").DATALOADER_KWARGS
     accelerator = Accelerator()
     model = LossModel(task)
     optimizer = optimizer_for(task, model.parameters())

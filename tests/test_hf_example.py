@@ -36,7 +36,7 @@ def test_the_hf_example_tunes_and_its_exports_load_in_the_real_libraries(tmp_pat
     assert args.gradient_accumulation_steps == recommendation["config"]["accumulation_steps"]
 
     spec = importlib.util.spec_from_file_location(
-        "lightning_export", tmp_path / "exports" / "lightning.py"
+        "lightning_export", tmp_path / "exports" / "lightning_trainer.py"
     )
     assert spec is not None and spec.loader is not None
     snippet = importlib.util.module_from_spec(spec)

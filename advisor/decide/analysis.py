@@ -29,17 +29,22 @@ KNOB_NAMES = tuple(row.name for row in KNOBS)
 
 
 def best_by_layout(
-    records: list[TrialRecord], confirmations: tuple[TrialRecord, ...] = ()
+    records: list[TrialRecord],
+    confirmations: tuple[TrialRecord, ...] = (),
+    global_batch: int | None = None,
 ) -> tuple[LayoutBest, ...]:
-    """The best eligible search measurement of each parallel layout that was tried, with the
-    median of its re-runs (each layout's best is a finalist).
+    """The best eligible search measurement of each parallel layout that was tried at
+    `global_batch` (all where None: a layout is compared at one global batch, not DDP at 32
+    against one process at 512), with the median of its re-runs where it was re-run.
 
     Baseline and search trials count (each a single window); duplicates do not.
     """
     by_layout: dict[str, list[TrialRecord]] = defaultdict(list)
     for record in records:
-        if record.role in ("baseline", "search"):
-            by_layout[record.result.config.parallel].append(record)
+        config = record.result.config
+        at_batch = global_batch is None or config.global_batch_size == global_batch
+        if record.role in ("baseline", "search") and at_batch:
+            by_layout[config.parallel].append(record)
     summaries = []
     for layout, tried in sorted(
         by_layout.items(), key=lambda item: KNOB["parallel"].order_key(item[0])

@@ -81,7 +81,7 @@ def assemble(
             baseline_over=memory is not None and memory.baseline_over,
         ),
         fixed_knobs=context.fixed_knobs,
-        parallel_best=best_by_layout(trials, confirmations),
+        parallel_best=best_by_layout(trials, confirmations, baseline.global_batch_size),
         knob_effects=effects,
         rejected_values=rejected_values(trials),
         bottleneck=diagnose(winner, effects),

@@ -2,6 +2,7 @@
 and import nothing from `advisor.search` or `advisor.decide` (which decided it all).
 
 - `render`: report.md, report.html and trials.csv;
+- `change`: the reports' first line: what to change, from what to what, and what it buys;
 - `verdicts`: the race's and the schedule's verdicts, the notes and the bottleneck, in words;
 - `race_view`, `schedule_view`: what the reports say about the race, the learning rate, the
   noise scale and the batch-size schedule;

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
 from pathlib import Path
 
@@ -11,7 +10,6 @@ from advisor.knobs import TrialConfig
 from advisor.report.templating import docstring_safe, template_environment
 from advisor.report.verdicts import claim_text
 from advisor.results import LrPlan, Recommendation
-from advisor.task import is_file_spec
 
 __all__ = ["launch_command", "render_launch_script", "render_training_script"]
 
@@ -19,7 +17,7 @@ _AMP_DTYPES = {"off": "None", "bf16": "torch.bfloat16", "fp16": "torch.float16"}
 
 
 def render_training_script(recommendation: Recommendation, script_dir: Path) -> str:
-    """The training script, to be written into `script_dir` (its factory path is relative)."""
+    """The training script, to be written into `script_dir`; it finds the factory from anywhere."""
     summary = recommendation.schedule
     shipped = summary.shipped_racer if summary is not None else None
     # A shipped schedule trains from its first stage's configuration, its lr in the stages.
@@ -43,8 +41,6 @@ def render_training_script(recommendation: Recommendation, script_dir: Path) -> 
         distributed=config.distributed,
         shard_block=recommendation.task.repeated_block,
         cores=recommendation.hardware.cores,
-        file_spec=is_file_spec(recommendation.spec),
-        root_from_script=_relative_root(recommendation.workdir, script_dir),
         workdir=recommendation.workdir,
         trial=recommendation.chosen_from_trial,
         config=config,
@@ -79,16 +75,14 @@ def render_launch_script(recommendation: Recommendation) -> str:
             config=config,
             threads=config.main_process_threads(recommendation.hardware.cores),
             preload=recommendation.hardware.allocator_preload,
+            python=_in_double_quotes(recommendation.hardware.python_executable or "python"),
         )
     )
 
 
-def _relative_root(workdir: str, script_dir: Path) -> str | None:
-    """The factory's root relative to the script when the script lives inside it, else None."""
-    script = script_dir.resolve()
-    if not script.is_relative_to(Path(workdir)):
-        return None
-    return os.path.relpath(workdir, script)
+def _in_double_quotes(text: str) -> str:
+    """`text` for a double-quoted shell word: its `\\`, `"`, `$` and `` ` `` escaped."""
+    return "".join(f"\\{c}" if c in '\\"$`' else c for c in text)
 
 
 def _lr_note(recommendation: Recommendation) -> str:

@@ -27,12 +27,18 @@ __all__ = ["EXPORT_FILES", "render_export", "write_exports"]
 
 EXPORT_FILES: dict[Framework, str] = {
     "hf": "hf_training_args.json",
-    "lightning": "lightning.py",
+    "lightning": "lightning_trainer.py",
     "accelerate": "accelerate_config.yaml",
 }
 _SCRIPT = "your_script.py"
 # What train.py does at its end under torchrun on CPU (its comment there says why; measured: 3
 # of 52 runs aborted so before, 0 of 150 after).
+DEFAULT_LR = 1e-3  # AdamW's, which trials train with where the factory gives no optimizer
+FLUSH_DENORMAL = (
+    "torch.set_flush_denormal(True) once, before training: advisor measured with denormals "
+    "flushed to zero, as train.py runs (dead ReLU units decay AdamW's moments into denormals, "
+    "and CPU steps slow down as they pile up)"
+)
 GLOO_EXIT = (
     "the end of a DDP run on CPU: once training is over and saved, end each process with "
     "torch.distributed.barrier() then os._exit(0). DDP keeps gloo's threads alive past "
@@ -69,7 +75,9 @@ def render_export(rec: Recommendation, framework: Framework) -> str:
     """One framework's export of a confirmed recommendation."""
     if framework == "hf":
         return _hf(rec)
-    environment = template_environment(doc=_paragraph, comment=_comment, py=_literal)
+    environment = template_environment(
+        doc=_paragraph, comment=_comment, py=_literal, yaml=_yaml_scalar
+    )
     template = "lightning.py.j2" if framework == "lightning" else "accelerate_config.yaml.j2"
     settings = _lightning(rec) if framework == "lightning" else _accelerate(rec)
     return environment.get_template(template).render(rec=rec, config=rec.config, **settings)
@@ -93,6 +101,12 @@ def _literal(value: object) -> str:
     return json.dumps(value) if isinstance(value, str) else repr(value)
 
 
+def _yaml_scalar(value: object) -> str:
+    """A YAML scalar that parses to `value` under YAML 1.1 and 1.2 alike: JSON's spelling
+    (a bare `NO` or `off` would read as false in PyYAML)."""
+    return json.dumps(value)
+
+
 def _advice(rec: Recommendation, by_hand: list[str]) -> _Advice:
     config = rec.config
     measured = f"Measured: {rec.samples_per_s:,.0f} samples/s with {config.label()}"
@@ -113,6 +127,7 @@ def _advice(rec: Recommendation, by_hand: list[str]) -> _Advice:
             f"{claim_text(rec.time_to_loss)} sooner."
         )
     headline.append("Evidence: report.md in the folder above this one.")
+    by_hand = [*by_hand, FLUSH_DENORMAL]
     if config.device == "cpu" and config.distributed:
         by_hand = [*by_hand, GLOO_EXIT]
     if config.device == "cpu" and config.parallel_mode == "fsdp":
@@ -126,17 +141,21 @@ def _lr_advice(rec: Recommendation) -> str | None:
         return None
     batch, batch0 = rec.config.global_batch_size, rec.baseline_config.global_batch_size
     where = f"global batch {batch} against your {batch0}"
+    # Where the factory gave no optimizer the trials trained AdamW at lr 1e-3: a known number.
+    known = None if rec.task.custom_optimizer else DEFAULT_LR
     if rec.lr.rule == "yours":
         checked = "it won the race" if rec.race is not None else "no race checked it"
-        return f"keep your learning rate ({where}): {checked}."
+        number = f", {known:g}, advisor's default AdamW's" if known else ""
+        return f"keep your learning rate{number} ({where}): {checked}."
     warmup = (
         f", reached by a linear warm-up over {rec.lr.warmup_steps} optimizer steps"
         if rec.lr.warmup_steps
         else ""
     )
+    number = f": {known * rec.lr.scale:g} for advisor's default AdamW at {known:g}" if known else ""
     return (
         f"multiply your learning rate by {rec.lr.scale:.3g} ({rec.lr.rule} rule, {where})"
-        f"{warmup}: it won the race."
+        f"{number}{warmup}: it won the race."
     )
 
 
@@ -274,7 +293,7 @@ def _hf_launch(rec: Recommendation) -> str:
 
 def _measured(rec: Recommendation, name: str) -> bool:
     """Whether the search measured this knob (it was not fixed)."""
-    return all(knob.name != name for knob in rec.fixed_knobs)
+    return all(knob.name != name or knob.kind != "fixed" for knob in rec.fixed_knobs)
 
 
 # --- Lightning ----------------------------------------------------------------------------------

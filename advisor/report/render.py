@@ -8,6 +8,7 @@ import shlex
 from collections import Counter, defaultdict
 
 from advisor.knobs import KNOBS
+from advisor.report.change import change_line
 from advisor.report.codegen import launch_command
 from advisor.report.race_view import race_view
 from advisor.report.schedule_view import schedule_view
@@ -118,6 +119,7 @@ def render_markdown(result: TuneResult) -> str:
         .get_template("report.md.j2")
         .render(
             rec=rec,
+            change=change_line(rec),
             notes=[notice_text(notice) for notice in rec.warnings],
             bottleneck=_bottleneck(rec),
             view=race_view(rec),
@@ -173,6 +175,7 @@ def render_html(result: TuneResult) -> str:
     environment = template_environment(autoescape=True, duration=_duration, **filters)
     return environment.get_template("report.html.j2").render(
         rec=rec,
+        change=change_line(rec),
         notes=[notice_text(notice) for notice in rec.warnings],
         bottleneck=_bottleneck(rec),
         view=race_view(rec),

@@ -50,11 +50,17 @@ RECOMMENDATION_SCHEMA_VERSION = 4
 
 
 class FixedKnob(Frozen):
-    """A knob advisor did not search, with the value used and why."""
+    """A knob advisor did not search, or searched over fewer values than it has, with the
+    value(s) and why."""
 
     name: str
     value: str
     reason: str
+    kind: Literal["fixed", "limited", "derived"] = Field(
+        default="fixed",
+        description="fixed: not searched; limited: searched over `value` ('|' between values) "
+        "only; derived: set by the others (accumulation from the global batch)",
+    )
 
 
 class KnobEffect(Frozen):
@@ -121,6 +127,12 @@ class Efficiency(Frozen):
     devices: str = Field(description="what the peak was measured on, e.g. '2 CPU cores'")
     fraction_of_peak: float
 
+    @property
+    def share_of_peak(self) -> float | None:
+        """The share of the peak to print: none above 1, where the probe measured the peak
+        while another program took the machine (training cannot outrun its own matmuls)."""
+        return self.fraction_of_peak if self.fraction_of_peak <= 1 else None
+
 
 class LayoutBest(Frozen):
     """The best search trial of one parallel layout (`none`, `dp`, `ddp-N`)."""
@@ -184,7 +196,7 @@ class ThroughputPick(Frozen):
 def shown_knobs(rec: Recommendation) -> tuple[Knob, ...]:
     """The knobs a recommendation table lists: those of the base group, and each other one that
     was searched or differs from the baseline (a classic tune need not list unchanged rows)."""
-    fixed = {knob.name for knob in rec.fixed_knobs}
+    fixed = {knob.name for knob in rec.fixed_knobs if knob.kind == "fixed"}
     return tuple(
         row
         for row in KNOBS

@@ -68,6 +68,9 @@ class HardwareProfile(Frozen):
     allocator_preload: str | None = Field(
         None, description="the allocator library in LD_PRELOAD, which a run must preload too"
     )
+    python_executable: str | None = Field(
+        None, description="the interpreter the trials ran under, which launch.sh runs too"
+    )
 
     @property
     def has_cuda(self) -> bool:

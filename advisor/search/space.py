@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import product
 from math import prod
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from advisor.errors import SettingsError
 from advisor.knobs import (
@@ -167,10 +167,12 @@ class _Builder:
 
     def fix(self, name: str, value: Any, reason: str) -> None:
         self.fixed_values[name] = value
-        self.note(name, str(value), reason)
+        self.note(name, str(value), reason, "fixed")
 
-    def note(self, name: str, value: str, reason: str) -> None:
-        self.fixed.append(FixedKnob(name=name, value=value, reason=reason))
+    def note(
+        self, name: str, value: str, reason: str, kind: Literal["fixed", "limited", "derived"]
+    ) -> None:
+        self.fixed.append(FixedKnob(name=name, value=value, reason=reason, kind=kind))
 
 
 def build_space(
@@ -240,7 +242,7 @@ def _add_knob(row: Knob, facts: Facts, wanted: frozenset[str], space: _Builder) 
         return
     space.search(row.name, kept)  # one value that is not the default is still a choice made
     if dropped:
-        space.note(row.fields[0], "|".join(map(str, kept)), reasons)
+        space.note(row.fields[0], "|".join(map(str, kept)), reasons, "limited")
 
 
 def _why_fixed(row: Knob, facts: Facts, wanted: frozenset[str], space: _Builder) -> str | None:
@@ -342,6 +344,7 @@ def _add_accumulation(
         "accumulation_steps",
         "derived",
         f"global batch {total} = batch x accumulation x processes{kept}",
+        "derived",
     )
 
 

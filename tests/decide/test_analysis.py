@@ -102,6 +102,11 @@ def test_best_by_layout_uses_rerun_medians_of_each_layouts_best():
     ]
     assert layouts[0].rerun_samples_per_s is None
     assert layouts[1].rerun_samples_per_s == 2500
+    # At one global batch: DDP-2 at a global batch of 64 is not compared with one process at 32.
+    at_32 = best_by_layout(trials, reruns, global_batch=32)
+    assert [(b.parallel, b.trials) for b in at_32] == [("none", 1)]
+    at_64 = best_by_layout(trials, reruns, global_batch=64)
+    assert [(b.parallel, b.best_trial) for b in at_64] == [("ddp-2", 1)]
 
 
 def _diverged(number, **knobs):

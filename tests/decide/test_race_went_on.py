@@ -8,7 +8,7 @@ from pathlib import Path
 
 import optuna
 
-from advisor.decide.race.estimate import RateBook
+from advisor.decide.race.estimate import RateBook, could_lift, timed
 from advisor.decide.race.extend import go_on, going_on, race_in_replicates, why_not_go_on
 from advisor.decide.race.plan import RacePlan, lr_rule
 from advisor.decide.race.run import WIN_SLACK, _most_samples
@@ -212,3 +212,25 @@ def test_a_racer_trains_until_it_can_no_longer_win():
     assert _most_samples(candidate, [baseline], None, 10) is None  # no target yet
     yours = RacePlan("baseline", 0, SMALL, LrPlan(), 8.0)
     assert _most_samples(yours, [baseline], 1.0, 10) is None
+
+
+def test_where_the_other_batch_is_no_sooner_in_the_first_replicate_no_other_goes_on(tmp_path):
+    """Batch 256 starts late (`late_big_batch`) and its re-runs measured it at 0.65x your
+    samples/s: it reaches your 3-s loss after 2,100 samples against your 3,000, 0.93x as soon.
+    With three replicates, no reading of the other two could lift its low end above 1, so only
+    replicate 1 goes on, and the race's verdict stands."""
+    assert not could_lift(3) and could_lift(4)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/study.db", study_name="race")
+    context, runner = _context(tmp_path, _never_stop())
+    plans = [
+        RacePlan("baseline", 0, SMALL, LrPlan(), 1000.0),
+        RacePlan("candidate", 1, BIG, LrPlan(), 650.0),
+    ]
+    race = race_in_replicates(study, context, plans, RateBook(), tmp_path / "states")
+    assert race.replicates == 3 and why_not_go_on(race, 2.0) is None
+    runner.orders.clear()
+
+    assert go_on(study, context, race, RateBook()) == race
+    assert [(o.config, o.replicate) for o in runner.orders] == [(SMALL, 0), (BIG, 0)]
+    went_on = read_racers(study, StudyKey.RACERS_WENT_ON)
+    assert [r.samples_to_target is not None for r in timed(went_on)] == [True, True]

@@ -218,12 +218,30 @@ def test_generated_script_applies_the_schedule_as_the_trial_did(tmp_path):
     assert _logged_losses(completed.stdout) == pytest.approx(expected, abs=5e-5)
 
 
-def test_script_outside_the_project_uses_an_absolute_root_and_runs_epochs(tmp_path):
+def test_a_copy_of_the_script_elsewhere_runs_from_any_folder_and_runs_epochs(tmp_path):
+    """Copied into your repository and run from `/`: the factory resolves from where advisor
+    ran, or from --factory and --factory-root where you moved it."""
     rec = _recommendation(f"{TINY}:factory", TrialConfig(batch_size=128))
-    completed = _write_and_run(rec, tmp_path, "--epochs", "2")
+    (tmp_path / "generated").mkdir()
+    script = tmp_path / "generated" / "train.py"
+    script.write_text(render_training_script(rec, script.parent))
+    copy = tmp_path / "elsewhere" / "train.py"
+    copy.parent.mkdir()
+    shutil.copy(script, copy)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, str(copy), "--checkpoint", str(tmp_path / "c.pt"), *args]
+        return subprocess.run(
+            command, cwd="/", capture_output=True, text=True, timeout=180, check=False
+        )
+
+    completed = run("--epochs", "2")
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.count("epoch ") == 2  # 512 samples / 128 = 4 steps per epoch
-    assert f'FACTORY_ROOT = Path("{ROOT}")' in (tmp_path / "train.py").read_text()
+    module = run("--max-steps", "1", "--factory", "tests.workloads.tiny:factory")
+    assert module.returncode == 0, module.stderr
+    moved = run("--max-steps", "1", "--factory-root", str(tmp_path))
+    assert moved.returncode != 0 and "tiny.py" in moved.stderr  # not found where it was told
 
 
 def _launch(folder: Path, *args: str) -> subprocess.CompletedProcess:
@@ -364,3 +382,25 @@ def test_launch_sh_and_the_exports_start_the_run_under_the_allocator_measured(tm
         patch.setattr(os, "environ", env_free)
         assert _launch(tmp_path).stdout.strip() == "mimalloc"
     assert f"LD_PRELOAD={library} " in render_export(rec, "hf")
+
+
+def test_launch_sh_runs_the_interpreter_advisor_measured_with_unless_python_is_set(tmp_path):
+    """Not whatever `python` is first on the PATH: the venv advisor measured in."""
+    rec = _recommendation(f"{TINY}:factory", TrialConfig(batch_size=64))
+    measured = rec.hardware.model_copy(update={"python_executable": sys.executable})
+    script = render_launch_script(rec.model_copy(update={"hardware": measured}))
+    (tmp_path / "launch.sh").write_text(script)
+    (tmp_path / "train.py").write_text("import sys\nprint(sys.executable)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON"} | {"PATH": "/usr/bin:/bin"}
+
+    def started(**extra: str) -> str:
+        launched = subprocess.run(
+            ["sh", str(tmp_path / "launch.sh")], env=env | extra, capture_output=True,
+            text=True, timeout=60, check=True,
+        )  # fmt: skip
+        return launched.stdout.strip()
+
+    assert started() == sys.executable
+    other = shutil.which("python3", path="/usr/bin:/bin")
+    if other is not None:
+        assert started(PYTHON=other) == other

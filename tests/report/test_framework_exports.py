@@ -284,6 +284,27 @@ def test_the_accelerate_config_loads_in_accelerate(name, tmp_path):
     assert config.mixed_precision == {"off": "no"}.get(rec.config.amp, rec.config.amp)
 
 
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_accelerate_scalar_parses_to_what_was_meant(name):
+    """YAML 1.1 reads a bare NO as false: every scalar is written so PyYAML reads it back."""
+    config = CONFIGS[name]
+    document = yaml.safe_load(render_export(_recommendation(config), "accelerate"))
+    expected = {"none": "NO", "dp": "NO", "ddp": "MULTI_CPU", "fsdp": "FSDP"}[config.parallel_mode]
+    if config.device == "cuda" and config.parallel_mode == "ddp":
+        expected = "MULTI_GPU"
+    assert document["distributed_type"] == expected, document
+    assert document["compute_environment"] == "LOCAL_MACHINE"
+    assert document["use_cpu"] is (config.device == "cpu")
+    assert document["mixed_precision"] == {"off": "no"}.get(config.amp, config.amp)
+    fsdp = document.get("fsdp_config") or {}
+    assert all(not isinstance(v, str) or v not in ("False", "True") for v in fsdp.values())
+
+
+@pytest.mark.parametrize("framework", ["hf", "lightning", "accelerate"])
+def test_every_export_lists_the_flushed_denormals_train_py_applies(framework):
+    assert "torch.set_flush_denormal(True)" in render_export(_recommendation(ONE_PROCESS), framework)
+
+
 def test_advisor_export_writes_the_asked_files_and_refuses_a_folder_without_a_result(tmp_path):
     folder = tmp_path / "study"
     folder.mkdir()

@@ -55,6 +55,7 @@ RATE_DRIFT_SD = 0.087
 __all__ = [
     "RATE_DRIFT_SD",
     "RateBook",
+    "could_lift",
     "estimate",
     "first_crossing",
     "replicate_targets",
@@ -215,6 +216,17 @@ def _interval(samples: Sequence[float], speed: PairedRatio, drift: float) -> tup
     below = math.hypot(spread, math.log(speed.typical / speed.low), z * drift)
     above = math.hypot(spread, math.log(speed.high / speed.typical), z * drift)
     return math.exp(centre - below), math.exp(centre + above)
+
+
+def could_lift(replicates: int) -> bool:
+    """Whether, of `replicates`, the others could lift the interval's low end above 1 where the
+    first read no speed-up (a log ratio of at most 0): at best they all read the same a, and
+    the low end's log, (a / n) ((n - 1) - sqrt(2) t(n-1)), is positive only where n - 1 exceeds
+    sqrt(2) t(n-1): not with 3 replicates (2 < 2.27), with 4 (3 > 2.01)."""
+    if replicates < 2:
+        return False
+    t = t_quantile((1 + COVERAGE) / 2, replicates - 1)
+    return replicates - 1 > math.sqrt(2) * t
 
 
 def _in_replicate(racers: Sequence[Racer], racer: Racer, replicate: int) -> Racer | None:

@@ -19,7 +19,9 @@ saved (`advisor.trial.child.racer_state`), so only the added seconds cost, and e
 soon as it can no longer win (`advisor.decide.race.run`). The verdict is then decided again
 over the longer horizon, with the same grid (extended) and the same statistics. The racers
 that did not go on keep their curves. Replicate 0 goes on first: where its candidate does not
-reach the longer target, no replicate can make it win, and the others do not go on.
+reach the longer target, or reaches it no sooner than what stands at your batch and the other
+replicates could not lift its interval's low end above 1 whatever they read, the others do
+not go on.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 
 import optuna
 
-from advisor.decide.race.estimate import RateBook, timed
+from advisor.decide.race.estimate import RateBook, could_lift, estimate, timed
 from advisor.decide.race.plan import RacePlan
 from advisor.decide.race.run import Heat, race_grid, race_replicate
 from advisor.decide.race.verdict import decide_race, needs_replicates
@@ -176,10 +178,10 @@ def go_on(
         ]
         heat = Heat(replicate, horizon, grid, key=StudyKey.RACERS_WENT_ON)
         went_on += race_replicate(study, context, plans, heat)
-        if replicate == 0 and not _candidate_reached(went_on):
+        if replicate == 0 and not _can_still_win(race, went_on, rates):
             context.progress.stage(
-                f"no other global batch reached your loss in {horizon:g} s of replicate 1, so "
-                "none can win there: the other replicates do not go on, and the verdict after "
+                f"after {horizon:g} s of replicate 1, the other global batch cannot win over "
+                f"the race's replicates: they do not go on, and the verdict after "
                 f"{race.seconds:g} s stands"
             )
             return race
@@ -188,12 +190,21 @@ def go_on(
     return decided.model_copy(update={"went_on_from": race.seconds, "first_race": race})
 
 
-def _candidate_reached(went_on: Sequence[Racer]) -> bool:
-    """Whether the candidate that went on reached the target its baseline set over the longer
-    horizon: one that did not cannot win, whatever the other replicates show (a claim with a
-    replicate that never reached the target has no low end)."""
+def _can_still_win(race: RaceSummary, went_on: Sequence[Racer], rates: RateBook) -> bool:
+    """Whether the candidate that went on in replicate 0 can still win over the race's
+    replicates: not where it did not reach the longer target there (a claim with a replicate
+    that never reached it has no low end), nor where it was no sooner there than what stands
+    at your batch and no reading of the other replicates could lift the interval's low end above
+    1 (`could_lift`)."""
     racers = timed(went_on)
-    return any(r.role == RacerRole.CANDIDATE and r.samples_to_target is not None for r in racers)
+    candidate = next((r for r in racers if r.role == RacerRole.CANDIDATE), None)
+    if candidate is None or candidate.samples_to_target is None:
+        return False
+    kept = race.racers[race.verdict.kept] if race.verdict.kept is not None else None
+    stand = next((r for r in racers if kept is not None and r.entrant == kept.entrant), None)
+    stand = stand or next((r for r in racers if r.role == RacerRole.BASELINE), None)
+    claim = estimate(racers, candidate, stand, rates, race.seconds) if stand else None
+    return claim is None or claim.speedup > 1 or could_lift(race.replicates)
 
 
 def _nearest_candidate(racers: Sequence[Racer]) -> Racer | None:

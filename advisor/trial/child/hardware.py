@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import sys
 import time
 from collections.abc import Iterator
 
@@ -58,6 +59,7 @@ def probe() -> HardwareProfile:
         cpu_peak_flops=matmul_flops(torch.device("cpu"), (torch.float32, torch.bfloat16)),
         allocator=running_allocator(),
         allocator_preload=preloaded_allocator(),
+        python_executable=sys.executable,
     )
 
 
