@@ -40,7 +40,8 @@ SETTINGS = {
 
 OUTPUTS = (
     "recommendation.json", "trials.csv", "report.md", "report.html", "train.py", "launch.sh",
-    "exports/hf_training_args.json", "exports/lightning_trainer.py", "exports/accelerate_config.yaml",
+    "exports/hf_training_args.json", "exports/lightning_trainer.py",
+    "exports/accelerate_config.yaml",
 )  # fmt: skip
 
 

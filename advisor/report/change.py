@@ -14,7 +14,7 @@ ASSUMED_OPTIMIZER = "AdamW at lr 1e-3"  # what trials train with where the facto
 
 
 def changed_knobs(rec: Recommendation) -> list[str]:
-    """"batch_size 32 → 256" for each knob set otherwise than in your configuration, in the
+    """ "batch_size 32 → 256" for each knob set otherwise than in your configuration, in the
     knob table's order, then the learning rate where it changes."""
     changes = [
         f"{row.name} {getattr(rec.baseline_config, row.name)} → {getattr(rec.config, row.name)}"

@@ -302,7 +302,9 @@ def test_every_accelerate_scalar_parses_to_what_was_meant(name):
 
 @pytest.mark.parametrize("framework", ["hf", "lightning", "accelerate"])
 def test_every_export_lists_the_flushed_denormals_train_py_applies(framework):
-    assert "torch.set_flush_denormal(True)" in render_export(_recommendation(ONE_PROCESS), framework)
+    assert "torch.set_flush_denormal(True)" in render_export(
+        _recommendation(ONE_PROCESS), framework
+    )
 
 
 def test_advisor_export_writes_the_asked_files_and_refuses_a_folder_without_a_result(tmp_path):
