@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter, defaultdict
 
@@ -33,17 +34,19 @@ def best_by_layout(
     confirmations: tuple[TrialRecord, ...] = (),
     global_batch: int | None = None,
 ) -> tuple[LayoutBest, ...]:
-    """The best eligible search measurement of each parallel layout that was tried at
-    `global_batch` (all where None: a layout is compared at one global batch, not DDP at 32
-    against one process at 512), with the median of its re-runs where it was re-run.
+    """The best eligible search measurement of each parallel layout, all at one global batch
+    (not DDP at 32 against one process at 512): the one at which the most layouts ran, the
+    nearest `global_batch` (all batches where None); with the median of its re-runs where it
+    was re-run.
 
     Baseline and search trials count (each a single window); duplicates do not.
     """
+    measured = [r for r in records if r.role in ("baseline", "search")]
+    batch = _comparison_batch(measured, global_batch) if global_batch is not None else None
     by_layout: dict[str, list[TrialRecord]] = defaultdict(list)
-    for record in records:
+    for record in measured:
         config = record.result.config
-        at_batch = global_batch is None or config.global_batch_size == global_batch
-        if record.role in ("baseline", "search") and at_batch:
+        if batch is None or config.global_batch_size == batch:
             by_layout[config.parallel].append(record)
     summaries = []
     for layout, tried in sorted(
@@ -54,6 +57,7 @@ def best_by_layout(
         summaries.append(
             LayoutBest(
                 parallel=layout,
+                global_batch=batch,
                 trials=len(tried),
                 feasible=len(eligible),
                 best_trial=best.number if best else None,
@@ -63,6 +67,21 @@ def best_by_layout(
             )
         )
     return tuple(summaries)
+
+
+def _comparison_batch(records: list[TrialRecord], preferred: int) -> int | None:
+    """The global batch at which the most parallel layouts ran usable trials: `preferred` (the
+    user's) where it is one of those, else the one nearest it; None where no two layouts ran
+    at one global batch (each is then shown at its own)."""
+    layouts: dict[int, set[str]] = defaultdict(set)
+    for record in records:
+        if record.eligible and record.result.samples_per_s:
+            layouts[record.result.config.global_batch_size].add(record.result.config.parallel)
+    most = max((len(found) for found in layouts.values()), default=0)
+    if most < 2:
+        return None
+    tied = [batch for batch, found in layouts.items() if len(found) == most]
+    return min(tied, key=lambda batch: (abs(math.log(batch / preferred)), batch))
 
 
 def _rerun_median(best: TrialRecord, confirmations: tuple[TrialRecord, ...]) -> float | None:

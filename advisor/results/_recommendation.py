@@ -138,6 +138,9 @@ class LayoutBest(Frozen):
     """The best search trial of one parallel layout (`none`, `dp`, `ddp-N`)."""
 
     parallel: str
+    global_batch: int | None = Field(
+        default=None, description="the global batch every layout is compared at"
+    )
     trials: int = Field(description="configurations measured with this layout")
     feasible: int
     best_trial: int | None = None

@@ -102,11 +102,15 @@ def test_best_by_layout_uses_rerun_medians_of_each_layouts_best():
     ]
     assert layouts[0].rerun_samples_per_s is None
     assert layouts[1].rerun_samples_per_s == 2500
-    # At one global batch: DDP-2 at a global batch of 64 is not compared with one process at 32.
-    at_32 = best_by_layout(trials, reruns, global_batch=32)
-    assert [(b.parallel, b.trials) for b in at_32] == [("none", 1)]
-    at_64 = best_by_layout(trials, reruns, global_batch=64)
-    assert [(b.parallel, b.best_trial) for b in at_64] == [("ddp-2", 1)]
+    # Where both ran at one global batch (64), they are compared there, not DDP-2 at 64 against
+    # one process at 32, though you trained at 32.
+    apart = best_by_layout(trials, reruns, 32)  # no two layouts at one batch: each at its own
+    assert [(b.parallel, b.global_batch) for b in apart] == [("none", None), ("ddp-2", None)]
+    both = [*trials, _trial(3, 1500, batch_size=64)]
+    at_64 = best_by_layout(both, reruns, 32)
+    assert [(b.parallel, b.best_trial, b.global_batch) for b in at_64] == [
+        ("none", 3, 64), ("ddp-2", 1, 64)
+    ]  # fmt: skip
 
 
 def _diverged(number, **knobs):
