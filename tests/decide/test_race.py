@@ -590,3 +590,21 @@ def test_a_loader_change_at_your_batch_is_read_from_your_curve_not_trained_again
         assert twin.curve.points[-1].seconds == pytest.approx(yours.curve.points[-1].seconds / 1.6)
     assert race.racers[race.winner].config == loader and race.verdict.kind == "kept"
     assert race.time_to_loss is not None and race.time_to_loss.speedup == pytest.approx(1.6)
+
+
+def test_of_two_learning_rates_that_never_reached_the_one_raced_in_every_replicate_is_shown():
+    """Neither lr of batch 256 reached your loss; the one raced in one replicate only has a
+    bound, not a measurement: the best shown is the one the later replicates raced."""
+    never = [4, 3.5, 3, 2.8, 2.6, 2.5]
+    rule = LrPlan(scale=2.0, rule="sqrt")
+    racers = []
+    for replicate in range(3):
+        racers += [
+            _rated(_racer("baseline", SMALL, YOURS), 100.0, 0, replicate),
+            _rated(_racer("candidate", BIG, never, rule), 100.0, 1, replicate),
+        ]
+    racers.append(_rated(_racer("candidate", BIG, [4, 3.4, 2.9, 2.7, 2.5, 2.4]), 120.0, 1, 0))
+    race = decide_race(racers, 5)
+    best = race.racers[race.verdict.best]
+    assert race.verdict.kind == "kept" and best.lr == rule
+    assert race.verdict.best_claim.replicates == 3

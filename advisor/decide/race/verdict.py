@@ -151,8 +151,9 @@ def _by_batch(
 ) -> dict[int, TimeToLoss]:
     """Each other global batch's racer (of replicate 0) with the learning rate whose claim
     against `stand` is the strongest: one with a low end (it reached the target in every
-    replicate, and raced in more than one) before one without, then the higher speed-up over
-    the replicates; where none of a batch's learning rates has a claim, none."""
+    replicate, and raced in more than one) before one without, then the one measured in more
+    replicates (a bound from one replicate is not a measurement of three), then the higher
+    speed-up; where none of a batch's learning rates has a claim, none."""
     best: dict[TrialConfig, tuple[int, TimeToLoss]] = {}
     for index, racer in enumerate(racers):
         if racer.role != "candidate" or racer.replicate != 0 or racer.curve is None:
@@ -164,8 +165,8 @@ def _by_batch(
     return dict(best.values())
 
 
-def _strength(claim: TimeToLoss) -> tuple[bool, float]:
-    return (claim.low > 0, claim.speedup)
+def _strength(claim: TimeToLoss) -> tuple[bool, int, float]:
+    return (claim.low > 0, claim.replicates, claim.speedup)
 
 
 def _fewest_changes(
