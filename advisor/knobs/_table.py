@@ -42,8 +42,6 @@ __all__ = [
 
 BASE_GROUP = "classic"  # always searched; `--knobs` adds the other groups to it
 MEMORY_GROUP = "memory"  # searched under --memory-budget
-# The knobs that only change how batches arrive, not what a step computes (`steps_twin`).
-FEED_FIELDS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 
 
 # --- the table -----------------------------------------------------------------------------------
@@ -388,14 +386,6 @@ class TrialConfig(Frozen):
         from advisor.knobs._index import KNOBS
 
         return " ".join(part for row in KNOBS if (part := row.label_part(self)) is not None)
-
-    @property
-    def steps_twin(self) -> "TrialConfig":
-        """This configuration without the knobs that only change how its batches arrive (the
-        loader's workers, pinning, prefetch): two with the same twin compute the same steps on
-        the same samples, so they reach a loss after the same samples, in expectation."""
-        fields = type(self).model_fields
-        return self.model_copy(update={name: fields[name].default for name in FEED_FIELDS})
 
     @property
     def maths_twin(self) -> "TrialConfig":

@@ -43,8 +43,9 @@ import optuna
 from advisor.decide.race.estimate import samples_to_loss, target_of
 from advisor.decide.race.grid import sample_grid
 from advisor.decide.race.plan import RacePlan
+from advisor.knobs import TrialConfig
 from advisor.progress import Stage
-from advisor.results import Racer, RacerRole, did_not_fall, reference_racer
+from advisor.results import Racer, RacerRole, TrialResult, did_not_fall, reference_racer
 from advisor.search.context import SearchContext
 from advisor.search.records import StudyKey, read_noise, read_racers, write_racer
 from advisor.trial.orders import HELD_OUT_MAX, RaceOrder
@@ -56,6 +57,8 @@ EVALUATIONS_EXPECTED = 40  # the baseline's evaluations over the race time, abou
 HELD_OUT_MIN = 256  # samples: the slice is never cut below this
 SHORTEST_RACE = 0.05  # of the race time: the least a racer trains
 WIN_SLACK = 1.25  # a racer trains on past the samples at which it would merely tie by this
+# The knobs that only change how batches arrive, not what a step computes (`_steps_of`).
+FEED_FIELDS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,10 @@ def _race_one(
     log_path = context.logs_dir / f"{name}{'-went-on' if went_on else ''}.log"
     result = context.runner.run(order, log_path, on_phase=context.progress.trial_phase)
     saved = state is not None and not went_on and Path(state).exists()
+    return _racer(plan, heat, result, str(state) if saved else None)
+
+
+def _racer(plan: RacePlan, heat: Heat, result: TrialResult, state: str | None) -> Racer:
     return Racer(
         role=plan.role,
         trial=plan.trial,
@@ -167,13 +174,13 @@ def _race_one(
         replicate=heat.replicate,
         samples_per_s=plan.samples_per_s,
         result=result,
-        state=str(state) if saved else None,
+        state=state,
     )
 
 
 def _twin_of(plan: RacePlan, racers: Sequence[Racer]) -> Racer | None:
     """The heat's baseline racer where `plan` is the best at the user's batch and computes its
-    steps (it differs only in how batches arrive, `TrialConfig.steps_twin`) with its learning
+    steps (it differs only in how batches arrive, `_steps_of`) with its learning
     rate: it reaches every loss after the same samples, so it is not trained again."""
     if plan.role != RacerRole.YOUR_BATCH:
         return None
@@ -184,10 +191,17 @@ def _twin_of(plan: RacePlan, racers: Sequence[Racer]) -> Racer | None:
             if r.role == RacerRole.BASELINE
             and r.curve is not None
             and r.lr == plan.lr
-            and r.config.steps_twin == plan.config.steps_twin
+            and _steps_of(r.config) == _steps_of(plan.config)
         ),
         None,
     )
+
+
+def _steps_of(config: TrialConfig) -> TrialConfig:
+    """`config` without the knobs that only change how batches arrive (`FEED_FIELDS`): two
+    with the same steps compute the same steps on the same samples."""
+    fields = TrialConfig.model_fields
+    return config.model_copy(update={name: fields[name].default for name in FEED_FIELDS})
 
 
 def _as_twin(plan: RacePlan, twin: Racer, heat: Heat) -> Racer:
@@ -203,18 +217,8 @@ def _as_twin(plan: RacePlan, twin: Racer, heat: Heat) -> Racer:
     )
     points = tuple(p.model_copy(update={"seconds": p.seconds * scale}) for p in curve.points)
     race = curve.model_copy(update={"points": points})
-    return Racer(
-        role=plan.role,
-        trial=plan.trial,
-        config=plan.config,
-        lr=plan.lr,
-        race_seconds=heat.seconds,
-        replicate=heat.replicate,
-        samples_per_s=plan.samples_per_s,
-        result=twin.result.model_copy(update={"config": plan.config, "race": race}),
-        state=twin.state,
-        steps_of_baseline=True,
-    )
+    result = twin.result.model_copy(update={"config": plan.config, "race": race})
+    return _racer(plan, heat, result, twin.state).model_copy(update={"steps_of_baseline": True})
 
 
 def _replicate_label(heat: Heat) -> str:
