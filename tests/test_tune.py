@@ -163,7 +163,7 @@ def test_resuming_with_other_settings_is_refused(first_run):
     assert "Traceback" not in completed.stderr
 
 
-def _completed_trials(out) -> int:
+def _trials_in_state(out, state: str) -> int:
     """Read straight from the SQLite file: loading the study through Optuna takes seconds on a
     busy machine, and a tune can finish its search before the test sees two trials."""
     path = Path(out) / "study.db"
@@ -171,17 +171,19 @@ def _completed_trials(out) -> int:
         return 0
     with contextlib.closing(sqlite3.connect(path, timeout=30)) as connection:
         try:
-            (count,) = connection.execute(
-                "SELECT COUNT(*) FROM trials WHERE state = 'COMPLETE'"
-            ).fetchone()
+            query = "SELECT COUNT(*) FROM trials WHERE state = ?"
+            (count,) = connection.execute(query, (state,)).fetchone()
         except sqlite3.OperationalError:  # no tables yet
             return 0
     return int(count)
 
 
+def _completed_trials(out) -> int:
+    return _trials_in_state(out, "COMPLETE")
+
+
 def _running_trials(out) -> int:
-    study = optuna.load_study(study_name="tiny-factory", storage=f"sqlite:///{out}/study.db")
-    return sum(t.state == optuna.trial.TrialState.RUNNING for t in study.trials)
+    return _trials_in_state(out, "RUNNING")
 
 
 def test_ctrl_c_keeps_finished_trials_and_the_same_command_resumes(tmp_path):
@@ -263,8 +265,9 @@ def test_a_killed_parent_leaves_no_trial_running_after_resume(tmp_path):
     process = subprocess.Popen([*command, *flags], cwd=ROOT, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
     while not (_completed_trials(tmp_path) >= 1 and _running_trials(tmp_path)):
+        assert process.poll() is None, "the tune ended before the test saw a second trial run"
         assert time.monotonic() < deadline, "no second trial started"
-        time.sleep(0.1)
+        time.sleep(0.05)
     process.send_signal(signal.SIGKILL)  # while the second trial runs
     process.wait()  # its trial's process is gone: the resumed tune sees it at once
     resumed = subprocess.run([*command, *flags], cwd=ROOT, capture_output=True, text=True)
