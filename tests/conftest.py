@@ -93,6 +93,15 @@ def _group_by_module_fixture(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{','.join(shared)}"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _probe_once(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The suite's tunes share one hardware probe per set of probe-shaping variables
+    (`ADVISOR_PROBE_CACHE`): a second of matmul timing on both cores for each of dozens of
+    tunes. tests/trial/test_hardware.py probes for real."""
+    shared = tmp_path_factory.getbasetemp().parent  # one folder for all xdist workers
+    os.environ.setdefault("ADVISOR_PROBE_CACHE", str(shared / "hardware-probe.json"))
+
+
 @pytest.fixture(autouse=True)
 def _run_from_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
     """Specs resolve relative to the working directory, as they do for users."""

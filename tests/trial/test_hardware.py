@@ -6,14 +6,22 @@ CPU without native bf16, or as fast as fp32, so both kinds of machine are covere
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from advisor.knobs import SLOW_PRECISION
+from advisor.results import HardwareProfile
 from advisor.search.space import build_space
 from advisor.settings import TuneSettings
 from advisor.trial.parent.hardware import probe_isolated
 from tests.conftest import ROOT
 from tests.search.test_space import TASK
+
+
+@pytest.fixture(autouse=True)
+def _probe_for_real(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ADVISOR_PROBE_CACHE", raising=False)
 
 
 def _probe_with(monkeypatch: pytest.MonkeyPatch, bf16: str):
@@ -66,3 +74,21 @@ def test_the_probe_runs_as_a_fork_of_the_launcher_or_else_in_a_fresh_interpreter
     assert all(
         rate > 0 for rate in (*forked.cpu_peak_flops.values(), *fresh.cpu_peak_flops.values())
     )
+
+
+def test_a_cached_probe_serves_the_same_conditions_and_only_them(monkeypatch, tmp_path):
+    cache = tmp_path / "probe.json"
+    monkeypatch.setenv("ADVISOR_PROBE_CACHE", str(cache))
+    probed = probe_isolated()
+    (key, stored), *_ = json.loads(cache.read_text()).items()
+    assert HardwareProfile.model_validate(stored) == probed
+    cache.write_text(json.dumps({key: {**stored, "cpu_model": "the cached CPU"}}))
+    assert probe_isolated().cpu_model == "the cached CPU"  # served without probing
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # shapes the peaks: probed anew, both kept
+    assert probe_isolated().cpu_model == probed.cpu_model
+    assert len(json.loads(cache.read_text())) == 2
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert probe_isolated().cpu_model == "the cached CPU"
+    cache.write_text("not json")
+    assert probe_isolated().cpu_model == probed.cpu_model
