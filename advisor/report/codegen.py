@@ -10,8 +10,9 @@ from advisor.knobs import TrialConfig
 from advisor.report.templating import docstring_safe, template_environment
 from advisor.report.verdicts import claim_text
 from advisor.results import LrPlan, Recommendation
+from advisor.trial.orders import HELD_OUT_FRACTION, HELD_OUT_MAX
 
-__all__ = ["launch_command", "render_launch_script", "render_training_script"]
+__all__ = ["held_out_samples", "launch_command", "render_launch_script", "render_training_script"]
 
 _AMP_DTYPES = {"off": "None", "bf16": "torch.bfloat16", "fp16": "torch.float16"}
 
@@ -55,7 +56,21 @@ def render_training_script(recommendation: Recommendation, script_dir: Path) -> 
         baseline_global_batch=recommendation.baseline_config.global_batch_size,
         amp_dtype=_AMP_DTYPES[config.amp],
         task=recommendation.task,
+        held_out_samples=held_out_samples(recommendation),
     )
+
+
+def held_out_samples(recommendation: Recommendation) -> int:
+    """The samples of the race's held-out slice; without a race, those a race would hold out
+    (none of an IterableDataset)."""
+    race = recommendation.race
+    for racer in race.racers if race is not None else ():
+        if racer.curve is not None and racer.curve.held_out_samples:
+            return racer.curve.held_out_samples
+    size = recommendation.task.dataset_size
+    if recommendation.task.iterable or not size:
+        return 0
+    return min(HELD_OUT_MAX, int(size * HELD_OUT_FRACTION))
 
 
 def launch_command(config: TrialConfig, script: str) -> str:

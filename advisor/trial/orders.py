@@ -29,6 +29,7 @@ from advisor.knobs import TrialConfig
 from advisor.results import BatchSchedule, LrPlan, RaceCurve, TrialResult
 
 __all__ = [
+    "HELD_OUT_FRACTION",
     "HELD_OUT_MAX",
     "REPLICATE_SEED_STEP",
     "TRACK_POINTS",
@@ -51,6 +52,7 @@ TRACK_POINTS = 5
 REPLICATE_SEED_STEP = 1009
 # Samples of a race's held-out slice at most: enough for a loss within a percent or so.
 HELD_OUT_MAX = 1024
+HELD_OUT_FRACTION = 0.1  # of a map-style dataset, held out by a race (at most HELD_OUT_MAX)
 
 # Called with each phase the trial enters (build, first_step, warmup, measure).
 PhaseCallback = Callable[[str], None]
@@ -99,10 +101,13 @@ class ValidateOrder(_Order):
 
 
 class ReferenceOrder(_Order):
-    """The first optimizer steps' losses from the seeded weights, for the numerics check."""
+    """The first optimizer steps' losses from the seeded weights, for the numerics check; with
+    `held_out`, trained as a race trains, on all but its held-out slice of that many samples
+    at most."""
 
     kind: Literal["reference"] = "reference"
     lr: LrPlan = LrPlan()
+    held_out: int = Field(default=0, ge=0, description="0: the whole dataset")
 
 
 class RaceOrder(_Order):

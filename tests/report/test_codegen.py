@@ -1,5 +1,6 @@
 """The generated train.py is product code: it must lint clean and train every contract form."""
 
+import csv
 import functools
 import os
 import random
@@ -32,8 +33,8 @@ from advisor.search.checks import preflight
 from advisor.task import build_task
 from advisor.trial.child.hardware import probe
 from advisor.trial.child.loop import Trainer
-from advisor.trial.child.racing import enter_stage
-from advisor.trial.orders import ReferenceOrder
+from advisor.trial.child.racing import enter_stage, held_out_split
+from advisor.trial.orders import HELD_OUT_MAX, ReferenceOrder
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import ROOT, TINY
 
@@ -84,11 +85,11 @@ def _write_and_run(rec: Recommendation, folder: Path, *args: str) -> subprocess.
 def _trial_losses(
     spec: str, config: TrialConfig, tmp_path: Path, lr: LrPlan | None = None
 ) -> tuple[float, ...]:
-    """The losses of a trial's first optimizer steps, from the same seed (0)."""
+    """The losses of a trial's first optimizer steps, from the same seed (0), trained as a race
+    trains: on all but the held-out slice train.py evaluates."""
     launch = TrialLaunch(spec=spec, cwd=ROOT, warmup_steps=2, trial_seconds=0.1, timeout_s=300)
-    reference = ProcessRunner(launch).run(
-        ReferenceOrder(config=config, lr=lr or LrPlan()), tmp_path / "reference.log"
-    )
+    order = ReferenceOrder(config=config, lr=lr or LrPlan(), held_out=HELD_OUT_MAX)
+    reference = ProcessRunner(launch).run(order, tmp_path / "reference.log")
     assert reference.status == "ok", reference.reason
     return reference.early_losses
 
@@ -149,7 +150,7 @@ def test_generated_script_trains_with_the_learning_rate_the_race_chose(tmp_path)
     assert "LR_SCALE = 8  # the linear rule for global batch 64 (yours: 8)" in script
     assert "LR_WARMUP_STEPS = 4" in script
     logged = [float(v) for v in re.findall(r"lr (\S+)$", completed.stdout, re.MULTILINE)]
-    assert logged == pytest.approx([0.02, 0.03, 0.04, 0.04, 0.04, 0.04])
+    assert logged == pytest.approx([0.01, 0.02, 0.03, 0.04, 0.04, 0.04])  # each step's own
     # The steps after the first depend on the lr: the trial loop, given the same plan, agrees.
     expected = _trial_losses(spec, config, tmp_path, lr)
     assert _logged_losses(completed.stdout)[:3] == pytest.approx(expected, rel=1e-5)
@@ -189,7 +190,7 @@ def _scheduled_trial_losses(spec: str, config: TrialConfig, steps: int) -> list[
     random.seed(0)
     torch.manual_seed(0)
     numpy.random.seed(0)
-    task = build_task(spec, ROOT)[0]
+    task = held_out_split(build_task(spec, ROOT)[0], HELD_OUT_MAX)[0]
     trainer = Trainer(task, config, torch.device("cpu"), seed=0)
     stage = enter_stage(trainer, SCHEDULE, 0, None)
     losses = []
@@ -218,6 +219,63 @@ def test_generated_script_applies_the_schedule_as_the_trial_did(tmp_path):
     assert _logged_losses(completed.stdout) == pytest.approx(expected, abs=5e-5)
 
 
+def _metrics(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as rows:
+        return list(csv.DictReader(rows))
+
+
+def _resumed_as_uninterrupted(folder: Path, run) -> None:
+    """6 steps, then --resume to 12 (into the second pass over the data), against 12 at once:
+    the same weights, train loss and held-out loss."""
+    run("--max-steps", "6", "--epochs", "9", "--checkpoint", "a/c.pt", "--eval-every", "3")
+    first = _metrics(folder / "a" / "metrics.csv")
+    assert [row["step"] for row in first] == ["3", "6"]
+    assert all(row["held_out_loss"] for row in first)
+    run("--max-steps", "12", "--epochs", "9", "--checkpoint", "a/c.pt", "--resume", "a/c.pt")
+    run("--max-steps", "12", "--epochs", "9", "--checkpoint", "b/c.pt")
+    resumed, uninterrupted = (
+        _metrics(folder / "a" / "metrics.csv"),
+        _metrics(folder / "b" / "metrics.csv"),
+    )
+    assert resumed[:2] == first and resumed[-1]["step"] == uninterrupted[-1]["step"] == "12"
+    for field in ("samples", "train_loss", "held_out_loss", "lr"):
+        assert resumed[-1][field] == uninterrupted[-1][field], field
+    weights = [torch.load(folder / name / "c.pt", weights_only=False)["model"] for name in "ab"]
+    assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[1])
+
+
+def test_a_resumed_run_continues_exactly_as_an_uninterrupted_one(tmp_path):
+    """On CPU in fp32, one process: 461 samples trained on (51 held out), 7 optimizer steps of
+    2 micro-batches of 32 per pass; the checkpoint at step 6 stops inside the first pass."""
+    config = TrialConfig(batch_size=32, accumulation_steps=2)
+    rec = _recommendation(f"{TINY}:factory", config)
+
+    def run(*args: str) -> None:
+        completed = _write_and_run(rec, tmp_path, *args)
+        assert completed.returncode == 0, completed.stderr
+        assert "held-out loss" in completed.stdout
+
+    _resumed_as_uninterrupted(tmp_path, run)
+
+
+def test_a_resumed_ddp_run_continues_exactly_as_an_uninterrupted_one(tmp_path):
+    """Under DDP-2 through launch.sh: each rank's shard of the pass, the same state in both."""
+    rec = _recommendation(f"{TINY}:factory", DDP_CONFIG)
+    (tmp_path / "launch.sh").write_text(render_launch_script(rec))
+    (tmp_path / "train.py").write_text(render_training_script(rec, tmp_path))
+    _resumed_as_uninterrupted(tmp_path, lambda *args: _launch(tmp_path, *args))
+
+
+def test_a_resumed_fsdp_run_loads_its_whole_tensors_into_the_shards(tmp_path):
+    """Under FSDP-2 the checkpoint holds whole tensors (torch.distributed.checkpoint's
+    state-dict API gathers them); resumed, every process keeps its shard of them."""
+    config = FSDP_CONFIG.model_copy(update={"activation_checkpointing": "off"})
+    rec = _recommendation(f"{TINY}:factory", config)
+    (tmp_path / "launch.sh").write_text(render_launch_script(rec))
+    (tmp_path / "train.py").write_text(render_training_script(rec, tmp_path))
+    _resumed_as_uninterrupted(tmp_path, lambda *args: _launch(tmp_path, *args))
+
+
 def test_a_copy_of_the_script_elsewhere_runs_from_any_folder_and_runs_epochs(tmp_path):
     """Copied into your repository and run from `/`: the factory resolves from where advisor
     ran, or from --factory and --factory-root where you moved it."""
@@ -237,7 +295,7 @@ def test_a_copy_of_the_script_elsewhere_runs_from_any_folder_and_runs_epochs(tmp
 
     completed = run("--epochs", "2")
     assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.count("epoch ") == 2  # 512 samples / 128 = 4 steps per epoch
+    assert completed.stdout.count("epoch ") == 2  # 461 samples / 128 = 3 steps per epoch
     module = run("--max-steps", "1", "--factory", "tests.workloads.tiny:factory")
     assert module.returncode == 0, module.stderr
     moved = run("--max-steps", "1", "--factory-root", str(tmp_path))
@@ -274,10 +332,10 @@ def test_ddp_script_trains_under_torchrun_and_alone(tmp_path):
     # Rank 0's losses, as the DDP trial's rank 0 recorded them from the same seed.
     expected = _trial_losses(f"{TINY}:factory", DDP_CONFIG, tmp_path)
     assert _logged_losses(launched.stdout)[:3] == pytest.approx(expected, abs=5e-5)
-    # 512 samples in 2 shards of 256 = 8 micro-batches of 32 = 4 steps per epoch and process;
-    # only rank 0 reports, counting the samples of both.
-    assert launched.stdout.count("done: 8 steps") == 1, launched.stdout
-    assert launched.stdout.count("epoch 1 done at step 8") == 1
+    # 461 samples trained on (51 held out) in 2 shards of 230 = 7 micro-batches of 32 a pass in
+    # each process: 2 passes, 7 optimizer steps of 2; only rank 0 reports, counting both's.
+    assert launched.stdout.count("done: 7 steps") == 1, launched.stdout
+    assert launched.stdout.count("epoch 1 done at step 7") == 1
     assert " 0 samples/s" not in launched.stdout
     assert (tmp_path / "ddp.pt").exists()
     alone = _write_and_run(rec, tmp_path, "--max-steps", "3")

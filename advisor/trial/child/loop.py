@@ -84,8 +84,9 @@ class Trainer:
         self.loss_fn = task.loss_fn
         self._task = task
         self._base_lrs = [group["lr"] for group in self.optimizer.param_groups]
+        self._seed = seed
         self.sampler = _sampler(task, config, rank, seed)
-        self.loader = _build_loader(task, config, self.sampler)
+        self.loader = _build_loader(task, config, self.sampler, seed)
         self.scaler = torch.amp.GradScaler(device.type, enabled=config.amp == "fp16")
         self.data_wait_s = 0.0
         self.first_batch: str | None = None
@@ -158,7 +159,7 @@ class Trainer:
         if batch_size != self.config.batch_size:
             self._stop_loader()
             self.config = self.config.model_copy(update={"batch_size": batch_size})
-            self.loader = _build_loader(self._task, self.config, self.sampler)
+            self.loader = _build_loader(self._task, self.config, self.sampler, self._seed)
             self._batches = self._endless_batches()
         self.config = self.config.model_copy(update={"accumulation_steps": accumulation_steps})
         self.cycle = accumulation_steps
@@ -218,7 +219,7 @@ class Trainer:
     def _endless_batches(self) -> Generator[Any, None, None]:
         non_blocking = self.config.pin_memory
         while True:
-            if self.sampler is not None:  # a new shuffle per epoch, the same on every rank
+            if self.sampler is not None:  # a new shuffle per pass, the same on every rank
                 self.sampler.set_epoch(self.epochs_begun)
             self.epochs_begun += 1
             yielded = False
@@ -334,19 +335,21 @@ def wrap_model(
 def _sampler(
     task: TrainingTask, config: TrialConfig, rank: int, seed: int
 ) -> DistributedSampler[Any] | None:
-    """Under DDP and FSDP each rank reads its own shard: `len(dataset) // world_size`
-    samples."""
-    if not config.distributed:
-        return None
+    """Each pass's shuffle, seeded by `seed` and the pass (as train.py's `DataOrder`); under
+    DDP and FSDP each rank reads its own shard, `len(dataset) // world_size` samples. None for
+    an IterableDataset, which has no index."""
     if isinstance(task.dataset, IterableDataset):
-        raise ContractError(
-            f"{config.parallel_mode.upper()} needs a map-style dataset to shard; an "
-            "IterableDataset has no index"
-        )
+        if config.distributed:
+            raise ContractError(
+                f"{config.parallel_mode.upper()} needs a map-style dataset to shard; an "
+                "IterableDataset has no index"
+            )
+        return None
+    replicas = config.world_size if config.distributed else 1
     return DistributedSampler(
         task.dataset,
-        num_replicas=config.world_size,
-        rank=rank,
+        num_replicas=replicas,
+        rank=rank if config.distributed else 0,
         shuffle=True,
         seed=seed,
         drop_last=True,
@@ -354,7 +357,7 @@ def _sampler(
 
 
 def _build_loader(
-    task: TrainingTask, config: TrialConfig, sampler: DistributedSampler[Any] | None
+    task: TrainingTask, config: TrialConfig, sampler: DistributedSampler[Any] | None, seed: int
 ) -> DataLoader[Any]:
     dataset = task.dataset
     iterable = isinstance(dataset, IterableDataset)
@@ -371,7 +374,6 @@ def _build_loader(
     return DataLoader(
         dataset,
         batch_size=config.batch_size,
-        shuffle=not iterable and sampler is None,
         sampler=sampler,
         num_workers=workers,
         prefetch_factor=config.prefetch_factor if workers else None,
@@ -381,4 +383,6 @@ def _build_loader(
         pin_memory=config.pin_memory,
         drop_last=True,  # a partial last batch would change shapes mid-window
         collate_fn=task.collate_fn,
+        # The workers' seeds, drawn apart from the model's random stream (as in train.py)
+        generator=torch.Generator().manual_seed(seed),
     )

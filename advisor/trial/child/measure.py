@@ -149,7 +149,7 @@ def _measure(request: TrialRequest, rank: int, phase: _Phase, state: _SoFar) -> 
     )
     memory.start()
     held_out = None
-    if isinstance(order, RaceOrder):  # before the loader is built: no racer trains on the slice
+    if isinstance(order, (RaceOrder, ReferenceOrder)):  # before the loader: none trains on it
         task, held_out = held_out_split(task, order.held_out)
     lr = order.lr if isinstance(order, (RaceOrder, ReferenceOrder)) else LrPlan()
     trainer = Trainer(task, config, device, rank=rank, seed=request.seed, lr=lr)

@@ -3,9 +3,10 @@ it (docs/method.md, "The race goes on").
 
 The state is what the next optimizer step depends on: the model's weights and buffers, the
 optimizer's state, the GradScaler's scale, the learning-rate warm-up's position, and how many
-epochs of the loader's shuffle were begun. The continued racer begins a fresh epoch with a
-reseeded generator, rather than the rest of the interrupted one: the order of the samples is
-random either way. An FSDP racer's weights are sharded over its ranks, and it is not saved.
+epochs of the loader's shuffle were begun. The continued racer begins a fresh epoch, whose
+shuffle is seeded by its number, rather than the rest of the interrupted one: the order of the
+samples is random either way. An FSDP racer's weights are sharded over its ranks, and it is not
+saved.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from advisor.trial.child.gradient_noise import (
 )
 from advisor.trial.child.loop import DivergedError, Trainer
 from advisor.trial.child.steps import Clock
-from advisor.trial.orders import HELD_OUT_MAX, TRACK_POINTS, RaceOrder
+from advisor.trial.orders import HELD_OUT_FRACTION, HELD_OUT_MAX, TRACK_POINTS, RaceOrder
 
 __all__ = [
     "TRACK_POINTS",
@@ -52,7 +52,6 @@ __all__ = [
     "train_racer",
 ]
 
-HELD_OUT_FRACTION = 0.1
 HELD_OUT_SEED = 2018  # fixed, so that every racer is evaluated on the same samples
 EVAL_BATCH = 256
 PROBE_GRACE = 0.025  # of the race time: a noise probe's point may come this much early
