@@ -66,6 +66,11 @@ def _tune(spec: str, trials: int) -> dict[str, Any]:
         "label": _label(rec["config"]),
         "verdict": _kind(race.get("verdict")),
         "replicates": race.get("replicates"),
+        # Which other global batches raced (and with which precision): where tunes disagree,
+        # whether they raced different batches or judged the same ones differently.
+        "raced": sorted(
+            {_label(r["config"]) for r in race.get("racers", []) if r.get("role") == "candidate"}
+        ),
         "claim": rec.get("time_to_loss"),
         "samples_speedup": rec.get("speedup"),
         "wall_s": wall_s,
