@@ -134,8 +134,11 @@ def test_generated_script_runs_as_is(first_run):
         check=False,
     )
     assert completed.returncode == 0, completed.stderr
-    assert "epoch 0 done at step" in completed.stdout
+    assert "done: 3 steps" in completed.stdout and "step 3: held-out loss" in completed.stdout
     assert (first_run.out_dir / "ckpt.pt").is_file()
+    metrics = (first_run.out_dir / "metrics.csv").read_text().splitlines()
+    assert metrics[0] == "step,samples,train_loss,held_out_loss,lr,samples_per_s"
+    assert metrics[-1].startswith("3,")
 
 
 def test_rerun_resumes_without_repeating_finished_trials(first_run):
