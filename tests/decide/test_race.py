@@ -506,6 +506,19 @@ def test_when_no_batch_is_predicted_to_win_the_best_faster_one_races_anyway():
     assert [r.number for r in finalists] == [0, 1]
 
 
+def test_the_three_best_predicted_batches_race():
+    """Four batches predicted to win (phi = 1000: samples barely grow with the batch): the three
+    with the most samples/s race, the fourth does not."""
+    rates = {8: 100.0, 16: 190.0, 32: 350.0, 64: 600.0, 128: 900.0}
+    records = [_record(n, batch, rate) for n, (batch, rate) in enumerate(rates.items())]
+    noise = NoiseScale(value=1000.0, low=900.0, high=1100.0, small_batch=8, big_batch=64, steps=50)
+    marked, finalists = race_finalists(
+        predict_batches(noise, records, SMALL), noise, records, SMALL
+    )
+    assert [p.global_batch for p in marked if p.raced] == [32, 64, 128]
+    assert [r.result.config.global_batch_size for r in finalists] == [8, 32, 64, 128]
+
+
 def test_without_a_noise_scale_the_fastest_batches_race():
     records = [_record(0, 8, 100.0), _record(1, 64, 400.0), _record(2, 1024, 500.0)]
     predictions = predict_batches(None, records, SMALL)
