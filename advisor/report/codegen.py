@@ -10,9 +10,9 @@ from advisor.knobs import TrialConfig
 from advisor.report.templating import docstring_safe, template_environment
 from advisor.report.verdicts import claim_text
 from advisor.results import LrPlan, Recommendation
-from advisor.trial.orders import HELD_OUT_FRACTION, HELD_OUT_MAX
+from advisor.trial.orders import held_out_count
 
-__all__ = ["held_out_samples", "launch_command", "render_launch_script", "render_training_script"]
+__all__ = ["launch_command", "render_launch_script", "render_training_script"]
 
 _AMP_DTYPES = {"off": "None", "bf16": "torch.bfloat16", "fp16": "torch.float16"}
 
@@ -56,11 +56,11 @@ def render_training_script(recommendation: Recommendation, script_dir: Path) -> 
         baseline_global_batch=recommendation.baseline_config.global_batch_size,
         amp_dtype=_AMP_DTYPES[config.amp],
         task=recommendation.task,
-        held_out_samples=held_out_samples(recommendation),
+        held_out_samples=_held_out_samples(recommendation),
     )
 
 
-def held_out_samples(recommendation: Recommendation) -> int:
+def _held_out_samples(recommendation: Recommendation) -> int:
     """The samples of the race's held-out slice; without a race, those a race would hold out
     (none of an IterableDataset)."""
     race = recommendation.race
@@ -70,7 +70,7 @@ def held_out_samples(recommendation: Recommendation) -> int:
     size = recommendation.task.dataset_size
     if recommendation.task.iterable or not size:
         return 0
-    return min(HELD_OUT_MAX, int(size * HELD_OUT_FRACTION))
+    return held_out_count(size)
 
 
 def launch_command(config: TrialConfig, script: str) -> str:

@@ -29,7 +29,6 @@ from advisor.knobs import TrialConfig
 from advisor.results import BatchSchedule, LrPlan, RaceCurve, TrialResult
 
 __all__ = [
-    "HELD_OUT_FRACTION",
     "HELD_OUT_MAX",
     "REPLICATE_SEED_STEP",
     "TRACK_POINTS",
@@ -42,6 +41,7 @@ __all__ = [
     "TrialRunner",
     "ValidateOrder",
     "WindowOrder",
+    "held_out_count",
     "replicate_seed",
 ]
 
@@ -53,6 +53,12 @@ REPLICATE_SEED_STEP = 1009
 # Samples of a race's held-out slice at most: enough for a loss within a percent or so.
 HELD_OUT_MAX = 1024
 HELD_OUT_FRACTION = 0.1  # of a map-style dataset, held out by a race (at most HELD_OUT_MAX)
+
+
+def held_out_count(size: int, most: int = HELD_OUT_MAX) -> int:
+    """The samples a race holds out of a map-style dataset of `size`: a tenth, `most` at most."""
+    return min(most, int(size * HELD_OUT_FRACTION))
+
 
 # Called with each phase the trial enters (build, first_step, warmup, measure).
 PhaseCallback = Callable[[str], None]

@@ -42,7 +42,7 @@ from advisor.trial.child.gradient_noise import (
 )
 from advisor.trial.child.loop import DivergedError, Trainer
 from advisor.trial.child.steps import Clock
-from advisor.trial.orders import HELD_OUT_FRACTION, HELD_OUT_MAX, TRACK_POINTS, RaceOrder
+from advisor.trial.orders import HELD_OUT_MAX, TRACK_POINTS, RaceOrder, held_out_count
 
 __all__ = [
     "TRACK_POINTS",
@@ -67,7 +67,7 @@ def held_out_split(
     if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
         return task, None
     size = len(dataset)
-    count = min(most, int(size * HELD_OUT_FRACTION))
+    count = held_out_count(size, most)
     if count < 1:
         return task, None
     order = torch.randperm(size, generator=torch.Generator().manual_seed(HELD_OUT_SEED))
