@@ -105,7 +105,15 @@ def _logged_losses(stdout: str) -> list[float]:
     ("spec", "knobs"),
     [
         (f"{TINY}:factory", {"amp": "bf16", "num_workers": 1, "accumulation_steps": 2}),
-        ("tests.workloads.tiny:factory", {"optimizer_impl": "foreach"}),
+        (
+            "tests.workloads.tiny:factory",
+            {
+                "optimizer_impl": "foreach",
+                "num_workers": 1,
+                "prefetch_factor": 4,
+                "persistent_workers": False,
+            },
+        ),
         (f"{TINY}:with_optimizer", {"accumulation_steps": 2}),
         (f"{TINY}:dict_task", {"num_workers": 2}),
         (f"{TINY}:dict_with_loss_fn", {"optimizer_impl": "fused"}),
@@ -114,8 +122,10 @@ def _logged_losses(stdout: str) -> list[float]:
         (f"{TINY}:reconstruction", {"amp": "bf16"}),
         (f"{TINY}:iterable_task", {}),
         (f"{TINY}:conv", {"channels_last": True, "optimizer_impl": "fused", "num_workers": 1}),
-        (f"{TINY}:factory", {"num_workers": 1, "prefetch_factor": 4, "persistent_workers": False}),
-        (f"{TINY}:blocks", {"activation_checkpointing": "ResidualBlock", "accumulation_steps": 2}),
+        (
+            f"{TINY}:small_blocks",
+            {"activation_checkpointing": "ResidualBlock", "accumulation_steps": 2},
+        ),
         pytest.param(f"{TINY}:conv", {"compile": "default"}, marks=pytest.mark.slow),
     ],
 )
@@ -224,58 +234,48 @@ def _metrics(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(rows))
 
 
-def _resumed_as_uninterrupted(folder: Path, run) -> None:
-    """6 steps, then --resume to 12 (into the second pass over the data), against 12 at once:
-    the same weights, train loss and held-out loss."""
-    run("--max-steps", "6", "--epochs", "9", "--checkpoint", "a/c.pt", "--eval-every", "3")
+def _resumed_as_uninterrupted(folder: Path, run) -> str:
+    """6 steps, then --resume to 12 (into the second pass over the data), against 12 at once,
+    each logging every step: the same weights, train loss and held-out loss. Returns what the
+    uninterrupted run printed."""
+    every = ("--epochs", "9", "--log-every", "1")
+    run("--max-steps", "6", *every, "--checkpoint", "a/c.pt", "--eval-every", "3")
     first = _metrics(folder / "a" / "metrics.csv")
-    assert [row["step"] for row in first] == ["3", "6"]
-    assert all(row["held_out_loss"] for row in first)
-    run("--max-steps", "12", "--epochs", "9", "--checkpoint", "a/c.pt", "--resume", "a/c.pt")
-    run("--max-steps", "12", "--epochs", "9", "--checkpoint", "b/c.pt")
+    assert [row["step"] for row in first if row["held_out_loss"]] == ["3", "6"]
+    run("--max-steps", "12", *every, "--checkpoint", "a/c.pt", "--resume", "a/c.pt")
+    printed = run("--max-steps", "12", *every, "--checkpoint", "b/c.pt")
     resumed, uninterrupted = (
         _metrics(folder / "a" / "metrics.csv"),
         _metrics(folder / "b" / "metrics.csv"),
     )
-    assert resumed[:2] == first and resumed[-1]["step"] == uninterrupted[-1]["step"] == "12"
+    assert resumed[: len(first)] == first
+    assert resumed[-1]["step"] == uninterrupted[-1]["step"] == "12"
     for field in ("samples", "train_loss", "held_out_loss", "lr"):
         assert resumed[-1][field] == uninterrupted[-1][field], field
     weights = [torch.load(folder / name / "c.pt", weights_only=False)["model"] for name in "ab"]
     assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[1])
+    return printed
 
 
+@pytest.mark.slow
 def test_a_resumed_run_continues_exactly_as_an_uninterrupted_one(tmp_path):
     """On CPU in fp32, one process: 461 samples trained on (51 held out), 7 optimizer steps of
-    2 micro-batches of 32 per pass; the checkpoint at step 6 stops inside the first pass."""
+    2 micro-batches of 32 per pass; the checkpoint at step 6 stops inside the first pass. The
+    model has dropout: the evaluations at steps 3 and 6 of the run resumed, which the other run
+    does not make, must draw nothing from the RNG it reads."""
     config = TrialConfig(batch_size=32, accumulation_steps=2)
-    rec = _recommendation(f"{TINY}:factory", config)
+    rec = _recommendation(f"{TINY}:small_blocks", config)
 
-    def run(*args: str) -> None:
+    def run(*args: str) -> str:
         completed = _write_and_run(rec, tmp_path, *args)
         assert completed.returncode == 0, completed.stderr
         assert "held-out loss" in completed.stdout
+        return completed.stdout
 
     _resumed_as_uninterrupted(tmp_path, run)
 
 
-def test_a_resumed_ddp_run_continues_exactly_as_an_uninterrupted_one(tmp_path):
-    """Under DDP-2 through launch.sh: each rank's shard of the pass, the same state in both."""
-    rec = _recommendation(f"{TINY}:factory", DDP_CONFIG)
-    (tmp_path / "launch.sh").write_text(render_launch_script(rec))
-    (tmp_path / "train.py").write_text(render_training_script(rec, tmp_path))
-    _resumed_as_uninterrupted(tmp_path, lambda *args: _launch(tmp_path, *args))
-
-
-def test_a_resumed_fsdp_run_loads_its_whole_tensors_into_the_shards(tmp_path):
-    """Under FSDP-2 the checkpoint holds whole tensors (torch.distributed.checkpoint's
-    state-dict API gathers them); resumed, every process keeps its shard of them."""
-    config = FSDP_CONFIG.model_copy(update={"activation_checkpointing": "off"})
-    rec = _recommendation(f"{TINY}:factory", config)
-    (tmp_path / "launch.sh").write_text(render_launch_script(rec))
-    (tmp_path / "train.py").write_text(render_training_script(rec, tmp_path))
-    _resumed_as_uninterrupted(tmp_path, lambda *args: _launch(tmp_path, *args))
-
-
+@pytest.mark.slow
 def test_a_copy_of_the_script_elsewhere_runs_from_any_folder_and_runs_epochs(tmp_path):
     """Copied into your repository and run from `/`: the factory resolves from where advisor
     ran, or from --factory and --factory-root where you moved it."""
@@ -302,6 +302,33 @@ def test_a_copy_of_the_script_elsewhere_runs_from_any_folder_and_runs_epochs(tmp
     assert moved.returncode != 0 and "tiny.py" in moved.stderr  # not found where it was told
 
 
+def test_tensorboard_gets_the_metrics_rows_and_without_the_package_one_line(tmp_path):
+    """--tensorboard FOLDER: the figures of metrics.csv as scalars at their steps; where the
+    tensorboard package cannot be imported (a stand-in that fails shadows it), the run stops
+    at once with one line saying what to install."""
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    rec = _recommendation(f"{TINY}:factory", TrialConfig(batch_size=128))
+    args = ("--max-steps", "2", "--log-every", "1", "--tensorboard", "board")
+    completed = _write_and_run(rec, tmp_path, *args)
+    assert completed.returncode == 0, completed.stderr
+    events = accumulator.EventAccumulator(str(tmp_path / "board")).Reload()
+    rows = [row for row in _metrics(tmp_path / "metrics.csv") if row["train_loss"]]
+    logged = [(point.step, point.value) for point in events.Scalars("train_loss")]
+    assert logged == [(int(row["step"]), pytest.approx(float(row["train_loss"]))) for row in rows]
+    assert [point.step for point in events.Scalars("held_out_loss")] == [2]
+
+    missing = tmp_path / "missing"
+    (missing / "tensorboard").mkdir(parents=True)
+    (missing / "tensorboard" / "__init__.py").write_text("raise ImportError('not here')\n")
+    env = dict(os.environ, PYTHONPATH=str(missing))
+    script = [sys.executable, str(tmp_path / "train.py"), *args]
+    refused = subprocess.run(script, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (
+        "--tensorboard needs the tensorboard package: pip install tensorboard"
+    )
+
+
 def _launch(folder: Path, *args: str) -> subprocess.CompletedProcess:
     """`sh launch.sh ARGS` in `folder`, with this interpreter's torchrun on the PATH; it must
     succeed."""
@@ -322,22 +349,23 @@ def _launch(folder: Path, *args: str) -> subprocess.CompletedProcess:
 DDP_CONFIG = TrialConfig(batch_size=32, accumulation_steps=2, parallel_mode="ddp", world_size=2)
 
 
-def test_ddp_script_trains_under_torchrun_and_alone(tmp_path):
-    rec = _recommendation(f"{TINY}:factory", DDP_CONFIG)
+@pytest.mark.slow
+def test_a_ddp_script_trains_as_the_trial_did_resumes_exactly_and_runs_alone(tmp_path):
+    """Under DDP-2 through launch.sh: rank 0 logs the losses the DDP trial's rank 0 recorded
+    from the same seed; 6 steps resumed to 12 end where 12 uninterrupted do (each rank's shard
+    of the pass, the same state in both); started plainly, it is one process."""
+    rec = _recommendation(f"{TINY}:small_blocks", DDP_CONFIG)
     (tmp_path / "launch.sh").write_text(render_launch_script(rec))
     script = tmp_path / "train.py"
     script.write_text(render_training_script(rec, tmp_path))
     assert f"torchrun --standalone --nproc_per_node=2 {script}" in script.read_text()
-    launched = _launch(tmp_path, "--epochs", "2", "--checkpoint", "ddp.pt", "--log-every", "1")
-    # Rank 0's losses, as the DDP trial's rank 0 recorded them from the same seed.
-    expected = _trial_losses(f"{TINY}:factory", DDP_CONFIG, tmp_path)
-    assert _logged_losses(launched.stdout)[:3] == pytest.approx(expected, abs=5e-5)
+    printed = _resumed_as_uninterrupted(tmp_path, lambda *a: _launch(tmp_path, *a).stdout)
+    expected = _trial_losses(f"{TINY}:small_blocks", DDP_CONFIG, tmp_path)
+    assert _logged_losses(printed)[:3] == pytest.approx(expected, abs=5e-5)
     # 461 samples trained on (51 held out) in 2 shards of 230 = 7 micro-batches of 32 a pass in
-    # each process: 2 passes, 7 optimizer steps of 2; only rank 0 reports, counting both's.
-    assert launched.stdout.count("done: 7 steps") == 1, launched.stdout
-    assert launched.stdout.count("epoch 1 done at step 7") == 1
-    assert " 0 samples/s" not in launched.stdout
-    assert (tmp_path / "ddp.pt").exists()
+    # each process: 2 passes take 7 optimizer steps of 2; only rank 0 reports, counting both's.
+    assert printed.count("epoch 1 done at step 7") == 1, printed
+    assert printed.count("done: 12 steps") == 1 and " 0 samples/s" not in printed
     alone = _write_and_run(rec, tmp_path, "--max-steps", "3")
     assert alone.returncode == 0, alone.stderr
     assert "done: 3 steps; with warm-up" in alone.stdout
@@ -352,21 +380,26 @@ FSDP_CONFIG = TrialConfig(
 )
 
 
-def test_fsdp_script_reproduces_the_trials_losses_and_saves_whole_tensors(tmp_path):
-    rec = _recommendation(f"{TINY}:blocks", FSDP_CONFIG)
+@pytest.mark.slow
+def test_an_fsdp_script_trains_as_the_trial_did_and_resumes_whole_tensors_into_shards(tmp_path):
+    """Under FSDP-2 with checkpointed blocks: rank 0 logs the FSDP trial's losses; the checkpoint
+    holds whole tensors under your model's own names (torch.distributed.checkpoint's state-dict
+    API gathers them), and resumed, every process keeps its shard of them. The run resumed had
+    evaluated at steps 3 and 6, the one it is held against had not: evaluations draw nothing from
+    the RNG the blocks' dropout reads."""
+    rec = _recommendation(f"{TINY}:small_blocks", FSDP_CONFIG)
     (tmp_path / "launch.sh").write_text(render_launch_script(rec))
     script = tmp_path / "train.py"
     script.write_text(render_training_script(rec, tmp_path))
     assert 'SHARD_BLOCK = "ResidualBlock"' in script.read_text()
-    launched = _launch(tmp_path, "--max-steps", "3", "--checkpoint", "fsdp.pt", "--log-every", "1")
-    # Rank 0's losses, as the FSDP trial's rank 0 recorded them from the same seed.
-    expected = _trial_losses(f"{TINY}:blocks", FSDP_CONFIG, tmp_path)
-    assert _logged_losses(launched.stdout) == pytest.approx(expected, abs=5e-5)
-    saved = torch.load(tmp_path / "fsdp.pt", weights_only=True)
-    model = build_task(f"{TINY}:blocks", ROOT)[0].model
+    printed = _resumed_as_uninterrupted(tmp_path, lambda *a: _launch(tmp_path, *a).stdout)
+    expected = _trial_losses(f"{TINY}:small_blocks", FSDP_CONFIG, tmp_path)
+    assert _logged_losses(printed)[:3] == pytest.approx(expected, abs=5e-5)
+    saved = torch.load(tmp_path / "b" / "c.pt", weights_only=True)
+    model = build_task(f"{TINY}:small_blocks", ROOT)[0].model
     assert {name: tensor.shape for name, tensor in saved["model"].items()} == {
         name: tensor.shape for name, tensor in model.state_dict().items()
-    }  # whole tensors under your model's own names: it loads into it
+    }
     model.load_state_dict(saved["model"])
 
 

@@ -518,6 +518,16 @@ def blocks() -> TrainingTask:
     )
 
 
+def small_blocks() -> TrainingTask:
+    """`blocks` two deep and 256 wide: the same dropout to draw random numbers, in milliseconds."""
+    return TrainingTask(
+        model=Tower(depth=2, width=256),
+        dataset=_data(),
+        loss_fn=nn.CrossEntropyLoss(),
+        batch_size=64,
+    )
+
+
 def one_batch_blocks() -> TrainingTask:
     """`blocks` without dropout over a dataset of one batch: whatever order a sampler reads it
     in, the first loss is the mean over the same 128 samples with the same weights."""

@@ -243,7 +243,10 @@ class _HeldOut:
     def __init__(self, trainer: Trainer, task: TrainingTask, dataset: Dataset[Any]) -> None:
         self._trainer = trainer
         self._loss_fn = task.loss_fn
-        loader = DataLoader(dataset, batch_size=EVAL_BATCH, collate_fn=task.collate_fn)
+        # Its own generator: reading the slice draws nothing from the RNG training reads.
+        loader = DataLoader(
+            dataset, batch_size=EVAL_BATCH, collate_fn=task.collate_fn, generator=torch.Generator()
+        )
         size = len(dataset)  # type: ignore[arg-type]
         self._batches = [to_device(batch, trainer.device, False) for batch in loader]
         starts = range(0, size, EVAL_BATCH)
