@@ -69,6 +69,9 @@ def run_advisor(
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _group_by_module_fixture(items)
+    # The slow ones first, each module's in its order: xdist hands out tests in this order, and
+    # a long test that starts last keeps one worker busy while the others have nothing left.
+    items.sort(key=lambda item: "slow" not in item.keywords)
     import torch
 
     if torch.cuda.is_available():

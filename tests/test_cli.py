@@ -1,12 +1,18 @@
-"""The `advisor` command as users run it: a real subprocess each time."""
+"""The `advisor` command as users run it: a real subprocess each time, but where only what it
+parsed is checked."""
 
 import json
+import signal
 import subprocess
 import sys
 import time
 
+import click
 import pytest
+from click.testing import CliRunner
 
+import advisor.cli as cli_module
+from advisor.settings import TuneSettings
 from tests.conftest import FAST_TUNE, ROOT, TINY, run_advisor
 
 
@@ -75,10 +81,7 @@ def test_debug_shows_the_traceback():
 
 
 def test_version_and_help():
-    from click.testing import CliRunner
-
-    from advisor.cli import cli
-
+    cli = cli_module.cli
     assert advisor("--version").stdout.startswith("advisor, version ")
     for command in ("tune", "probe", "validate", "codegen", "export", "report"):
         assert CliRunner().invoke(cli, [command, "--help"]).exit_code == 0, command
@@ -86,12 +89,7 @@ def test_version_and_help():
 
 def test_tune_help_shows_every_setting_with_the_default_the_settings_hold():
     """A default is written once, in `TuneSettings`; the help reads it from there."""
-    from click.testing import CliRunner
-
-    from advisor.cli import cli
-    from advisor.settings import TuneSettings
-
-    output = CliRunner().invoke(cli, ["tune", "--help"], terminal_width=1000).output
+    output = CliRunner().invoke(cli_module.cli, ["tune", "--help"], terminal_width=1000).output
     shown = " ".join(output.split())
     for name in TuneSettings.model_fields:
         if name != "spec":
@@ -161,17 +159,32 @@ def test_an_unusable_settings_file_is_one_line(name, text, fragment, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_settings_file_drives_the_tune_and_flags_override_it(tmp_path):
+def test_a_settings_file_drives_the_tune_and_flags_override_it(tmp_path, monkeypatch):
+    """Settings only: the command parsed in this process, the tune it would run recorded."""
     config = tmp_path / "tune.json"
     settings = {"spec": f"{TINY}:factory", "trials": 5, "trial-seconds": 0.2, "warmup_steps": 1}
     config.write_text(
         json.dumps({**settings, "max_world_size": 1, "confirm_top": 1, "race-seconds": 0.5})
     )
-    completed = advisor("tune", "--config", str(config), "--trials", "1", "--out", str(tmp_path))
-    assert completed.returncode == 0, completed.stderr
-    rec = json.loads((tmp_path / "recommendation.json").read_text())
-    assert rec["spec"] == f"{TINY}:factory"
-    assert "1 configuration measured: 1 ok." in (tmp_path / "report.md").read_text()  # --trials won
+    tuned: list[TuneSettings] = []
+
+    def record(settings: TuneSettings, progress: object) -> None:
+        tuned.append(settings)
+        raise click.exceptions.Exit(0)
+
+    monkeypatch.setattr(cli_module, "tune_with", record)
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # the command's handlers: not here
+    args = ["tune", "--config", str(config), "--trials", "1", "--out", str(tmp_path)]
+    result = CliRunner().invoke(cli_module.cli, args)
+    assert result.exit_code == 0, result.output
+    (chosen,) = tuned
+    assert (chosen.spec, chosen.trials, chosen.out) == (
+        f"{TINY}:factory",
+        1,
+        tmp_path,
+    )  # --trials won
+    assert (chosen.trial_seconds, chosen.warmup_steps, chosen.race_seconds) == (0.2, 1, 0.5)
+    assert (chosen.max_world_size, chosen.confirm_top) == (1, 1)
 
 
 def test_a_study_file_that_is_not_a_study_is_named_and_left_alone(tmp_path):

@@ -55,10 +55,10 @@ def test_the_narrow_example_under_mimalloc_keeps_its_batch_within_the_budget(tmp
     if library is None:
         pytest.skip("cmeel-mimalloc is not installed")
     completed = run_advisor(
-        "tune", "examples/narrow_gpt2.py:factory", "--out", str(tmp_path), "--trials", "3",
+        "tune", "examples/narrow_gpt2.py:factory", "--out", str(tmp_path), "--trials", "2",
         "--trial-seconds", "0.5", "--warmup-steps", "1", "--confirm-repeats", "1",
-        "--memory-budget", "640MiB", "--global-batch-size", "64", "--race-seconds", "0",
-        "--max-world-size", "1", env={"LD_PRELOAD": str(library)},
+        "--confirm-top", "1", "--memory-budget", "640MiB", "--global-batch-size", "64",
+        "--race-seconds", "0", "--max-world-size", "1", env={"LD_PRELOAD": str(library)},
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr[-3000:]
     recommendation = json.loads((tmp_path / "recommendation.json").read_text())

@@ -1,5 +1,6 @@
 """Real DDP trials over gloo: ranks launched, measured, combined, failed and killed as a group."""
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -58,6 +59,7 @@ def test_a_rank_killed_by_sigkill_is_named_and_not_blamed_on_its_peer(tmp_path, 
     assert survivors(marked) == []
 
 
+@pytest.mark.slow
 def test_a_hung_rank_times_out_and_every_rank_is_killed(tmp_path, marked):
     result, phases = _run("rank1_hangs", tmp_path, timeout_s=12)
     assert result.status == "timeout"

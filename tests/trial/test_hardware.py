@@ -14,8 +14,9 @@ from advisor.knobs import SLOW_PRECISION
 from advisor.results import HardwareProfile
 from advisor.search.space import build_space
 from advisor.settings import TuneSettings
+from advisor.trial.parent import hardware
 from advisor.trial.parent.hardware import probe_isolated
-from tests.conftest import ROOT
+from tests.conftest import CPU_PROFILE, ROOT
 from tests.search.test_space import TASK
 
 
@@ -31,9 +32,11 @@ def _probe_with(monkeypatch: pytest.MonkeyPatch, bf16: str):
 
 
 def test_probe_fixes_amp_off_where_bf16_is_slower_and_says_the_measured_rates(monkeypatch):
+    """Measured with the simulated slow-down: amp is fixed off, with the rates; naming it in
+    --knobs searches it anyway."""
     hardware = _probe_with(monkeypatch, "slow:20")
     peaks = hardware.cpu_peak_flops
-    assert peaks["bf16"] < SLOW_PRECISION * peaks["fp32"]  # measured with the simulated slow-down
+    assert peaks["bf16"] < SLOW_PRECISION * peaks["fp32"]
 
     space = build_space(TuneSettings(spec="a.py:f", device="cpu"), hardware, TASK)
 
@@ -43,15 +46,8 @@ def test_probe_fixes_amp_off_where_bf16_is_slower_and_says_the_measured_rates(mo
     assert f"{peaks['bf16'] / 1e9:,.1f} GFLOP/s" in amp.reason
     assert f"against {peaks['fp32'] / 1e9:,.1f} for fp32" in amp.reason
     assert "--knobs classic,amp" in amp.reason
-
-
-def test_naming_amp_in_knobs_searches_it_anyway(monkeypatch):
-    hardware = _probe_with(monkeypatch, "slow:20")
-    settings = TuneSettings(spec="a.py:f", device="cpu", knobs="classic,amp")
-
-    space = build_space(settings, hardware, TASK)
-
-    assert space.domains["amp"] == ("off", "bf16")
+    named = TuneSettings(spec="a.py:f", device="cpu", knobs="classic,amp")
+    assert build_space(named, hardware, TASK).domains["amp"] == ("off", "bf16")
 
 
 def test_bf16_as_fast_as_fp32_stays_in_the_search(monkeypatch):
@@ -77,18 +73,25 @@ def test_the_probe_runs_as_a_fork_of_the_launcher_or_else_in_a_fresh_interpreter
 
 
 def test_a_cached_probe_serves_the_same_conditions_and_only_them(monkeypatch, tmp_path):
+    """The cache alone: each probe it cannot serve is counted, and names the probe it was."""
+    probes: list[str] = []
+
+    def probe() -> HardwareProfile:
+        probes.append(f"probe {len(probes) + 1}")
+        return CPU_PROFILE.model_copy(update={"cpu_model": probes[-1]})
+
+    monkeypatch.setattr(hardware, "_probe", probe)
     cache = tmp_path / "probe.json"
     monkeypatch.setenv("ADVISOR_PROBE_CACHE", str(cache))
     probed = probe_isolated()
-    (key, stored), *_ = json.loads(cache.read_text()).items()
+    (_, stored), *_ = json.loads(cache.read_text()).items()
     assert HardwareProfile.model_validate(stored) == probed
-    cache.write_text(json.dumps({key: {**stored, "cpu_model": "the cached CPU"}}))
-    assert probe_isolated().cpu_model == "the cached CPU"  # served without probing
+    assert probe_isolated() == probed and probes == ["probe 1"]  # served without probing
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # shapes the peaks: probed anew, both kept
-    assert probe_isolated().cpu_model == probed.cpu_model
+    assert probe_isolated().cpu_model == "probe 2"
     assert len(json.loads(cache.read_text())) == 2
     monkeypatch.delenv("OMP_NUM_THREADS")
-    assert probe_isolated().cpu_model == "the cached CPU"
+    assert probe_isolated().cpu_model == "probe 1"
     cache.write_text("not json")
-    assert probe_isolated().cpu_model == probed.cpu_model
+    assert probe_isolated().cpu_model == "probe 3"

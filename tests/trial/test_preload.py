@@ -148,6 +148,7 @@ def test_a_package_that_leaves_a_process_unsafe_to_fork_is_left_to_the_trials(
     assert len({pid for pid, _ in _importers(tmp_path)}) == 3
 
 
+@pytest.mark.slow
 def test_an_import_that_hangs_in_the_launcher_is_left_to_the_trials(project, tmp_path, monkeypatch):
     # Its first import hangs, the launcher's; a trial's after it does not. (Not keyed on the
     # launcher's NVML setting: lightning_fabric sets that at import, in the tests' process too.)

@@ -125,6 +125,7 @@ def test_sigkill_reads_as_the_oom_killer(tmp_path):
     assert "SIGKILL" in result.reason
 
 
+@pytest.mark.slow
 def test_hang_times_out_and_kills_the_whole_group(tmp_path, marked):
     result, _ = _run("hang", tmp_path, timeout_s=12, num_workers=2)
     assert result.status == "timeout"
@@ -139,6 +140,7 @@ def test_an_error_in_a_loader_worker_is_status_error_with_its_message(tmp_path):
     assert "ValueError" in result.reason and "simulated: cannot decode sample" in result.reason
 
 
+@pytest.mark.slow
 def test_a_hung_loader_worker_times_out_and_nothing_is_left(tmp_path, marked):
     result, _ = _run("worker_hangs", tmp_path, workload=FAULTS, timeout_s=12, num_workers=2)
     assert result.status == "timeout"
