@@ -90,7 +90,7 @@ def test_user_strings_full_of_markup_stay_inert_everywhere(tmp_path, marked):
     script = out / "train.py"
     compile(script.read_text(), str(script), "exec")
     trained = subprocess.run(
-        [sys.executable, str(script), "--max-steps", "2"],
+        [sys.executable, str(script), "--max-steps", "2", "--checkpoint", str(out / "c.pt")],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert trained.returncode == 0, trained.stderr
