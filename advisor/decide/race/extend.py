@@ -4,8 +4,7 @@
 Replicates: on CPU a fixed seed makes a curve exactly repeatable, so one run per racer measures
 nothing of how much the answer depends on the initial weights and the data order. Every race
 runs `MIN_REPLICATES` replicates, each from a seed of its own, and more while the verdict is a
-close call or its claim's interval is wide (`needs_replicates`), up to `MAX_REPLICATES`
-(`race_in_replicates`). Three is the fewest whose spread
+close call, up to `MAX_REPLICATES` (`race_in_replicates`). Three is the fewest whose spread
 gives a usable interval (`advisor.decide.race.estimate`: Student's t for one degree of freedom
 is 2.41 at 75 %, for two 1.60).
 
@@ -82,7 +81,7 @@ def race_in_replicates(
     states: Path | None = None,
 ) -> RaceSummary:
     """Replicate 0 races every plan; later ones the entrants that can still decide, at least
-    `MIN_REPLICATES` in all and more while the verdict needs them (`needs_replicates`)."""
+    `MIN_REPLICATES` in all and more while the verdict is a close call."""
     seconds = context.settings.race_seconds
     grid = race_grid(plans, seconds)
     racers = race_replicate(study, context, plans, Heat(0, seconds, grid, states))

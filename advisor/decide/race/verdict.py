@@ -14,7 +14,7 @@ racer is timed to the target in samples (`advisor.decide.race.estimate`), and:
    batch, unless a farther one wins against it by the margin in turn;
 3. where an interval holds both a win by the margin and none, the verdict is a **close call**:
    the configuration with fewer changes from yours stands, and the race adds replicates while
-   it can (`needs_replicates`), as it does where the claim's interval is wider than `WIDEST`.
+   it can (`needs_replicates`).
 
 Pure functions of the racers and the re-runs, so the race (`advisor.decide.race.run`) can also
 ask, while it runs, how long a racer may still train before it can no longer win.
@@ -38,7 +38,6 @@ from advisor.results import (
 
 __all__ = [
     "MARGIN",
-    "WIDEST",
     "best_candidate",
     "decide_race",
     "needs_replicates",
@@ -49,10 +48,6 @@ __all__ = [
 # How much sooner a change must reach your loss, at the low end of its interval, to be made:
 # the interval carries the measurement's noise; the margin is what a change must be worth.
 MARGIN = 0.05
-# The widest interval (high over low) a claim should carry: where the winner's is wider, the
-# race adds a replicate while it can. On examples/mlp.py three replicates' claims spanned
-# 1.28-1.54 in four tunes of five and 2.24 in the fifth (docs/benchmarks.md, stability.py).
-WIDEST = 1.6
 
 
 def decide_race(
@@ -219,12 +214,8 @@ def reclaimed(race: RaceSummary, rates: RateBook) -> RaceSummary:
 
 
 def needs_replicates(race: RaceSummary) -> bool:
-    """Whether another replicate could settle the verdict (it is a close call) or narrow its
-    claim (an interval wider than `WIDEST`: its spread over few replicates, Student's t, is
-    what a replicate more narrows most)."""
-    claim = race.time_to_loss
-    wide = claim is not None and claim.low > 0 and claim.high > WIDEST * claim.low
-    return race.verdict.kind == "close-call" or wide
+    """Whether another replicate could settle the verdict: it is a close call."""
+    return race.verdict.kind == "close-call"
 
 
 def _against(
