@@ -67,8 +67,10 @@ __all__ = [
 
 
 def lightning_layout(mode: str, config: Any) -> dict[str, Any]:
-    """Lightning's `devices`, and `strategy` under DDP (the export builds FSDP's strategy)."""
-    return {"devices": config.world_size} | ({"strategy": "ddp"} if mode == "ddp" else {})
+    """Lightning's `devices` (per machine), `num_nodes` over several machines, and `strategy`
+    under DDP (the export builds FSDP's strategy)."""
+    nodes = {"num_nodes": config.nnodes} if config.nnodes > 1 else {}
+    return {"devices": config.per_node, **nodes} | ({"strategy": "ddp"} if mode == "ddp" else {})
 
 
 def lightning_dp(mode: str, _: Any) -> str | None:
@@ -77,9 +79,14 @@ def lightning_dp(mode: str, _: Any) -> str | None:
 
 
 def accelerate_layout(mode: str, config: Any) -> dict[str, Any]:
-    """accelerate's `distributed_type` and `num_processes`."""
+    """accelerate's `distributed_type`, `num_processes` (on all machines) and
+    `num_machines`."""
     distributed = _ACCELERATE_DISTRIBUTED.get((mode, config.device), "NO")
-    return {"distributed_type": distributed, "num_processes": config.world_size}
+    return {
+        "distributed_type": distributed,
+        "num_processes": config.world_size,
+        "num_machines": config.nnodes,
+    }
 
 
 def accelerate_dp(mode: str, _: Any) -> str | None:

@@ -27,6 +27,16 @@ def combination_problems(config: TrialConfig) -> list[str]:
         problems.append("prefetch_factor needs num_workers > 0: leave it at 2")
     if config.parallel_mode == "ddp" and config.world_size < 2:
         problems.append("parallel_mode='ddp' needs world_size >= 2; use parallel_mode='none'")
+    if config.nnodes > 1 and not config.distributed:
+        problems.append(
+            f"nnodes={config.nnodes} needs parallel_mode='ddp' or 'fsdp' "
+            f"({config.parallel_mode!r} runs on one machine): set nnodes=1"
+        )
+    elif config.world_size % config.nnodes:
+        problems.append(
+            f"world_size={config.world_size} does not split over nnodes={config.nnodes}: every "
+            "machine runs as many processes, so make world_size a multiple of nnodes"
+        )
     if config.parallel_mode != "fsdp" and not config.reshard_after_forward:
         problems.append("reshard_after_forward=False needs parallel_mode='fsdp': leave it True")
     if config.device == "cpu":

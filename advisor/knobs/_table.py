@@ -48,8 +48,8 @@ MEMORY_GROUP = "memory"  # searched under --memory-budget
 class TrialConfig(Frozen):
     """One point of the search space: everything that changes how fast a training step runs.
 
-    Every field after `device` is a knob, annotated with its row of the table (`world_size` is
-    part of the `parallel` knob).
+    Every field after `device` is a knob, annotated with its row of the table (`world_size`,
+    `reshard_after_forward` and `nnodes` are part of the `parallel` knob).
     """
 
     device: rules.Device = "cpu"
@@ -62,7 +62,7 @@ class TrialConfig(Frozen):
                 "with N (under --memory-budget)"
             ),
             name="parallel",
-            fields=("parallel_mode", "world_size", "reshard_after_forward"),
+            fields=("parallel_mode", "world_size", "reshard_after_forward", "nnodes"),
             values=rules.layouts,
             order=rules.layout_order,
             fixed_when=(rules.one_process,),
@@ -84,6 +84,14 @@ class TrialConfig(Frozen):
         ),
     ] = "none"
     world_size: int = Field(default=1, ge=1, description="DDP or FSDP processes; 1 for none and dp")
+    nnodes: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "machines the world_size processes span, world_size / nnodes on each (torchrun's "
+            "--nnodes); more than 1 for DDP or FSDP only"
+        ),
+    )
     reshard_after_forward: bool = Field(
         default=True,
         description=(
@@ -366,6 +374,11 @@ class TrialConfig(Frozen):
         return self.parallel_mode
 
     @property
+    def per_node(self) -> int:
+        """Processes on each machine: `world_size` over `nnodes`."""
+        return self.world_size // self.nnodes
+
+    @property
     def distributed(self) -> bool:
         """Whether it runs ranks of a process group (DDP or FSDP) under torchrun."""
         return self.parallel_mode in ("ddp", "fsdp")
@@ -378,7 +391,7 @@ class TrialConfig(Frozen):
         default of a thread per core, the training process and its workers oversubscribe the CPU
         and reach 1,043 samples/s; with the process on the cores left over, 1,821.
         """
-        processes = self.world_size
+        processes = self.per_node  # `cores` are one machine's
         return max(1, (cores - processes * self.num_workers) // processes)
 
     def label(self) -> str:

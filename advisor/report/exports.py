@@ -194,6 +194,12 @@ def _launch(rec: Recommendation, env: str = "") -> str:
     """How to start the user's script as measured: torchrun for DDP, else plain python."""
     config = rec.config
     prefix = _threads(rec) + _preload(rec) + env
+    if config.distributed and config.nnodes > 1:  # the same line on every machine
+        return (
+            f"{prefix}torchrun --nnodes={config.nnodes} --nproc_per_node={config.per_node} "
+            "--rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT --rdzv-id=$RDZV_ID "
+            f"{_SCRIPT}"
+        )
     if config.distributed:
         return f"{prefix}torchrun --standalone --nproc_per_node={config.world_size} {_SCRIPT}"
     if config.device == "cuda" and config.parallel_mode == "none" and len(rec.hardware.gpus) > 1:
@@ -341,11 +347,16 @@ def _accelerate(rec: Recommendation) -> dict[str, Any]:
     cpu_ddp = config.device == "cpu" and config.parallel_mode == "ddp"
     if cpu_ddp:  # accelerate launch starts several CPU processes only through mpirun
         env += f"ACCELERATE_MIXED_PRECISION={settings['mixed_precision']} "
+    machines = (
+        "--machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR --main_process_port $MASTER_PORT "
+        if config.nnodes > 1
+        else ""
+    )
     command = (
         _launch(rec, env)
         if cpu_ddp
         else f"{_threads(rec)}{env}accelerate launch --config_file exports/accelerate_config.yaml "
-        f"{_SCRIPT}"
+        f"{machines}{_SCRIPT}"
     )
     loader = _knob_settings(rec, "loader")[0]
     fsdp = fsdp_export(rec)

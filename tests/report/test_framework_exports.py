@@ -53,9 +53,12 @@ CUDA_FSDP = TrialConfig(
     device="cuda", parallel_mode="fsdp", world_size=2, batch_size=16, amp="bf16",
     reshard_after_forward=False,
 )  # fmt: skip
+CUDA_DDP_TWO_MACHINES = TrialConfig(
+    device="cuda", parallel_mode="ddp", world_size=4, nnodes=2, batch_size=64, amp="bf16",
+)  # fmt: skip
 CONFIGS = {
     "cpu-ddp": CPU_DDP, "cuda-ddp": CUDA_DDP, "cuda-dp": CUDA_DP, "one": ONE_PROCESS,
-    "cpu-fsdp": CPU_FSDP, "cuda-fsdp": CUDA_FSDP,
+    "cpu-fsdp": CPU_FSDP, "cuda-fsdp": CUDA_FSDP, "cuda-ddp-2-machines": CUDA_DDP_TWO_MACHINES,
 }  # fmt: skip
 
 
@@ -559,3 +562,20 @@ def test_accelerate_launch_trains_real_steps_with_the_exported_config(tmp_path):
     run = json.loads(completed.stdout.strip().splitlines()[-1])
     assert (run["steps"], run["accumulation"], run["processes"]) == (3, 2, 1)
     assert run["precision"] == "bf16" and run["seen"] == [[16, True]] * 6
+
+
+def test_a_two_machine_recommendation_exports_its_machines_to_every_framework():
+    """DDP over 2 machines of 2 GPUs each: accelerate's machines, rank, port and rendezvous;
+    Lightning's devices per machine and num_nodes; the same torchrun line for every machine."""
+    rec = _recommendation(CUDA_DDP_TWO_MACHINES)
+    accelerate = render_export(rec, "accelerate")
+    document = yaml.safe_load(accelerate)
+    assert (document["num_machines"], document["machine_rank"]) == (2, 0)
+    assert (document["num_processes"], document["main_process_port"]) == (4, 29500)
+    assert (document["rdzv_backend"], document["same_network"]) == ("c10d", True)
+    assert "--machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR" in accelerate
+    torchrun = "torchrun --nnodes=2 --nproc_per_node=2 --rdzv-backend=c10d"
+    assert torchrun in _hf(rec)["launch"]
+    lightning = render_export(rec, "lightning")
+    assert '"devices": 2,' in lightning and '"num_nodes": 2,' in lightning
+    assert '"strategy": "ddp",' in lightning
