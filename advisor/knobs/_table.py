@@ -33,11 +33,7 @@ from advisor.knobs._row import (
     when_set,
 )
 
-__all__ = [
-    "BASE_GROUP",
-    "MEMORY_GROUP",
-    "TrialConfig",
-]
+__all__ = ["BASE_GROUP", "MEMORY_GROUP", "TrialConfig"]
 
 
 BASE_GROUP = "classic"  # always searched; `--knobs` adds the other groups to it
@@ -84,20 +80,11 @@ class TrialConfig(Frozen):
         ),
     ] = "none"
     world_size: int = Field(default=1, ge=1, description="DDP or FSDP processes; 1 for none and dp")
-    nnodes: int = Field(
-        default=1,
-        ge=1,
-        description=(
-            "machines the world_size processes span, world_size / nnodes on each (torchrun's "
-            "--nnodes); more than 1 for DDP or FSDP only"
-        ),
-    )
+    nnodes: int = Field(default=1, ge=1, description="machines the processes span (torchrun's)")
     reshard_after_forward: bool = Field(
         default=True,
-        description=(
-            "FSDP: free each block's gathered parameters after its forward pass and gather them "
-            "again for the backward pass; False keeps them (less communication, more memory)"
-        ),
+        description="FSDP: free each block's gathered parameters after its forward pass (False "
+        "keeps them for the backward pass: less communication, more memory)",
     )
     batch_size: Annotated[
         int,
