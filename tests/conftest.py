@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -139,3 +140,10 @@ def survivors(mark: str) -> list[psutil.Process]:
 def _is_launcher(process: psutil.Process | None) -> bool:
     """The launcher or one of its forks: trial children and their loader workers."""
     return process is not None and "advisor.trial.parent.launcher" in process.cmdline()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 a moment ago, for a server a test starts."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

@@ -6,13 +6,14 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import free_port
 
 PASSWORD = "s3cret-pw"
 
@@ -27,12 +28,6 @@ def _as_server_user(command: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """postgresql+psycopg2://postgres:PASSWORD@127.0.0.1:PORT/postgres, or skip."""
@@ -45,7 +40,7 @@ def postgres_url() -> Iterator[str]:
     if os.geteuid() == 0:
         shutil.chown(data, "postgres")
         shutil.chown(data / "pw", "postgres")
-    cluster, port = data / "cluster", _free_port()
+    cluster, port = data / "cluster", free_port()
     subprocess.run(
         _as_server_user(
             [initdb, "-D", str(cluster), "-U", "postgres", "--auth=scram-sha-256",

@@ -3,7 +3,6 @@
 import contextlib
 import csv
 import json
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -22,7 +21,7 @@ from advisor.report.render import render_html
 from advisor.report.verdicts import bottleneck_text, race_verdict
 from advisor.results import Recommendation
 from tests.browser import needs_chromium, rendered_dom, screenshot
-from tests.conftest import FAST_TUNE, ROOT, TINY, run_advisor, trials_counted
+from tests.conftest import FAST_TUNE, ROOT, TINY, free_port, run_advisor, trials_counted
 
 pytestmark = pytest.mark.slow
 
@@ -436,12 +435,6 @@ def test_a_race_from_the_same_weights_decides_and_the_reports_show_it(first_run)
     assert len(study.user_attrs["advisor_racers"]) >= len(race.racers)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _strict_json(text: str):  # NaN or Infinity is not JSON: a browser's JSON.parse rejects it
     def refuse(constant: str):
         raise ValueError(f"{constant} in the dashboard's JSON")
@@ -462,7 +455,7 @@ def _get(url: str, until: float):
 
 def test_the_optuna_dashboard_serves_the_study_with_each_trials_figures(first_run):
     pytest.importorskip("optuna_dashboard")
-    port = _free_port()
+    port = free_port()
     storage = f"sqlite:///{first_run.out_dir / 'study.db'}"
     server = subprocess.Popen(
         [sys.executable, "-m", "optuna_dashboard._cli", storage, "--port", str(port), "--quiet"],

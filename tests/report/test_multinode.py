@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -15,7 +14,7 @@ from pydantic import ValidationError
 
 from advisor.knobs import TrialConfig
 from advisor.report.codegen import render_launch_script, render_training_script
-from tests.conftest import TINY
+from tests.conftest import TINY, free_port
 from tests.report.test_codegen import _logged_losses, _recommendation, _trial_losses
 
 ONE_MACHINE = TrialConfig(batch_size=32, parallel_mode="ddp", world_size=2)
@@ -39,12 +38,6 @@ def _write(folder: Path, config: TrialConfig) -> None:
     (folder / "train.py").write_text(render_training_script(rec, folder))
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _env(**extra: str) -> dict[str, str]:
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     return dict(os.environ, PATH=path, OMP_NUM_THREADS="1", **extra)
@@ -63,7 +56,7 @@ def test_a_two_machine_launch_trains_as_one_machine_with_as_many_processes(tmp_p
     assert "--nnodes=2 --nproc_per_node=1" in launch and "srun sh launch.sh" in launch
     common = {
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(free_port()),
         "LOCAL_ADDR": "127.0.0.1",
         "RDZV_ID": uuid.uuid4().hex,
     }
