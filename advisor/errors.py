@@ -11,6 +11,7 @@ Every message says what is wrong *and* how to fix it; the CLI prints it as one l
     │   ├── SettingsError             an invalid flag or setting
     │   └── StorageError              a storage URL advisor cannot use
     ├── DiskFullError (exit 1)        the disk filled while writing; what finished is kept
+    ├── NodeLostError (exit 1)        a machine of a tune over several stopped answering
     └── NoFeasibleConfigError (exit 3) every measured configuration failed
 
 A trial child reports a `BadInputError` it raised by its `kind` (`TrialResult.input_error`);
@@ -30,6 +31,7 @@ __all__ = [
     "FactoryError",
     "FirstStepError",
     "NoFeasibleConfigError",
+    "NodeLostError",
     "SettingsError",
     "SpecError",
     "StorageError",
@@ -112,3 +114,8 @@ def bad_input(kind: str, message: str) -> BadInputError:
             return cls(message)
         classes.extend(cls.__subclasses__())
     return BadInputError(message)
+
+
+class NodeLostError(AdvisorError):
+    """A machine of a tune over several (`--nnodes`) stopped answering, or never joined:
+    nothing that spans the machines can be measured; the finished trials are kept."""

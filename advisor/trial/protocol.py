@@ -18,6 +18,7 @@ __all__ = [
     "PRECISE_AFTER_FRACTION",
     "PROGRESS_INTERVAL_S",
     "Channel",
+    "NodePart",
     "TrialRequest",
     "died_without_result",
 ]
@@ -46,6 +47,16 @@ class Channel(Frozen):
     )
 
 
+class NodePart(Frozen):
+    """This machine's part of a trial whose ranks span several (`advisor.trial.nodes`): its
+    ranks are `node_rank x per_node` on, and they meet under `key` in node 0's store."""
+
+    node_rank: int = Field(ge=0)
+    host: str = Field(description="node 0's rendezvous store: its address")
+    port: int
+    key: str = Field(description="the trial's own prefix in the store: a fresh rendezvous")
+
+
 class TrialRequest(Frozen):
     """One trial as the parent hands it to the child: the order, what to build, the channel."""
 
@@ -64,6 +75,9 @@ class TrialRequest(Frozen):
         "recorded gradient norms (a run of known length, whatever the machine's speed)",
     )
     channel: Channel
+    node: NodePart | None = Field(
+        default=None, description="where the ranks span several machines: this one's part"
+    )
 
     @property
     def config(self) -> TrialConfig:

@@ -21,6 +21,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -33,14 +34,20 @@ from torch.multiprocessing.spawn import ProcessContext, ProcessException
 
 from advisor.knobs import TrialConfig
 from advisor.results import RankResult, TrialResult
+from advisor.trial.child import nodes
 from advisor.trial.child.measure import measure_request
-from advisor.trial.protocol import TrialRequest, died_without_result
+from advisor.trial.nodes import NodeOrder, NodeReport
+from advisor.trial.protocol import NodePart, TrialRequest, died_without_result
 
 __all__ = ["combine_ranks", "run_distributed"]
 
 LOCALHOST = "127.0.0.1"
 RANK_GRACE_S = 1.0  # after one rank fails, how long the others get before SIGTERM
 RENDEZVOUS_TIMEOUT = timedelta(minutes=5)
+# How long a collective may wait for a peer (gloo's default is 30 min): the trial's timeout in the
+# parent ends a hung trial first; this bounds what a rank of another machine waits.
+GROUP_TIMEOUT = timedelta(minutes=10)
+CHECK_S = 1.0  # across machines: how often the other nodes' beats are read while ranks run
 PORT_FILE = "store-port"
 NO_STORE = 0  # written instead of a port when the store could not be opened
 
@@ -56,7 +63,8 @@ class RankReport(BaseModel):
 
 
 def run_distributed(request: TrialRequest) -> TrialResult:
-    """Run one DDP or FSDP trial: start the ranks, wait for all of them, combine their results."""
+    """Run one DDP or FSDP trial: start the ranks, wait for all of them, combine their results.
+    A trial whose ranks span several machines runs this machine's part (`_across_nodes`)."""
     config = request.config
     with tempfile.TemporaryDirectory(prefix="advisor-ranks-") as scratch:
         reports = Path(scratch)
@@ -65,10 +73,12 @@ def run_distributed(request: TrialRequest) -> TrialResult:
         context = start_processes(
             _rank_main,
             args=(request, str(reports)),
-            nprocs=config.world_size,
+            nprocs=config.per_node,
             join=False,
             start_method="fork",
         )
+        if request.node is not None:
+            return _across_nodes(request, request.node, context, reports)
         try:
             store = dist.TCPStore(LOCALHOST, 0, is_master=True, wait_for_workers=False)
         except (RuntimeError, OSError) as exc:
@@ -77,13 +87,68 @@ def run_distributed(request: TrialRequest) -> TrialResult:
             return _supervisor_failed(config, f"could not open the rendezvous store: {exc}")
         _write_atomically(reports / PORT_FILE, str(store.port))
         exit_codes = _wait_for_ranks(context)
-        if exit_codes is not None:
+        if isinstance(exit_codes, dict):  # no check: never a reason
             _stop(context)
             return _rank_failure(config, _read_reports(reports), exit_codes)
         results = [report.result for report in _read_reports(reports).values()]
     if len(results) != config.world_size:
         return _supervisor_failed(config, "a rank exited without a result")
     return combine_ranks(config, results)
+
+
+def _across_nodes(
+    request: TrialRequest, part: NodePart, context: ProcessContext, reports: Path
+) -> TrialResult:
+    """This machine's part of a trial over several: node 0 posts the trial to the others,
+    watches their beats while its ranks train, gathers their ranks' results and combines all;
+    another node reports its ranks' results to node 0 (its own result is for its log)."""
+    config, lead = request.config, part.node_rank == 0
+    try:
+        store = nodes.connect(part.host, part.port)
+        if lead:
+            nodes.post_order(store, NodeOrder(request=request))
+        others = range(1, config.nnodes) if lead else ()
+        watch = nodes.BeatWatch(store, others)
+    except (RuntimeError, OSError) as exc:
+        _stop(context)
+        return _supervisor_failed(config, f"could not reach node 0's store: {exc}")
+    offset = part.node_rank * config.per_node
+    outcome = _wait_for_ranks(context, offset, watch.silent)
+    local = _read_reports(reports)
+    if outcome is not None:
+        _stop(context)
+        failed = (
+            _supervisor_failed(config, outcome)
+            if isinstance(outcome, str)
+            else _rank_failure(config, local, outcome)
+        )
+        if not lead:
+            nodes.post_report(store, part, nodes.failed_part(part, failed))
+        return failed
+    mine = {report.rank: report.result for report in local.values()}
+    if not lead:
+        nodes.post_report(store, part, NodeReport(node=part.node_rank, results=mine))
+        return combine_ranks(config, list(mine.values()))
+    gathered = nodes.gather_reports(store, part, others, watch)
+    if isinstance(gathered, str):
+        return _supervisor_failed(config, gathered)
+    return _combine_nodes(config, mine, gathered)
+
+
+def _combine_nodes(
+    config: TrialConfig, mine: dict[int, TrialResult], others: dict[int, NodeReport]
+) -> TrialResult:
+    """One result from every node's ranks, or the first node's failure."""
+    results = dict(mine)
+    for node, report in sorted(others.items()):
+        if report.failure is not None:
+            return report.failure.model_copy(
+                update={"config": config, "reason": f"node {node}: {report.failure.reason}"}
+            )
+        results.update(report.results)
+    if sorted(results) != list(range(config.world_size)):
+        return _supervisor_failed(config, "a rank exited without a result")
+    return combine_ranks(config, [results[rank] for rank in range(config.world_size)])
 
 
 def _stop(context: ProcessContext) -> None:
@@ -112,25 +177,30 @@ def _store_port(reports: Path) -> int:
     return port
 
 
-def _wait_for_ranks(context: ProcessContext) -> dict[int, int] | None:
+def _wait_for_ranks(
+    context: ProcessContext, offset: int = 0, check: Callable[[], str | None] | None = None
+) -> dict[int, int] | str | None:
     """Wait for every rank to exit; None when all succeeded.
 
-    Otherwise, as soon as one fails, the exit codes of the ranks already gone at that moment:
-    a rank that died without a report (a signal, a crash) is the cause, not the ranks that
-    failed after it because their peer was gone.
+    Otherwise, as soon as one fails, the exit codes of the ranks already gone at that moment,
+    by global rank (`offset` + local rank): a rank that died without a report (a signal, a
+    crash) is the cause, not the ranks that failed after it because their peer was gone. Where
+    `check` says why the trial cannot go on (another machine stopped answering), that reason.
     """
     processes = context.processes
     pending = {process.sentinel: rank for rank, process in enumerate(processes)}
     while pending:
-        for sentinel in wait(list(pending)):
+        for sentinel in wait(list(pending), timeout=None if check is None else CHECK_S):
             process = processes[pending.pop(sentinel)]
             process.join()
             if process.exitcode != 0:
                 return {
-                    rank: other.exitcode
+                    offset + rank: other.exitcode
                     for rank, other in enumerate(processes)
                     if other.exitcode is not None
                 }
+        if check is not None and (reason := check()) is not None:
+            return reason
     return None
 
 
@@ -190,18 +260,18 @@ def _rank_summary(rank: int, result: TrialResult) -> RankResult:
     )
 
 
-def _rank_main(rank: int, request: TrialRequest, reports: str) -> None:
+def _rank_main(local_rank: int, request: TrialRequest, reports: str) -> None:
     """Entry point of one rank (a forked process): join the group, measure, report, exit."""
-    config = request.config
+    config, part = request.config, request.node
+    rank = local_rank + (part.node_rank * config.per_node if part is not None else 0)
     try:
         if config.device == "cuda":
-            torch.cuda.set_device(rank)
-        port = _store_port(Path(reports))
-        store = dist.TCPStore(
-            LOCALHOST, port, config.world_size, is_master=False, timeout=RENDEZVOUS_TIMEOUT
-        )
+            torch.cuda.set_device(local_rank)
+        store = _rank_store(part, Path(reports), config.world_size)
         backend = "nccl" if config.device == "cuda" else "gloo"
-        dist.init_process_group(backend, store=store, rank=rank, world_size=config.world_size)
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=config.world_size, timeout=GROUP_TIMEOUT
+        )
     except Exception as exc:  # reported as this rank's failure
         result = TrialResult(
             config=config, status="error", reason=f"could not join the process group: {exc}"
@@ -215,6 +285,16 @@ def _rank_main(rank: int, request: TrialRequest, reports: str) -> None:
     # A failed rank exits non-zero so that the launcher stops the others at once (they may be
     # waiting for it in a collective). No interpreter shutdown: user threads cannot hang it.
     os._exit(0 if result.feasible else 1)
+
+
+def _rank_store(part: NodePart | None, reports: Path, world_size: int) -> dist.Store:
+    """Where the ranks meet: this supervisor's store, or, across machines, node 0's under the
+    trial's own prefix (a fresh rendezvous per trial: a failed one leaves nothing behind)."""
+    if part is not None:
+        store = nodes.connect(part.host, part.port, RENDEZVOUS_TIMEOUT)
+        return dist.PrefixStore(f"{part.key}/pg", store)
+    port = _store_port(reports)
+    return dist.TCPStore(LOCALHOST, port, world_size, is_master=False, timeout=RENDEZVOUS_TIMEOUT)
 
 
 def _read_reports(reports: Path) -> dict[int, RankReport]:

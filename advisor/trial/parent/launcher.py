@@ -24,7 +24,6 @@ import atexit
 import contextlib
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from advisor.frozen import Frozen
+from advisor.trial.parent.lines import JsonLines
 from advisor.trial.parent.preload import import_ahead, package_of
 
 __all__ = [
@@ -239,7 +239,8 @@ class Launcher:
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # the terminal's Ctrl-C is the parent's to handle
         )
-        self._buffer = b""
+        assert self._process.stdout is not None
+        self._lines = JsonLines(self._process.stdout)
         self._ready = False
         self._orders = 0
         self.imported: set[str] = set()  # what its orders had it import (`LaunchOrder.preload`)
@@ -321,22 +322,10 @@ class Launcher:
 
     def read(self, timeout_s: float) -> dict[str, Any] | None:
         """The launcher's next message, or None if none came within `timeout_s`."""
-        stdout = self._process.stdout
-        assert stdout is not None
-        deadline = time.monotonic() + timeout_s
-        while b"\n" not in self._buffer:
-            left = max(0.0, deadline - time.monotonic())
-            ready, _, _ = select.select([stdout], [], [], left)
-            if not ready:
-                if time.monotonic() >= deadline:
-                    return None
-                continue
-            chunk = os.read(stdout.fileno(), 65536)
-            if not chunk:
-                raise LauncherGoneError("advisor's trial launcher exited unexpectedly")
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return json.loads(line)
+        try:
+            return self._lines.read(timeout_s)
+        except EOFError:
+            raise LauncherGoneError("advisor's trial launcher exited unexpectedly") from None
 
     def close(self) -> None:
         if self._process.stdin is not None:

@@ -18,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast, get_args
@@ -41,14 +43,16 @@ from advisor.trial.parent.launcher import (
     shared_launcher,
 )
 from advisor.trial.parent.load import LoadMeter
+from advisor.trial.parent.nodes import NodeHost
 from advisor.trial.parent.preload import installed_imports
 from advisor.trial.parent.watch import ProgressReader
-from advisor.trial.protocol import Channel, TrialRequest, died_without_result
+from advisor.trial.protocol import Channel, NodePart, TrialRequest, died_without_result
 
 __all__ = ["POLL_S", "ProcessRunner", "TrialLaunch"]
 
 POLL_S = 0.2
 STOP_GRACE_S = 1.0
+NODE_CHECK_S = 5.0  # after a failed trial over machines: how long to listen for a node gone
 GPU_SAMPLE_S = 2.0  # how often other programs on the trial's GPUs are counted (NVML)
 
 
@@ -79,10 +83,13 @@ class TrialLaunch:
 
 
 class ProcessRunner:
-    """The real `TrialRunner`: every order runs in a fresh, isolated child process."""
+    """The real `TrialRunner`: every order runs in a fresh, isolated child process. With `nodes`
+    (node 0 of a tune over several machines), an order whose ranks span machines runs its part
+    here and is posted to the others through node 0's store (`advisor.trial.nodes`)."""
 
-    def __init__(self, launch: TrialLaunch) -> None:
+    def __init__(self, launch: TrialLaunch, nodes: NodeHost | None = None) -> None:
         self.launch = launch
+        self.nodes = nodes
 
     def run(
         self,
@@ -98,25 +105,80 @@ class ProcessRunner:
         in its window, the result measures the shorter window and says `stopped_early`; before,
         its status is `stopped`, with the projection as its samples/s. Either way `reason` says
         why. A race or noise order trains for its own seconds, and its timeout grows with them.
+        Across machines, a node that stopped answering raises `NodeLostError`: nothing that
+        spans machines can be measured any more.
         """
-        launch = self.launch
+        launch = self._launch_for(order)
+        part = self._node_part(order.config)
+        watched = on_progress is not None
+
+        def request(scratch: Path) -> TrialRequest:
+            return _request(order, launch, scratch, watched=watched, node=part)
+
+        result = _run(request, launch, log_path, on_phase, on_progress)
+        if part is not None and not result.feasible and self.nodes is not None:
+            self.nodes.check(wait_s=NODE_CHECK_S)  # a failure may be a machine gone
+        return result
+
+    def serve(self, posted: TrialRequest, log_path: Path) -> TrialResult:
+        """Run this machine's part of a trial node 0 posted (`posted.node` says which), in this
+        machine's folder, through a channel of its own."""
+        launch = self._launch_for(posted.order)
+
+        def request(scratch: Path) -> TrialRequest:
+            channel = Channel(
+                launched_at=time.time(),
+                result_path=str(scratch / "result.json"),
+                phase_path=str(scratch / "phase"),
+            )
+            return posted.model_copy(update={"channel": channel, "cwd": str(launch.cwd)})
+
+        return _run(request, launch, log_path, None, None)
+
+    def _launch_for(self, order: TrialOrder) -> TrialLaunch:
         if isinstance(order, (RaceOrder, NoiseOrder)):
-            launch = launch.lasting(order.seconds)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="advisor-trial-") as scratch:
-            request = _request(order, launch, Path(scratch), watched=on_progress is not None)
-            request_path = Path(scratch) / "request.json"
-            request_path.write_text(request.model_dump_json())
-            started = time.perf_counter()
-            watch = ProgressReader(request, on_phase, on_progress)
-            outcome, returncode, load = _supervise(request, request_path, launch, log_path, watch)
-            wall_s = time.perf_counter() - started
-            result = watch.stopped(outcome or _read_result(request, returncode, log_path))
-        return result.model_copy(update={"wall_s": wall_s, "log_path": str(log_path), "load": load})
+            return self.launch.lasting(order.seconds)
+        return self.launch
+
+    def _node_part(self, config: TrialConfig) -> NodePart | None:
+        """Node 0's part of a trial over `config.nnodes` machines, under a fresh key."""
+        if config.nnodes == 1:
+            return None
+        if self.nodes is None:
+            raise ValueError(f"{config.label()} spans machines: this runner has no other nodes")
+        self.nodes.check()
+        where = self.nodes.rendezvous
+        key = f"trial-{uuid.uuid4().hex[:12]}"
+        return NodePart(node_rank=0, host=where.host, port=where.port, key=key)
+
+
+def _run(
+    request_in: Callable[[Path], TrialRequest],
+    launch: TrialLaunch,
+    log_path: Path,
+    on_phase: PhaseCallback | None,
+    on_progress: ProgressCallback | None,
+) -> TrialResult:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="advisor-trial-") as scratch:
+        request = request_in(Path(scratch))
+        request_path = Path(scratch) / "request.json"
+        request_path.write_text(request.model_dump_json())
+        started = time.perf_counter()
+        watch = ProgressReader(request, on_phase, on_progress)
+        outcome, returncode, load = _supervise(request, request_path, launch, log_path, watch)
+        wall_s = time.perf_counter() - started
+        result = watch.stopped(outcome or _read_result(request, returncode, log_path))
+    return result.model_copy(update={"wall_s": wall_s, "log_path": str(log_path), "load": load})
 
 
 def _request(
-    order: TrialOrder, launch: TrialLaunch, scratch: Path, *, watched: bool
+    order: TrialOrder,
+    launch: TrialLaunch,
+    scratch: Path,
+    *,
+    watched: bool,
+    node: NodePart | None = None,
 ) -> TrialRequest:
     channel = Channel(
         launched_at=time.time(),
@@ -134,6 +196,7 @@ def _request(
         trial_seconds=launch.trial_seconds,
         max_measure_steps=launch.max_measure_steps,
         channel=channel,
+        node=node,
     )
 
 
