@@ -21,7 +21,14 @@ from advisor.progress import NullProgress, Progress
 from advisor.report.codegen import render_launch_script, render_training_script
 from advisor.report.exports import write_exports
 from advisor.report.render import render_html, render_markdown, render_trials_csv
-from advisor.results import Recommendation, StudySetup, TaskSummary, TrialResult, TuneResult
+from advisor.results import (
+    HardwareProfile,
+    Recommendation,
+    StudySetup,
+    TaskSummary,
+    TrialResult,
+    TuneResult,
+)
 from advisor.search.checks import NumericsCheck, preflight
 from advisor.search.context import SearchContext
 from advisor.search.machine import resolve_device
@@ -32,7 +39,9 @@ from advisor.search.storage import disk_full_is_one_line, open_study
 from advisor.search.study import bind_study, make_sampler, run_search
 from advisor.settings import TuneSettings, mask_url, settings_error
 from advisor.task import callable_to_spec, check_spec
+from advisor.trial.nodes import Rendezvous
 from advisor.trial.parent.hardware import probe_isolated
+from advisor.trial.parent.nodes import NodeHost, hardware_difference, serve
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 
 __all__ = [
@@ -43,6 +52,7 @@ __all__ = [
     "make_settings",
     "read_recommendation",
     "search_and_decide",
+    "serve_node",
     "tune",
     "tune_with",
     "validate",
@@ -105,9 +115,67 @@ def tune_with(settings: TuneSettings, progress: Progress) -> TuneResult:
 
 
 def _tune_in(settings: TuneSettings, progress: Progress, logs_dir: Path) -> TuneResult:
-    """`tune_with`, once this process holds its output folder."""
-    search, context = _prepare(settings, progress, logs_dir)
-    return search_and_decide(search, context)
+    """`tune_with`, once this process holds its output folder; over several machines, with
+    node 0's rendezvous store open for the whole tune."""
+    rendezvous = _rendezvous(settings)
+    if rendezvous is not None and rendezvous.node_rank > 0:
+        raise SettingsError(
+            f"node {rendezvous.node_rank} serves node 0's tune: call advisor.api.serve_node "
+            "(advisor tune does)"
+        )
+    with NodeHost(rendezvous) if rendezvous else contextlib.nullcontext() as host:
+        search, context = _prepare(settings, progress, logs_dir, host)
+        return search_and_decide(search, context)
+
+
+def serve_node(settings: TuneSettings, progress: Progress) -> int:
+    """Serve node 0's tune from this machine (`--node-rank` 1 or more): probe, join, run this
+    machine's part of each trial over several machines until node 0 is done; the number of
+    trials served. Node 0 writes every output."""
+    rendezvous = _rendezvous(settings)
+    if rendezvous is None or rendezvous.node_rank == 0:
+        raise SettingsError("serve_node is for --node-rank 1 or more of a tune with --nnodes")
+    check_spec(settings.spec)
+    progress.stage("probing hardware")
+    hardware = probe_isolated()
+    progress.stage(f"node {rendezvous.node_rank}: joining {rendezvous.endpoint}")
+    logs = settings.out_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    return serve(rendezvous, hardware, ProcessRunner(_launch(settings)), logs, progress.stage)
+
+
+def _rendezvous(settings: TuneSettings) -> Rendezvous | None:
+    if settings.nnodes == 1 or settings.rdzv_endpoint is None:
+        return None
+    host, _, port = settings.rdzv_endpoint.rpartition(":")
+    return Rendezvous(
+        nnodes=settings.nnodes,
+        node_rank=settings.node_rank or 0,
+        host=host,
+        port=int(port),
+        join_timeout_s=settings.join_timeout,
+    )
+
+
+def _join(host: NodeHost, hardware: HardwareProfile, progress: Progress) -> None:
+    """Wait for the other machines; refuse them all where one is unlike this one."""
+    where = host.rendezvous
+    progress.stage(f"waiting for {where.nnodes - 1} more machines to join {where.endpoint}")
+    for node, theirs in host.wait_for_nodes().items():
+        if (why := hardware_difference(node, theirs, hardware)) is not None:
+            host.refuse(why)
+            raise SettingsError(why)
+
+
+def _launch(settings: TuneSettings) -> TrialLaunch:
+    return TrialLaunch(
+        spec=settings.spec,
+        cwd=Path.cwd(),
+        warmup_steps=settings.warmup_steps,
+        trial_seconds=settings.trial_seconds,
+        timeout_s=settings.trial_timeout_s,
+        seed=settings.seed,
+    )
 
 
 def search_and_decide(search: SearchContext, context: StudySetup) -> TuneResult:
@@ -169,12 +237,14 @@ def _one_tune_per_folder(out_dir: Path, worker: str) -> Iterator[None]:
 
 
 def _prepare(
-    settings: TuneSettings, progress: Progress, logs_dir: Path
+    settings: TuneSettings, progress: Progress, logs_dir: Path, nodes: NodeHost | None = None
 ) -> tuple[SearchContext, StudySetup]:
-    """Probe the machine, validate the task and build the space: what the search runs with,
-    and what the study stores about it."""
+    """Probe the machine (and meet the others), validate the task and build the space: what
+    the search runs with, and what the study stores about it."""
     progress.stage("probing hardware")
     hardware = probe_isolated()
+    if nodes is not None:
+        _join(nodes, hardware, progress)
     device = resolve_device(settings.device, hardware)
     progress.stage(f"validating {settings.spec} on {device} (two real training steps)")
     checked = preflight(
@@ -182,15 +252,7 @@ def _prepare(
     )
     task = _summary(checked)
     space = build_space(settings, hardware, task)
-    launch = TrialLaunch(
-        spec=settings.spec,
-        cwd=Path.cwd(),
-        warmup_steps=settings.warmup_steps,
-        trial_seconds=settings.trial_seconds,
-        timeout_s=settings.trial_timeout_s,
-        seed=settings.seed,
-    )
-    runner = ProcessRunner(launch)
+    runner = ProcessRunner(_launch(settings), nodes)
     numerics = NumericsCheck(runner, logs_dir)
     search = SearchContext(settings, space, hardware, runner, logs_dir, progress, numerics)
     context = StudySetup(

@@ -20,6 +20,7 @@ from advisor.api import (
     load_result,
     make_settings,
     read_recommendation,
+    serve_node,
     tune_with,
     validate,
     write_report_files,
@@ -33,7 +34,7 @@ from advisor.console import (
     recommendation_table,
     validation_table,
 )
-from advisor.errors import AdvisorError, BadInputError, SettingsError
+from advisor.errors import AdvisorError, BadInputError, NodeLostError, SettingsError
 from advisor.knobs import FRAMEWORKS, Framework
 from advisor.report.codegen import launch_command
 from advisor.report.race_view import baseline_kept, went_on_brief
@@ -97,8 +98,19 @@ def tune(spec: str | None, config: Path | None, as_json: bool, quiet: bool, **fl
     for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(stop, _raise_interrupt)
     progress = ConsoleProgress(err, quiet=quiet or as_json)
+    if (settings.node_rank or 0) > 0:
+        _serve(settings, progress)
+        return
     try:
         result = tune_with(settings, progress)
+    except NodeLostError as exc:
+        click.echo(
+            f"error: {exc}; finished trials are saved in {mask_url(settings.storage_url)}: run "
+            "the same commands on every machine to resume",
+            err=True,
+        )
+        _write_provisional_reports(settings)
+        sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo(
             f"\ninterrupted: finished trials are saved in {mask_url(settings.storage_url)} "
@@ -242,6 +254,16 @@ def report(
 
 
 cli.add_command(probe_command, name="probe")
+
+
+def _serve(settings: TuneSettings, progress: ConsoleProgress) -> None:
+    """Another machine of a tune over several: serve node 0 until it is done."""
+    try:
+        served = serve_node(settings, progress)
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted: node 0 goes on without this machine's layouts", err=True)
+        sys.exit(130)
+    click.echo(f"node {settings.node_rank}: served {served} trials; node 0 wrote the outputs")
 
 
 def _settings(spec: str | None, config: Path | None, flags: dict[str, Any]) -> TuneSettings:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 import socket
 import sys
@@ -161,6 +162,27 @@ class TuneSettings(Frozen):
     memory_headroom: float = Field(
         default=0.1, ge=0, lt=1, description="fraction of the memory to keep free"
     )
+    nnodes: int = Field(
+        default=1,
+        ge=1,
+        description="machines to tune over (torchrun's --nnodes): run the same command on each, "
+        "with its --node-rank; node 0 searches and writes the outputs",
+    )
+    node_rank: int | None = Field(
+        default=None,
+        ge=0,
+        description="this machine's place among --nnodes (default: NODE_RANK, GROUP_RANK or "
+        "SLURM_NODEID, else 0)",
+    )
+    rdzv_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^[^\s:]+:[0-9]+$",
+        description="HOST:PORT of node 0, where the machines meet (default: "
+        "$MASTER_ADDR:$MASTER_PORT)",
+    )
+    join_timeout: float = Field(
+        default=300.0, gt=0, description="with --nnodes: seconds to wait for every machine to join"
+    )
     memory_budget: MemoryBudget | None = Field(
         default=None,
         description="the most memory a configuration may use: bytes with a unit (2GiB) or a "
@@ -255,6 +277,35 @@ class TuneSettings(Frozen):
             raise ValueError(
                 "global_batch_size and batch_sizes exclude each other: with a fixed global "
                 "batch advisor derives the micro-batches; choose one"
+            )
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _launcher_environment(cls, data: Any) -> Any:
+        """Over several machines, what torchrun or SLURM set: this node's rank, node 0's address."""
+        if not isinstance(data, dict) or int(data.get("nnodes") or 1) < 2:
+            return data
+        env = os.environ
+        rank = next((env[n] for n in ("NODE_RANK", "GROUP_RANK", "SLURM_NODEID") if n in env), 0)
+        address = env.get("MASTER_ADDR")
+        return {
+            "node_rank": rank,
+            **({"rdzv_endpoint": f"{address}:{env.get('MASTER_PORT', 29500)}"} if address else {}),
+            **{k: v for k, v in data.items() if v is not None},
+        }
+
+    @model_validator(mode="after")
+    def _one_node_rank_each(self) -> TuneSettings:
+        if self.nnodes > 1 and self.rdzv_endpoint is None:
+            raise ValueError(
+                f"nnodes={self.nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address and a "
+                "free port), or MASTER_ADDR set"
+            )
+        if (self.node_rank or 0) >= self.nnodes:
+            raise ValueError(
+                f"node_rank {self.node_rank} is not below nnodes {self.nnodes}: number the "
+                f"machines 0 to {self.nnodes - 1}"
             )
         return self
 

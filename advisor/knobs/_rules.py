@@ -65,6 +65,7 @@ class Facts:
     forced: frozenset[str] = frozenset()  # knobs named one by one in --knobs: searched whatever
     repeated_block: str | None = None  # the class of the model's repeated block, if any
     memory_budget: bool = False  # --memory-budget is set
+    nodes: int = 1  # machines in the tune (--nnodes), each like this one
 
     @property
     def memory_searched(self) -> bool:
@@ -101,30 +102,42 @@ def layouts(facts: Facts) -> tuple[str, ...]:
     powers of two and all the cores. Where memory can bind (`Facts.memory_searched`) also FSDP2
     with as many processes, resharding the parameters after the forward pass (`fsdp-N`) or
     keeping them for the backward pass (`fsdp-N-grad-op`): it saves memory at the cost of
-    communication."""
+    communication. In a tune over several machines, the same over N machines with M processes
+    on each (`ddp-NxM`, `fsdp-NxM`)."""
     limit = facts.world_limit
     if facts.device == "cuda":
         worlds = set(range(2, limit + 1))
     else:
         worlds = {2**k for k in range(1, limit.bit_length())} | {limit}
     ranks = () if facts.iterable else tuple(n for n in sorted(worlds) if 2 <= n <= limit)
-    ddp = tuple(f"ddp-{n}" for n in ranks)
-    sharded = ranks if facts.memory_searched else ()
+    spans = tuple(f"{n}" for n in ranks) + _across_machines(facts, ranks)
+    ddp = tuple(f"ddp-{ranks}" for ranks in spans)
+    sharded = spans if facts.memory_searched else ()
     fsdp = tuple(f"fsdp-{n}{suffix}" for n in sharded for suffix in ("", GRAD_OP))
     return ("none", "dp", *ddp, *fsdp)
 
 
-def layout_order(layout: str) -> tuple[int, int, int]:
+def _across_machines(facts: Facts, ranks: tuple[int, ...]) -> tuple[str, ...]:
+    """`NxM`: N machines (powers of two and all of them) with M processes each, as many as one
+    machine runs (`ranks`) or one, at most --max-world-size in all."""
+    if facts.nodes < 2 or facts.iterable:
+        return ()
+    machines = sorted({2**k for k in range(1, facts.nodes.bit_length())} | {facts.nodes})
+    cap = facts.max_world_size
+    return tuple(f"{n}x{m}" for n in machines for m in (1, *ranks) if cap is None or n * m <= cap)
+
+
+def layout_order(layout: str) -> tuple[int, int, int, int]:
     """Where a layout stands: by parallel mode (one process, DataParallel, DDP, FSDP), then
-    ranks, resharding before not."""
+    ranks, machines, resharding before not."""
     parsed = parse_parallel(layout)
-    return PARALLEL_MODES.index(parsed.mode), parsed.world, int(not parsed.reshard)
+    return PARALLEL_MODES.index(parsed.mode), parsed.world, parsed.nodes, int(not parsed.reshard)
 
 
 def one_process(facts: Facts) -> str | None:
     """Why only one process can run here; None where DataParallel or DDP can."""
     if (facts.device == "cuda" and facts.gpus >= 2) or (
-        not facts.iterable and facts.world_limit >= 2
+        not facts.iterable and max(facts.world_limit, facts.nodes) >= 2
     ):
         return None
     if facts.iterable:
@@ -235,18 +248,21 @@ class Layout(NamedTuple):
     mode: ParallelMode
     world: int
     reshard: bool = True  # FSDP: free the gathered parameters after the forward pass
+    nodes: int = 1  # machines the ranks span
 
 
 def parse_parallel(choice: str) -> Layout:
-    """`none`, `dp`, `ddp-4`, `fsdp-2` or `fsdp-2-grad-op` as `TrialConfig` fields."""
+    """`none`, `dp`, `ddp-4`, `fsdp-2`, `fsdp-2-grad-op`, or over machines `ddp-2x4` (2 machines,
+    4 processes each) as `TrialConfig` fields."""
     mode, _, rest = choice.partition("-")
     if mode in ("none", "dp") and not rest:
         return Layout(mode, 1)  # type: ignore[arg-type]
-    if mode == "ddp" and rest.isdigit():
-        return Layout("ddp", int(rest))
-    ranks = rest.removesuffix(GRAD_OP)
-    if mode == "fsdp" and ranks.isdigit():
-        return Layout("fsdp", int(ranks), reshard=ranks == rest)
+    ranks = rest.removesuffix(GRAD_OP) if mode == "fsdp" else rest
+    nodes, _, per_node = ranks.partition("x") if "x" in ranks else ("1", "", ranks)
+    if mode in ("ddp", "fsdp") and nodes.isdigit() and per_node.isdigit():
+        world = int(nodes) * int(per_node)
+        return Layout(mode, world, reshard=ranks == rest, nodes=int(nodes))  # type: ignore[arg-type]
     raise ValueError(
-        f"{choice!r} is not a parallel layout: use none, dp, ddp-N, fsdp-N or fsdp-N-grad-op"
+        f"{choice!r} is not a parallel layout: use none, dp, ddp-N, fsdp-N or fsdp-N-grad-op "
+        "(over machines ddp-NxM, fsdp-NxM: N machines, M processes each)"
     )

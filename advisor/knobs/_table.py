@@ -354,10 +354,11 @@ class TrialConfig(Frozen):
     def parallel(self) -> str:
         """The parallel layout as one word: `none`, `dp`, `ddp-N` (N ranks), `fsdp-N`, or
         `fsdp-N-grad-op` (FSDP keeping the gathered parameters for the backward pass)."""
+        ranks = f"{self.nnodes}x{self.per_node}" if self.nnodes > 1 else f"{self.world_size}"
         if self.parallel_mode == "ddp":
-            return f"ddp-{self.world_size}"
+            return f"ddp-{ranks}"
         if self.parallel_mode == "fsdp":
-            return f"fsdp-{self.world_size}{'' if self.reshard_after_forward else rules.GRAD_OP}"
+            return f"fsdp-{ranks}{'' if self.reshard_after_forward else rules.GRAD_OP}"
         return self.parallel_mode
 
     @property

@@ -147,7 +147,7 @@ class SearchSpace:
         if "parallel" in values:
             layout = parse_parallel(values.pop("parallel"))
             values["parallel_mode"], values["world_size"] = layout.mode, layout.world
-            values["reshard_after_forward"] = layout.reshard
+            values["reshard_after_forward"], values["nnodes"] = layout.reshard, layout.nodes
         if self.global_batch_size is not None:
             per_step = values["batch_size"] * values.get("world_size", 1)
             values["accumulation_steps"] = max(1, self.global_batch_size // per_step)
@@ -183,7 +183,9 @@ def build_space(
     device = resolve_device(settings.device, hardware)
     forced = frozenset(name for name in settings.knobs if name in KNOB)
     facts = machine_facts(device, hardware, task, settings.max_world_size, forced)
-    facts = dataclasses.replace(facts, memory_budget=settings.memory_budget is not None)
+    facts = dataclasses.replace(
+        facts, memory_budget=settings.memory_budget is not None, nodes=settings.nnodes
+    )
     space = _Builder()
     total = _kept_global_batch(settings, task)
     from_settings = {

@@ -110,13 +110,13 @@ def _across_nodes(
         others = range(1, config.nnodes) if lead else ()
         watch = nodes.BeatWatch(store, others)
     except (RuntimeError, OSError) as exc:
-        _stop(context)
+        _stop(context, at_once=True)
         return _supervisor_failed(config, f"could not reach node 0's store: {exc}")
     offset = part.node_rank * config.per_node
     outcome = _wait_for_ranks(context, offset, watch.silent)
     local = _read_reports(reports)
     if outcome is not None:
-        _stop(context)
+        _stop(context, at_once=isinstance(outcome, str))
         failed = (
             _supervisor_failed(config, outcome)
             if isinstance(outcome, str)
@@ -151,8 +151,12 @@ def _combine_nodes(
     return combine_ranks(config, [results[rank] for rank in range(config.world_size)])
 
 
-def _stop(context: ProcessContext) -> None:
-    """Stop and reap the ranks still running (SIGTERM, then SIGKILL after the grace period)."""
+def _stop(context: ProcessContext, *, at_once: bool = False) -> None:
+    """Stop and reap the ranks still running, after one failed (SIGTERM, then SIGKILL after the
+    grace period); `at_once` where none failed (another machine is gone): SIGKILL."""
+    if at_once:
+        for process in context.processes:
+            process.kill()
     with contextlib.suppress(ProcessException):
         context.join(grace_period=RANK_GRACE_S)
 
