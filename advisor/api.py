@@ -21,14 +21,7 @@ from advisor.progress import NullProgress, Progress
 from advisor.report.codegen import render_launch_script, render_training_script
 from advisor.report.exports import write_exports
 from advisor.report.render import render_html, render_markdown, render_trials_csv
-from advisor.results import (
-    HardwareProfile,
-    Recommendation,
-    StudySetup,
-    TaskSummary,
-    TrialResult,
-    TuneResult,
-)
+from advisor.results import Recommendation, StudySetup, TaskSummary, TrialResult, TuneResult
 from advisor.search.checks import NumericsCheck, preflight
 from advisor.search.context import SearchContext
 from advisor.search.machine import resolve_device
@@ -41,7 +34,7 @@ from advisor.settings import TuneSettings, mask_url, settings_error
 from advisor.task import callable_to_spec, check_spec
 from advisor.trial.nodes import Rendezvous
 from advisor.trial.parent.hardware import probe_isolated
-from advisor.trial.parent.nodes import NodeHost, hardware_difference, serve
+from advisor.trial.parent.nodes import NodeHost, serve
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 
 __all__ = [
@@ -147,24 +140,9 @@ def serve_node(settings: TuneSettings, progress: Progress) -> int:
 def _rendezvous(settings: TuneSettings) -> Rendezvous | None:
     if settings.nnodes == 1 or settings.rdzv_endpoint is None:
         return None
-    host, _, port = settings.rdzv_endpoint.rpartition(":")
-    return Rendezvous(
-        nnodes=settings.nnodes,
-        node_rank=settings.node_rank or 0,
-        host=host,
-        port=int(port),
-        join_timeout_s=settings.join_timeout,
+    return Rendezvous.at(
+        settings.rdzv_endpoint, settings.nnodes, settings.node_rank or 0, settings.join_timeout
     )
-
-
-def _join(host: NodeHost, hardware: HardwareProfile, progress: Progress) -> None:
-    """Wait for the other machines; refuse them all where one is unlike this one."""
-    where = host.rendezvous
-    progress.stage(f"waiting for {where.nnodes - 1} more machines to join {where.endpoint}")
-    for node, theirs in host.wait_for_nodes().items():
-        if (why := hardware_difference(node, theirs, hardware)) is not None:
-            host.refuse(why)
-            raise SettingsError(why)
 
 
 def _launch(settings: TuneSettings) -> TrialLaunch:
@@ -244,7 +222,7 @@ def _prepare(
     progress.stage("probing hardware")
     hardware = probe_isolated()
     if nodes is not None:
-        _join(nodes, hardware, progress)
+        nodes.join(hardware, progress.stage)
     device = resolve_device(settings.device, hardware)
     progress.stage(f"validating {settings.spec} on {device} (two real training steps)")
     checked = preflight(

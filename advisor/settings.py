@@ -163,26 +163,15 @@ class TuneSettings(Frozen):
         default=0.1, ge=0, lt=1, description="fraction of the memory to keep free"
     )
     nnodes: int = Field(
-        default=1,
-        ge=1,
-        description="machines to tune over (torchrun's --nnodes): run the same command on each, "
-        "with its --node-rank; node 0 searches and writes the outputs",
+        default=1, ge=1, description="machines to tune over; the same command on each"
     )
     node_rank: int | None = Field(
-        default=None,
-        ge=0,
-        description="this machine's place among --nnodes (default: NODE_RANK, GROUP_RANK or "
-        "SLURM_NODEID, else 0)",
+        default=None, ge=0, description="0 searches, the rest serve (NODE_RANK, SLURM_NODEID)"
     )
     rdzv_endpoint: str | None = Field(
-        default=None,
-        pattern=r"^[^\s:]+:[0-9]+$",
-        description="HOST:PORT of node 0, where the machines meet (default: "
-        "$MASTER_ADDR:$MASTER_PORT)",
+        default=None, pattern=r"^[^\s:]+:[0-9]+$", description="node 0's HOST:PORT (MASTER_ADDR)"
     )
-    join_timeout: float = Field(
-        default=300.0, gt=0, description="with --nnodes: seconds to wait for every machine to join"
-    )
+    join_timeout: float = Field(default=300.0, gt=0, description="seconds to wait for machines")
     memory_budget: MemoryBudget | None = Field(
         default=None,
         description="the most memory a configuration may use: bytes with a unit (2GiB) or a "
@@ -286,27 +275,19 @@ class TuneSettings(Frozen):
         """Over several machines, what torchrun or SLURM set: this node's rank, node 0's address."""
         if not isinstance(data, dict) or int(data.get("nnodes") or 1) < 2:
             return data
-        env = os.environ
-        rank = next((env[n] for n in ("NODE_RANK", "GROUP_RANK", "SLURM_NODEID") if n in env), 0)
-        address = env.get("MASTER_ADDR")
-        return {
-            "node_rank": rank,
-            **({"rdzv_endpoint": f"{address}:{env.get('MASTER_PORT', 29500)}"} if address else {}),
-            **{k: v for k, v in data.items() if v is not None},
-        }
+        env, found = os.environ, {}
+        names = ("NODE_RANK", "GROUP_RANK", "SLURM_NODEID")
+        found["node_rank"] = next((env[name] for name in names if name in env), 0)
+        if address := env.get("MASTER_ADDR"):
+            found["rdzv_endpoint"] = f"{address}:{env.get('MASTER_PORT', 29500)}"
+        return found | {k: v for k, v in data.items() if v is not None}
 
     @model_validator(mode="after")
-    def _one_node_rank_each(self) -> TuneSettings:
+    def _nodes_meet(self) -> TuneSettings:
         if self.nnodes > 1 and self.rdzv_endpoint is None:
-            raise ValueError(
-                f"nnodes={self.nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address and a "
-                "free port), or MASTER_ADDR set"
-            )
+            raise ValueError(f"nnodes={self.nnodes} needs --rdzv-endpoint HOST:PORT (node 0's)")
         if (self.node_rank or 0) >= self.nnodes:
-            raise ValueError(
-                f"node_rank {self.node_rank} is not below nnodes {self.nnodes}: number the "
-                f"machines 0 to {self.nnodes - 1}"
-            )
+            raise ValueError(f"node_rank {self.node_rank}: number the machines 0 to nnodes - 1")
         return self
 
     @model_validator(mode="after")

@@ -337,3 +337,26 @@ def test_fsdp_layouts_are_searched_only_under_a_memory_budget():
 def _order(mode: str, config: TrialConfig) -> WindowOrder | ReferenceOrder:
     """A search trial's order, or with `mode` "reference" the numerics reference's."""
     return ReferenceOrder(config=config) if mode == "reference" else WindowOrder(config=config)
+
+
+def test_a_layout_over_machines_names_machines_and_processes_on_each_and_reads_back():
+    from advisor.knobs import parse_parallel
+
+    config = TrialConfig(batch_size=8, parallel_mode="fsdp", world_size=8, nnodes=2)
+    config = config.model_copy(update={"reshard_after_forward": False})
+    assert config.parallel == "fsdp-2x4-grad-op"
+    layout = parse_parallel(config.parallel)
+    assert (layout.mode, layout.world, layout.nodes, layout.reshard) == ("fsdp", 8, 2, False)
+    with pytest.raises(ValueError, match=r"ddp-NxM"):
+        parse_parallel("ddp-2y4")
+
+
+def test_a_tune_over_two_one_core_machines_searches_ddp_across_them():
+    settings = TuneSettings(spec="x.py:f", nnodes=2, node_rank=0, rdzv_endpoint="h:29500")
+    one_core = CPU_PROFILE.model_copy(update={"cores": 1})
+    space = build_space(settings, one_core, TASK)
+    assert space.domains["parallel"] == ("none", "ddp-2x1")
+    config = space.config_from_params({**space.params_of(space.baseline), "parallel": "ddp-2x1"})
+    assert (config.world_size, config.nnodes, config.per_node) == (2, 2, 1)
+    alone = build_space(TuneSettings(spec="x.py:f"), one_core, TASK)
+    assert "parallel" not in alone.domains

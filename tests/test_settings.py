@@ -48,3 +48,17 @@ def test_default_study_name_and_paths_come_from_the_spec(tmp_path):
     named = TuneSettings(spec="pkg.models:build", study_name="run1", out=tmp_path)
     assert named.resolved_study_name == "run1"
     assert named.storage_url == f"sqlite:///{tmp_path / 'study.db'}"
+
+
+def test_several_machines_meet_where_the_flags_or_the_launcher_say(monkeypatch):
+    for name in ("NODE_RANK", "GROUP_RANK", "SLURM_NODEID", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValidationError, match="needs --rdzv-endpoint"):
+        TuneSettings(spec="x.py:f", nnodes=2)
+    with pytest.raises(ValidationError, match="number the machines 0 to nnodes - 1"):
+        TuneSettings(spec="x.py:f", nnodes=2, node_rank=2, rdzv_endpoint="h:1")
+    monkeypatch.setenv("MASTER_ADDR", "node0.cluster")
+    monkeypatch.setenv("SLURM_NODEID", "1")
+    settings = TuneSettings(spec="x.py:f", nnodes=2)
+    assert (settings.node_rank, settings.rdzv_endpoint) == (1, "node0.cluster:29500")
+    assert TuneSettings(spec="x.py:f").node_rank is None  # one machine: the launcher's unread

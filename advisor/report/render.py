@@ -7,7 +7,7 @@ import io
 import shlex
 from collections import Counter, defaultdict
 
-from advisor.knobs import KNOBS
+from advisor.knobs import GRAD_OP, KNOBS, parse_parallel
 from advisor.report.change import change_line
 from advisor.report.codegen import launch_command
 from advisor.report.race_view import race_view
@@ -242,17 +242,44 @@ def _duration(seconds: float) -> str:
 
 def _parallel_rows(layouts: tuple[LayoutBest, ...]) -> list[dict[str, object]]:
     """Each layout's best trial and its ratio to the best single-process trial, on re-runs
-    where both were re-measured, else on their search windows."""
+    where both were re-measured, else on their search windows; a layout over N machines also
+    against N times its one-machine counterpart (linear scaling)."""
     single = next((b for b in layouts if b.parallel == "none" and b.samples_per_s), None)
+    by_layout = {best.parallel: best for best in layouts}
     rows: list[dict[str, object]] = []
     for best in layouts:
-        ratio, basis = None, None
-        if single and single.rerun_samples_per_s and best.rerun_samples_per_s:
-            ratio, basis = best.rerun_samples_per_s / single.rerun_samples_per_s, "re-runs"
-        elif single and single.samples_per_s and best.samples_per_s:
-            ratio, basis = best.samples_per_s / single.samples_per_s, "search windows"
-        rows.append({"best": best, "ratio": ratio, "basis": basis})
+        ratio, basis = _ratio(best, single)
+        rows.append(
+            {"best": best, "ratio": ratio, "basis": basis, "linear": _linear(best, by_layout)}
+        )
     return rows
+
+
+def _ratio(best: LayoutBest, other: LayoutBest | None) -> tuple[float | None, str | None]:
+    if other and other.rerun_samples_per_s and best.rerun_samples_per_s:
+        return best.rerun_samples_per_s / other.rerun_samples_per_s, "re-runs"
+    if other and other.samples_per_s and best.samples_per_s:
+        return best.samples_per_s / other.samples_per_s, "search windows"
+    return None, None
+
+
+def _linear(best: LayoutBest, by_layout: dict[str, LayoutBest]) -> dict[str, object] | None:
+    """Over N machines: the share of N x its one-machine counterpart's samples/s it reached."""
+    layout = parse_parallel(best.parallel)
+    if layout.nodes == 1:
+        return None
+    per_node = layout.world // layout.nodes
+    grad_op = "" if layout.reshard else GRAD_OP
+    alone = "none" if per_node == 1 else f"{layout.mode}-{per_node}{grad_op}"
+    ratio, basis = _ratio(best, by_layout.get(alone))
+    if ratio is None:
+        return None
+    return {
+        "nodes": layout.nodes,
+        "alone": alone,
+        "efficiency": ratio / layout.nodes,
+        "basis": basis,
+    }
 
 
 def _pruned_rows(pruned: tuple[PrunedProposal, ...]) -> list[tuple[str, str]]:

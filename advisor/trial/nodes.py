@@ -72,6 +72,18 @@ class Rendezvous(Frozen):
     port: int = Field(ge=1, le=65535)
     join_timeout_s: float = Field(default=300.0, gt=0)
 
+    @classmethod
+    def at(cls, endpoint: str, nnodes: int, node_rank: int, join_timeout_s: float) -> Rendezvous:
+        """The rendezvous at `endpoint` (HOST:PORT)."""
+        host, _, port = endpoint.rpartition(":")
+        return cls(
+            nnodes=nnodes,
+            node_rank=node_rank,
+            host=host,
+            port=int(port),
+            join_timeout_s=join_timeout_s,
+        )
+
     @property
     def endpoint(self) -> str:
         return f"{self.host}:{self.port}"

@@ -79,3 +79,12 @@ def test_a_node_that_never_joins_is_named_in_one_line():
     where = _where(0, free_port()).model_copy(update={"join_timeout_s": 1.0})
     with NodeHost(where) as host, pytest.raises(NodeLostError, match="node 1 did not join"):
         host.wait_for_nodes()
+
+
+def test_a_machine_unlike_node_0_is_refused_with_what_differs():
+    ours = probe()
+    theirs = ours.model_copy(update={"cores": ours.cores * 2})
+    why = hardware_difference(1, theirs, ours)
+    assert why is not None and why.startswith(
+        f"node 1 is not a machine like node 0 (cores {ours.cores * 2} against {ours.cores})"
+    )

@@ -99,6 +99,15 @@ class NodeHost:
                 joined[message["joined"]] = HardwareProfile.model_validate(message["hardware"])
         return joined
 
+    def join(self, hardware: HardwareProfile, say: Callable[[str], None]) -> None:
+        """Wait for the other machines; refuse them all where one is unlike this one."""
+        where = self.rendezvous
+        say(f"waiting for {where.nnodes - 1} more machines to join {where.endpoint}")
+        for node, theirs in self.wait_for_nodes().items():
+            if (why := hardware_difference(node, theirs, hardware)) is not None:
+                self.refuse(why)
+                raise SettingsError(why)
+
     def refuse(self, why: str) -> None:
         """Tell the other nodes to stop, with `why`."""
         self._send({"refuse": why})
