@@ -26,6 +26,7 @@ from advisor.trial.protocol import TrialRequest
 __all__ = [
     "BEAT_S",
     "DONE",
+    "FINISHED",
     "ORDERS",
     "REFUSED",
     "SILENCE_S",
@@ -44,22 +45,27 @@ BEAT_S = 1.0
 SILENCE_S = 20.0
 ORDERS = "orders"
 DONE = "done"
+FINISHED = "finished"  # `done`'s value when node 0's tune wrote its outputs
 REFUSED = "refused"
 
 
 def order_key(number: int) -> str:
+    """The Nth multi-node trial's order."""
     return f"order/{number}"
 
 
 def beat_key(node: int) -> str:
+    """Node `node`'s beat counter."""
     return f"node/{node}/beat"
 
 
 def hardware_key(node: int) -> str:
+    """Node `node`'s probed hardware (its joining)."""
     return f"node/{node}/hardware"
 
 
 def report_key(trial_key: str, node: int) -> str:
+    """What node `node`'s ranks measured in the trial under `trial_key`."""
     return f"{trial_key}/node/{node}"
 
 
@@ -86,6 +92,7 @@ class Rendezvous(Frozen):
 
     @property
     def endpoint(self) -> str:
+        """HOST:PORT, as given."""
         return f"{self.host}:{self.port}"
 
 

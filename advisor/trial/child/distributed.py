@@ -108,7 +108,7 @@ def _across_nodes(
         if lead:
             nodes.post_order(store, NodeOrder(request=request))
         others = range(1, config.nnodes) if lead else ()
-        watch = nodes.BeatWatch(store, others)
+        watch = nodes.BeatWatch(store, others if lead else (0,))  # node 0 watches the rest
     except (RuntimeError, OSError) as exc:
         _stop(context, at_once=True)
         return _supervisor_failed(config, f"could not reach node 0's store: {exc}")
@@ -123,11 +123,13 @@ def _across_nodes(
             else _rank_failure(config, local, outcome)
         )
         if not lead:
-            nodes.post_report(store, part, nodes.failed_part(part, failed))
+            with contextlib.suppress(RuntimeError, OSError):  # node 0 may be gone
+                nodes.post_report(store, part, nodes.failed_part(part, failed))
         return failed
     mine = {report.rank: report.result for report in local.values()}
     if not lead:
-        nodes.post_report(store, part, NodeReport(node=part.node_rank, results=mine))
+        with contextlib.suppress(RuntimeError, OSError):
+            nodes.post_report(store, part, NodeReport(node=part.node_rank, results=mine))
         return combine_ranks(config, list(mine.values()))
     gathered = nodes.gather_reports(store, part, others, watch)
     if isinstance(gathered, str):

@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from advisor.results import TrialResult
 from advisor.trial.nodes import (
+    DONE,
     ORDERS,
     SILENCE_S,
     NodeOrder,
@@ -41,12 +42,14 @@ def post_order(store: dist.Store, order: NodeOrder) -> int:
 
 
 def post_report(store: dist.Store, part: NodePart, report: NodeReport) -> None:
+    """Tell node 0 what this machine's part of the trial measured."""
     store.set(report_key(part.key, part.node_rank), report.model_dump_json())
 
 
 class BeatWatch:
     """When each watched node's beat last moved, on this process's clock: a node whose beat
-    stood still for `silence_s` is gone (a stalled or vanished machine answers nothing else)."""
+    stood still for `silence_s` is gone (a stalled or vanished machine answers nothing else).
+    Node 0's store gone, or the tune marked done, ends the watch too."""
 
     def __init__(
         self, store: dist.Store, nodes: Iterable[int], silence_s: float = SILENCE_S
@@ -60,6 +63,14 @@ class BeatWatch:
 
     def silent(self) -> str | None:
         """Why the trial cannot go on ("node 1 stopped answering after 20 s"), or None."""
+        try:
+            return self._silent()
+        except (RuntimeError, OSError):
+            return "node 0's rendezvous store stopped answering"
+
+    def _silent(self) -> str | None:
+        if self._store.check([DONE]):
+            return "node 0 ended the tune"
         now = time.monotonic()
         for node, (beat, since) in list(self._seen.items()):
             current = self._beat(node)

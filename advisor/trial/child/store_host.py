@@ -1,13 +1,13 @@
-"""Node 0's rendezvous store, in a process of its own for the whole tune (the tuning process
-never imports torch): `python -m advisor.trial.child.store_host PORT NNODES`.
+"""Node 0's rendezvous store, in a process of its own for the whole tune (the tuning process never
+imports torch): `python -m advisor.trial.child.store_host PORT NNODES`.
 
-It binds a c10d `TCPStore` at PORT (the port of `--rdzv-endpoint`) and tells its parent, one JSON
-line each: `{"ready": PORT}` (or `{"error": why}`), `{"joined": K, "hardware": {...}}` as node K
-posts its probed hardware, and `{"gone": why}` once a joined node's beat stands still for
-`SILENCE_S`. On its stdin the parent may send `{"refuse": why}` (the nodes are told to stop with
-that line). When its stdin closes, or its parent dies, it marks the tune done, gives the other
-nodes `LINGER_S` to read it, and exits.
-"""
+It binds a c10d `TCPStore` at PORT (the port of `--rdzv-endpoint`) and tells its parent, one
+JSON line each: `{"ready": PORT}` (or `{"error": why}`), `{"joined": K, "hardware": {...}}` as
+node K posts its probed hardware, and `{"gone": why}` once a joined node's beat stands still for
+`SILENCE_S`; it raises node 0's own beat meanwhile. On its stdin the parent may send `{"refuse":
+why}` (the nodes are told to stop with that line) and `{"end": how}` (`finished`, or why not).
+When its stdin closes, or its parent dies, it marks the tune done, gives the other nodes
+`LINGER_S` to read it, and exits."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from advisor.trial.child.nodes import BeatWatch
-from advisor.trial.nodes import BEAT_S, DONE, REFUSED, hardware_key
+from advisor.trial.nodes import BEAT_S, DONE, REFUSED, beat_key, hardware_key
 
 __all__ = ["main"]
 
@@ -30,6 +30,7 @@ LINGER_S = 3 * BEAT_S  # the other nodes look for `done` every beat
 
 
 def main(argv: list[str]) -> int:
+    """Host the store at PORT for NNODES machines until the parent is done."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it closes our stdin
     port, nnodes = int(argv[0]), int(argv[1])
     try:
@@ -40,22 +41,27 @@ def main(argv: list[str]) -> int:
         _send({"error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__})
         return 1
     _send({"ready": port})
-    _serve(store, nnodes, os.getppid())
-    store.set(DONE, "1")
+    ended = _serve(store, nnodes, os.getppid())
+    store.set(DONE, ended)
     time.sleep(LINGER_S)
     return 0
 
 
-def _serve(store: dist.TCPStore, nnodes: int, parent: int) -> None:
-    """Report joins and silences until the parent closes stdin or dies."""
+def _serve(store: dist.TCPStore, nnodes: int, parent: int) -> str:
+    """Report joins and silences until the parent closes stdin or dies; how the tune ended."""
     waiting, watch, gone = set(range(1, nnodes)), None, False
+    ended = "node 0's tune process exited"
     while os.getppid() == parent:
+        store.add(beat_key(0), 1)  # node 0 is here: the others' trials watch it
         ready, _, _ = select.select([sys.stdin], [], [], BEAT_S)
         if ready:
             line = sys.stdin.readline()
             if not line:
-                return
-            store.set(REFUSED, json.loads(line)["refuse"])
+                return ended
+            message = json.loads(line)
+            if "refuse" in message:
+                store.set(REFUSED, message["refuse"])
+            ended = message.get("end", ended)
         for node in sorted(waiting):
             if store.check([hardware_key(node)]):
                 hardware = json.loads(store.get(hardware_key(node)))
@@ -66,6 +72,7 @@ def _serve(store: dist.TCPStore, nnodes: int, parent: int) -> None:
         if watch is not None and not gone and (why := watch.silent()) is not None:
             _send({"gone": why})
             gone = True
+    return ended
 
 
 def _send(message: dict[str, object]) -> None:

@@ -26,6 +26,7 @@ from advisor.results import HardwareProfile
 from advisor.trial.nodes import (
     BEAT_S,
     DONE,
+    FINISHED,
     REFUSED,
     NodeOrder,
     Rendezvous,
@@ -77,8 +78,11 @@ class NodeHost:
     def __enter__(self) -> NodeHost:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, error: object, tb: object) -> None:
+        if kind is None:
+            self.close(FINISHED)
+        else:
+            self.close("it was interrupted" if kind is KeyboardInterrupt else f"{error}")
 
     def wait_for_nodes(self) -> dict[int, HardwareProfile]:
         """Each other node's probed hardware, once all joined; `NodeLostError` if some did not
@@ -138,8 +142,9 @@ class NodeHost:
             stdin.write((json.dumps(message) + "\n").encode())
             stdin.flush()
 
-    def close(self) -> None:
-        """Mark the tune done (the other nodes exit) and stop the store."""
+    def close(self, ended: str = FINISHED) -> None:
+        """Mark the tune done, `ended` saying how (the other nodes exit), and stop the store."""
+        self._send({"end": ended})
         if self._process.stdin is not None:
             with contextlib.suppress(OSError):
                 self._process.stdin.close()
@@ -205,8 +210,11 @@ def serve(
             result = runner.serve(
                 order.request.model_copy(update={"node": part}), logs / f"node{node}-{number}.log"
             )
-            if not store.check([report_key(part.key, node)]):  # it died before it reported
-                store_ops.post_report(store, part, store_ops.failed_part(part, result))
+            try:
+                if not store.check([report_key(part.key, node)]):  # it died before reporting
+                    store_ops.post_report(store, part, store_ops.failed_part(part, result))
+            except (RuntimeError, OSError):
+                raise _node_0_gone(rendezvous) from None
             served += 1
             say(f"trial {number}: {config.label()}: {result.status}")
     finally:
@@ -226,13 +234,22 @@ def _orders(store: dist.Store, rendezvous: Rendezvous) -> Iterator[tuple[int, No
             if store.check([REFUSED]):
                 raise SettingsError(store.get(REFUSED).decode())
             if store.check([DONE]):
+                if (ended := store.get(DONE).decode()) != FINISHED:
+                    raise NodeLostError(
+                        f"node 0's tune ended unfinished ({ended}): start the same commands on "
+                        "every machine to resume it"
+                    )
                 return
         except (RuntimeError, OSError):  # the store is gone: so is node 0
-            raise NodeLostError(
-                f"node 0 ({rendezvous.endpoint}) stopped answering: its tune ended or its "
-                "machine is gone; what it measured is in its study"
-            ) from None
+            raise _node_0_gone(rendezvous) from None
         time.sleep(ORDER_POLL_S)
+
+
+def _node_0_gone(rendezvous: Rendezvous) -> NodeLostError:
+    return NodeLostError(
+        f"node 0 ({rendezvous.endpoint}) stopped answering: its tune ended or its machine is "
+        "gone; what it measured is in its study"
+    )
 
 
 class _Beat:

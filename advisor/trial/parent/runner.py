@@ -22,10 +22,11 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast, get_args
+from typing import Protocol, cast, get_args
 
 from advisor.knobs import TrialConfig
 from advisor.results import FailurePhase, MachineLoad, TrialResult
+from advisor.trial.nodes import Rendezvous
 from advisor.trial.orders import (
     NoiseOrder,
     PhaseCallback,
@@ -43,12 +44,11 @@ from advisor.trial.parent.launcher import (
     shared_launcher,
 )
 from advisor.trial.parent.load import LoadMeter
-from advisor.trial.parent.nodes import NodeHost
 from advisor.trial.parent.preload import installed_imports
 from advisor.trial.parent.watch import ProgressReader
 from advisor.trial.protocol import Channel, NodePart, TrialRequest, died_without_result
 
-__all__ = ["POLL_S", "ProcessRunner", "TrialLaunch"]
+__all__ = ["POLL_S", "Nodes", "ProcessRunner", "TrialLaunch"]
 
 POLL_S = 0.2
 STOP_GRACE_S = 1.0
@@ -82,12 +82,22 @@ class TrialLaunch:
         return dataclasses.replace(self, trial_seconds=seconds, timeout_s=timeout_s)
 
 
+class Nodes(Protocol):
+    """The other machines of a tune over several, as node 0 hears them
+    (`advisor.trial.parent.nodes.NodeHost`)."""
+
+    rendezvous: Rendezvous
+
+    def check(self, wait_s: float = 0.0) -> None:
+        """Raise `NodeLostError` if a machine was heard gone (listening `wait_s` for it)."""
+
+
 class ProcessRunner:
     """The real `TrialRunner`: every order runs in a fresh, isolated child process. With `nodes`
     (node 0 of a tune over several machines), an order whose ranks span machines runs its part
     here and is posted to the others through node 0's store (`advisor.trial.nodes`)."""
 
-    def __init__(self, launch: TrialLaunch, nodes: NodeHost | None = None) -> None:
+    def __init__(self, launch: TrialLaunch, nodes: Nodes | None = None) -> None:
         self.launch = launch
         self.nodes = nodes
 
@@ -105,10 +115,12 @@ class ProcessRunner:
         in its window, the result measures the shorter window and says `stopped_early`; before,
         its status is `stopped`, with the projection as its samples/s. Either way `reason` says
         why. A race or noise order trains for its own seconds, and its timeout grows with them.
-        Across machines, a node that stopped answering raises `NodeLostError`: nothing that
-        spans machines can be measured any more.
+        Across machines, once a machine stopped answering every order raises `NodeLostError`:
+        the tune ends in one line, its finished trials kept.
         """
         launch = self._launch_for(order)
+        if self.nodes is not None:  # once a machine is gone, nothing more is measured
+            self.nodes.check()
         part = self._node_part(order.config)
         watched = on_progress is not None
 
@@ -146,7 +158,6 @@ class ProcessRunner:
             return None
         if self.nodes is None:
             raise ValueError(f"{config.label()} spans machines: this runner has no other nodes")
-        self.nodes.check()
         where = self.nodes.rendezvous
         key = f"trial-{uuid.uuid4().hex[:12]}"
         return NodePart(node_rank=0, host=where.host, port=where.port, key=key)
