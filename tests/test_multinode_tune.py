@@ -23,6 +23,7 @@ def _node(rank: int, port: int, out: Path, log: Path) -> subprocess.Popen[bytes]
     command = [sys.executable, "-m", "advisor", "tune", f"{TINY}:factory", "--nnodes", "2"]
     command += ["--node-rank", str(rank), "--rdzv-endpoint", f"127.0.0.1:{port}", "--out", str(out)]
     command += ["--trials", "5", "--race-seconds", "0", "--confirm-top", "1"]
+    command += ["--trial-seconds", "0.3", "--warmup-steps", "2"]
     core = sorted(os.sched_getaffinity(0))[rank]
     return subprocess.Popen(
         command,

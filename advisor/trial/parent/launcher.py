@@ -52,8 +52,9 @@ __all__ = [
 PRELOAD = ("torch", "torch._dynamo", "torch.optim", "advisor.trial.child.worker")
 REAP_POLL_S = 0.01
 READY_TIMEOUT_S = 120.0
-# Set anew for every test and phase by pytest; torch and advisor never read it.
-PER_CALL_VARIABLES = frozenset({"PYTEST_CURRENT_TEST"})
+# Set anew for every test and phase: by pytest, and by advisor's own tests to tag the processes
+# each test starts (tests/conftest.py). torch and advisor never read them.
+PER_CALL_VARIABLES = frozenset({"PYTEST_CURRENT_TEST", "ADVISOR_TEST_MARK"})
 
 
 class LaunchOrder(Frozen):
