@@ -1,5 +1,5 @@
 """The `advisor` command as users run it: a real subprocess each time, but where only what it
-parsed is checked."""
+parsed is checked, and for the bad-input cases (its entry point in this process)."""
 
 import json
 import signal
@@ -52,10 +52,21 @@ def _one_line_error(completed: subprocess.CompletedProcess[str]) -> str:
         (["codegen", "missing.json"], "'missing.json' does not exist"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_code_2(args, fragment, tmp_path):
+def test_bad_input_is_one_line_and_exit_code_2(args, fragment, tmp_path, capsys, monkeypatch):
     if args[0] == "tune":
         args = [*args, "--out", str(tmp_path)]
-    assert fragment in _one_line_error(advisor(*args))
+    assert fragment in _one_line_error(_in_process(capsys, monkeypatch, *args))
+
+
+def _in_process(capsys, monkeypatch, *args: str) -> subprocess.CompletedProcess[str]:
+    """`advisor ARGS` through its entry point in this process, as `advisor()` would return it:
+    the same code path, without an interpreter and a trial launcher of its own per case."""
+    monkeypatch.setattr(signal, "signal", lambda *_: None)  # the tune's Ctrl-C handlers
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as exited:
+        cli_module.main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), int(exited.value.code or 0), out, err)
 
 
 @pytest.mark.parametrize(
