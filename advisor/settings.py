@@ -18,7 +18,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from advisor.errors import SettingsError
 from advisor.frozen import Frozen
-from advisor.knobs import BASE_GROUP, KNOB, KNOB_GROUPS, MEMORY_GROUP
+from advisor.knobs import BASE_GROUP, KNOB, KNOB_GROUPS, MEMORY_GROUP, NETWORK_GROUP
 from advisor.memory import MemoryBudget
 
 if sys.version_info >= (3, 11):
@@ -225,16 +225,15 @@ class TuneSettings(Frozen):
 
     @property
     def searched_knobs(self) -> frozenset[str]:
-        """The knobs `knobs` names, groups expanded; the base group's are always searched, and
-        under `memory_budget` the memory group's."""
+        """The knobs `knobs` names, groups expanded; the base group's are always searched, the
+        memory group's under `memory_budget`, the network group's over several machines."""
         names = set(KNOB_GROUPS[BASE_GROUP])
         if self.memory_budget is not None:
             names.update(KNOB_GROUPS[MEMORY_GROUP])
+        if self.nnodes > 1:
+            names.update(KNOB_GROUPS[NETWORK_GROUP])
         for name in self.knobs:
-            if name == "all":
-                names.update(KNOB)
-            else:
-                names.update(KNOB_GROUPS.get(name, (name,)))
+            names.update(KNOB if name == "all" else KNOB_GROUPS.get(name, (name,)))
         return frozenset(names)
 
     @field_validator("storage")

@@ -360,3 +360,20 @@ def test_a_tune_over_two_one_core_machines_searches_ddp_across_them():
     assert (config.world_size, config.nnodes, config.per_node) == (2, 2, 1)
     alone = build_space(TuneSettings(spec="x.py:f"), one_core, TASK)
     assert "parallel" not in alone.domains
+
+
+def test_ddp_s_network_knobs_are_searched_over_machines_and_only_under_ddp():
+    settings = TuneSettings(spec="x.py:f", nnodes=2, node_rank=0, rdzv_endpoint="h:29500")
+    space = build_space(settings, CPU_PROFILE, TASK)
+    assert space.domains["bucket_cap_mb"] == (25, 100)
+    assert space.domains["gradient_as_bucket_view"] == (False, True)
+    assert space.size == len(space.all_configs())  # a knob that cannot apply adds none
+    start = space.params_of(space.baseline)
+    alone = space.config_from_params({**start, "bucket_cap_mb": 100})
+    assert alone == space.baseline  # one process: DDP's buckets are no knob
+    ddp = space.config_from_params({**start, "parallel": "ddp-2x1", "bucket_cap_mb": 100})
+    assert ddp.bucket_cap_mb == 100 and "bucket=100MB" in ddp.label()
+    one_machine = build_space(TuneSettings(spec="x.py:f"), CPU_PROFILE, TASK)
+    assert "bucket_cap_mb" not in one_machine.domains
+    forced = build_space(TuneSettings(spec="x.py:f", knobs="network"), CPU_PROFILE, TASK)
+    assert "one machine" in dict((f.name, f.reason) for f in forced.fixed)["bucket_cap_mb"]

@@ -5,6 +5,7 @@ per knob with its row beside it.
 - `_index`: `KNOBS`, the table as rows, read by the space, labels, reports and exports;
 - `_row`: what one row says (`Knob`) and how a framework sets a knob (`Counterpart`);
 - `_frameworks`: the framework counterparts that take more than one expression;
+- `_network`: the rows of DDP's all-reduce knobs, searched where a tune spans machines;
 - `_rules`: the facts a knob's rules read (`Facts`) and the rules that fix a knob or drop a
   value, each with its reason.
 """
@@ -33,6 +34,7 @@ from advisor.knobs._frameworks import (
     with_workers,
 )
 from advisor.knobs._index import KNOB, KNOB_GROUPS, KNOBS
+from advisor.knobs._network import NETWORK_GROUP
 from advisor.knobs._row import (
     FRAMEWORKS,
     IN_LOADER,
@@ -93,6 +95,7 @@ __all__ = [
     "KNOBS",
     "KNOB_GROUPS",
     "MEMORY_GROUP",
+    "NETWORK_GROUP",
     "NOT_SHARDABLE",
     "SLOW_PRECISION",
     "AmpMode",

@@ -112,6 +112,8 @@ class Knob:
     fixed_when: tuple[Rule, ...] = ()  # any reason fixes the knob at its default
     dropped_when: Mapping[Any, Rule] = field(default_factory=dict)  # a value that cannot run
     needs: str | None = None  # matters only when this other knob is non-zero
+    # Matters only where this holds of the configuration's fields (e.g. under DDP).
+    applies: Callable[[Mapping[str, Any]], bool] | None = None
     invalid_on_cpu: Mapping[Any, str] = field(default_factory=dict)  # value -> what to do instead
     tag: str = "{}"  # how a value reads in a configuration's label
     always_shown: bool = False  # in the label even at its default
@@ -140,6 +142,8 @@ class Knob:
     def label_part(self, config: Any) -> str | None:
         """How this knob reads in a `TrialConfig`'s label; None where it says nothing."""
         if self.needs is not None and not getattr(config, self.needs):
+            return None
+        if self.applies is not None and not self.applies(dict(config)):
             return None
         value = getattr(config, self.name)
         if not self.always_shown and value == self.default:

@@ -8,17 +8,16 @@ the machine, the task), nothing else (`advisor.knobs._rules`). Generic code read
 search space, the `--knobs` groups, labels, the order of reports and knob effects, the numerics
 check.
 
-Each row also names how every framework advisor exports to sets the knob (`exports`,
-`advisor.knobs._row`). Adding a knob takes a field here, plus the one spot in the trial loop
-(`advisor/trial/child/loop.py`) and the one in the training-script template
-(`advisor/report/templates/train.py.j2`) that apply it.
-"""
+Each row also names how every framework sets the knob (`exports`, `advisor.knobs._row`). A knob
+is a field here (DDP's network knobs' rows are in `_network`), plus the one spot in the trial
+loop (`trial/child/loop.py`) and the one in `report/templates/train.py.j2` that apply it."""
 
 from typing import Annotated
 
 from pydantic import Field, model_validator
 
 import advisor.knobs._frameworks as fw
+import advisor.knobs._network as net
 import advisor.knobs._rules as rules
 from advisor.frozen import Frozen
 from advisor.knobs._row import (
@@ -43,10 +42,8 @@ MEMORY_GROUP = "memory"  # searched under --memory-budget
 # --- the table -----------------------------------------------------------------------------------
 class TrialConfig(Frozen):
     """One point of the search space: everything that changes how fast a training step runs.
-
     Every field after `device` is a knob, annotated with its row of the table (`world_size`,
-    `reshard_after_forward` and `nnodes` are part of the `parallel` knob).
-    """
+    `reshard_after_forward` and `nnodes` are part of the `parallel` knob)."""
 
     device: rules.Device = "cpu"
     parallel_mode: Annotated[
@@ -335,6 +332,8 @@ class TrialConfig(Frozen):
             },
         ),
     ] = "off"
+    bucket_cap_mb: net.BucketCapMb = net.DEFAULT_BUCKET_MB  # the network knobs (`_network`)
+    gradient_as_bucket_view: net.GradientAsBucketView = False
 
     @model_validator(mode="after")
     def _check_combination(self) -> "TrialConfig":

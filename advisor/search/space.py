@@ -61,20 +61,25 @@ class SearchSpace:
     @cached_property
     def size(self) -> int:
         """How many distinct configurations the space holds, counted by factors: only the shape
-        knobs can make a combination impossible, and a knob that `needs` another makes no
-        difference while that one is 0 (so no product of every domain is built)."""
+        knobs can make a combination impossible, a knob that `needs` another makes no
+        difference while that one is 0, and one that `applies` under some layouts none under the
+        others (so no product of every domain is built)."""
         shape = [name for name in SHAPE if name in self.domains]
-        possible = sum(
-            1
-            for combo in product(*(self.domains[name] for name in shape))
-            if self.problem(dict(zip(shape, combo, strict=True))) is None
-        )
+        applying = {
+            row.name: row.applies for row in KNOBS if row.applies and row.name in self.domains
+        }
+        possible = 0
+        for combo in product(*(self.domains[name] for name in shape)):
+            params = dict(zip(shape, combo, strict=True))
+            if self.problem(params) is None:  # times the knobs that apply under its layout
+                fields = self._values(params)
+                possible += prod(len(self.domains[n]) for n, ok in applying.items() if ok(fields))
         dependents = {
             row.name: row.needs for row in KNOBS if row.needs and row.name in self.domains
         }
         total = possible
         for name, values in self.domains.items():
-            if name in shape or name in dependents:
+            if name in shape or name in dependents or name in applying:
                 continue
             inner = prod(len(self.domains[d]) for d, needed in dependents.items() if needed == name)
             total *= sum(inner if value else 1 for value in values)
@@ -148,6 +153,9 @@ class SearchSpace:
             layout = parse_parallel(values.pop("parallel"))
             values["parallel_mode"], values["world_size"] = layout.mode, layout.world
             values["reshard_after_forward"], values["nnodes"] = layout.reshard, layout.nodes
+        for row in KNOBS:  # a knob of another layout (DDP's buckets without DDP): one config
+            if row.applies is not None and not row.applies(values):
+                values.update(dict.fromkeys(row.fields, row.default))
         if self.global_batch_size is not None:
             per_step = values["batch_size"] * values.get("world_size", 1)
             values["accumulation_steps"] = max(1, self.global_batch_size // per_step)
@@ -255,6 +263,9 @@ def _why_fixed(row: Knob, facts: Facts, wanted: frozenset[str], space: _Builder)
     ):
         value = space.fixed_values.get(row.needs)
         return f"it matters only with {row.needs} > 0, and {row.needs} is fixed at {value}"
+    fixed_layout = "parallel" not in space.domains
+    if row.applies is not None and fixed_layout and not row.applies(space.fixed_values):
+        return "it matters only under DDP, and the parallel layout is fixed"
     return next((reason for rule in row.fixed_when if (reason := rule(facts))), None)
 
 

@@ -346,7 +346,14 @@ def _launch(folder: Path, *args: str) -> subprocess.CompletedProcess:
     return launched
 
 
-DDP_CONFIG = TrialConfig(batch_size=32, accumulation_steps=2, parallel_mode="ddp", world_size=2)
+DDP_CONFIG = TrialConfig(  # with DDP's network knobs off their defaults
+    batch_size=32,
+    accumulation_steps=2,
+    parallel_mode="ddp",
+    world_size=2,
+    bucket_cap_mb=100,
+    gradient_as_bucket_view=True,
+)
 
 
 @pytest.mark.slow

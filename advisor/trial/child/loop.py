@@ -313,8 +313,12 @@ def wrap_model(
     FSDP shards the model in place, each `block` (the model's repeated block, found before any
     checkpoint wrapper hid it) a unit of its own (`advisor.trial.child.blocks.shard_blocks`)."""
     if config.parallel_mode == "ddp":
-        device_ids = [device.index] if device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids)
+        return DistributedDataParallel(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=config.bucket_cap_mb,
+            gradient_as_bucket_view=config.gradient_as_bucket_view,
+        )
     if config.parallel_mode == "fsdp":
         dtype = AMP_DTYPES.get(config.amp)
         shard_blocks(

@@ -1,0 +1,83 @@
+"""The knobs of DDP's gradient all-reduce, which matter where it crosses a network: searched
+where a tune spans machines (`--nnodes`, or `--knobs network`), and only under DDP.
+
+DDP's `static_graph` is not one: with accumulation (`no_sync`) the generated script's DDP run
+failed an internal assert of torch 2.13's reducer (`expect_autograd_hooks_`)."""
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import advisor.knobs._rules as rules
+from advisor.knobs._row import Knob, by_hand, setting
+
+__all__ = ["NETWORK_GROUP", "BucketCapMb", "GradientAsBucketView"]
+
+NETWORK_GROUP = "network"  # searched by default where a tune spans machines
+DEFAULT_BUCKET_MB = 25  # DistributedDataParallel's
+
+
+def _under_ddp(fields: Mapping[str, Any]) -> bool:
+    return fields.get("parallel_mode") == "ddp"
+
+
+def _across_machines(name: str) -> rules.Rule:
+    return rules.unless(
+        lambda f: f.nodes > 1 or name in f.forced,
+        "one machine: DDP's all-reduce crosses no network (searched with --nnodes)",
+    )
+
+
+def _ddp_argument(name: str, default: Any) -> Any:
+    """The line that sets DistributedDataParallel's `name` where the framework has no setting."""
+
+    def line(value: Any, config: Any) -> str | None:
+        if value == default or config.parallel_mode != "ddp":
+            return None
+        return f"construct DistributedDataParallel with {name}={value!r}"
+
+    return line
+
+
+def _row(name: str, title: str, values: tuple[Any, ...], tag: str, hf: Any = None) -> Knob:
+    lightning = f"strategy=DDPStrategy({name}=...)"
+    accelerate = f"Accelerator(kwargs_handlers=[DistributedDataParallelKwargs({name}=...)])"
+    default = values[0]
+    return Knob(
+        group=NETWORK_GROUP,
+        title=title,
+        values=values,
+        fixed_when=(_across_machines(name),),
+        applies=_under_ddp,
+        tag=tag,
+        exports={
+            "hf": hf or by_hand(_ddp_argument(name, default)),
+            "lightning": by_hand(lambda v, c: _ddp_argument(name, default)(v, c) and lightning),
+            "accelerate": by_hand(lambda v, c: _ddp_argument(name, default)(v, c) and accelerate),
+        },
+    )
+
+
+def _hf_bucket(value: Any, config: Any) -> dict[str, Any]:
+    under_ddp = config.parallel_mode == "ddp" and value != DEFAULT_BUCKET_MB
+    return {"ddp_bucket_cap_mb": value} if under_ddp else {}
+
+
+BucketCapMb = Annotated[
+    int,
+    _row(
+        "bucket_cap_mb",
+        "DDP's gradient bucket size: larger buckets, fewer and larger all-reduces",
+        (DEFAULT_BUCKET_MB, 100),
+        "bucket={}MB",
+        hf=setting(_hf_bucket),
+    ),
+]
+GradientAsBucketView = Annotated[
+    bool,
+    _row(
+        "gradient_as_bucket_view",
+        "DDP's gradients as views into its buckets: no copy between them",
+        (False, True),
+        "grad-view",
+    ),
+]
