@@ -210,3 +210,46 @@ def test_fsdp_with_one_rank_trains_on_cuda_as_one_process_does(tmp_path, amp):
 def _order(mode: str, config: TrialConfig) -> WindowOrder | ReferenceOrder:
     """A search trial's order, or with `mode` "reference" the numerics reference's."""
     return ReferenceOrder(config=config) if mode == "reference" else WindowOrder(config=config)
+
+
+@two_gpus
+def test_a_trial_over_two_machines_of_one_gpu_each_trains_the_losses_of_one_with_two(
+    tmp_path, monkeypatch
+):
+    """NCCL across two "machines" on this host, each seeing one GPU of its own (both ranks are
+    LOCAL_RANK 0): node 1 is `advisor tune --node-rank 1` seeing the second GPU only."""
+    import os
+
+    from advisor.trial.nodes import Rendezvous
+    from advisor.trial.parent.nodes import NodeHost
+    from tests.conftest import free_port
+
+    port = free_port()
+    command = [sys.executable, "-m", "advisor", "tune", f"{TINY}:factory", "--nnodes", "2"]
+    command += ["--node-rank", "1", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    node1 = subprocess.Popen(
+        [*command, "--out", str(tmp_path / "node1")],
+        cwd=ROOT,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    launch = TrialLaunch(
+        spec=f"{TINY}:factory", cwd=ROOT, warmup_steps=2, trial_seconds=0.5, timeout_s=300
+    )
+    config = TrialConfig(device="cuda", batch_size=64, parallel_mode="ddp", world_size=2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    where = Rendezvous(nnodes=2, node_rank=0, host="127.0.0.1", port=port)
+    with NodeHost(where) as host:
+        host.wait_for_nodes()
+        spanning = config.model_copy(update={"nnodes": 2})
+        two = ProcessRunner(launch, nodes=host).run(
+            ReferenceOrder(config=spanning), tmp_path / "two.log"
+        )
+    said, _ = node1.communicate(timeout=60)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    one = ProcessRunner(launch).run(ReferenceOrder(config=config), tmp_path / "one.log")
+    assert two.status == "ok", (two.reason, said)
+    assert node1.returncode == 0, said
+    assert two.early_losses == pytest.approx(one.early_losses, rel=1e-4)
