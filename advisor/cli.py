@@ -40,6 +40,7 @@ from advisor.report.codegen import launch_command
 from advisor.report.race_view import baseline_kept, went_on_brief
 from advisor.report.render import effort_summary, reproduce_command
 from advisor.report.verdicts import notice_text, race_verdict, schedule_verdict
+from advisor.results import TuneResult
 from advisor.settings import TuneSettings, mask_url, read_settings_file, setting_help
 
 __all__ = ["cli", "main"]
@@ -101,24 +102,7 @@ def tune(spec: str | None, config: Path | None, as_json: bool, quiet: bool, **fl
     if (settings.node_rank or 0) > 0:
         _serve(settings, progress)
         return
-    try:
-        result = tune_with(settings, progress)
-    except NodeLostError as exc:
-        click.echo(
-            f"error: {exc}; finished trials are saved in {mask_url(settings.storage_url)}: run "
-            "the same commands on every machine to resume",
-            err=True,
-        )
-        _write_provisional_reports(settings)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        click.echo(
-            f"\ninterrupted: finished trials are saved in {mask_url(settings.storage_url)} "
-            f"(study {settings.resolved_study_name}); run the same command to resume",
-            err=True,
-        )
-        _write_provisional_reports(settings)
-        sys.exit(130)
+    result = _tune_keeping_trials(settings, progress)
     if as_json:
         click.echo(result.recommendation.model_dump_json(indent=2))
         return
@@ -254,6 +238,29 @@ def report(
 
 
 cli.add_command(probe_command, name="probe")
+
+
+def _tune_keeping_trials(settings: TuneSettings, progress: ConsoleProgress) -> TuneResult:
+    """The tune; stopped by Ctrl-C or a machine gone, it says where the finished trials are,
+    writes provisional reports and exits."""
+    try:
+        return tune_with(settings, progress)
+    except NodeLostError as exc:
+        click.echo(
+            f"error: {exc}; finished trials are saved in {mask_url(settings.storage_url)}: run "
+            "the same commands on every machine to resume",
+            err=True,
+        )
+        _write_provisional_reports(settings)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo(
+            f"\ninterrupted: finished trials are saved in {mask_url(settings.storage_url)} "
+            f"(study {settings.resolved_study_name}); run the same command to resume",
+            err=True,
+        )
+        _write_provisional_reports(settings)
+        sys.exit(130)
 
 
 def _serve(settings: TuneSettings, progress: ConsoleProgress) -> None:
