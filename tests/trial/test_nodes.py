@@ -11,7 +11,7 @@ from advisor.knobs import TrialConfig
 from advisor.trial.child.hardware import probe
 from advisor.trial.nodes import Rendezvous
 from advisor.trial.orders import ReferenceOrder, WindowOrder
-from advisor.trial.parent.nodes import NodeHost, hardware_difference, serve
+from advisor.trial.parent.nodes import NodeHost, hardware_difference, serve, still_useful
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import ROOT, TINY, free_port
 
@@ -88,3 +88,25 @@ def test_a_machine_unlike_node_0_is_refused_with_what_differs():
     assert why is not None and why.startswith(
         f"node 1 is not a machine like node 0 (cores {ours.cores * 2} against {ours.cores})"
     )
+
+
+class _Heard:
+    """Node 0's hearing of the other machines, scripted: which are gone."""
+
+    def __init__(self, gone: dict[int, str]) -> None:
+        self.rendezvous = _where(0, 1)
+        self._gone = gone
+
+    def gone(self, wait_s: float = 0.0) -> dict[int, str]:
+        return still_useful(self._gone)
+
+
+def test_a_machine_gone_fails_what_spans_it_and_ends_the_tune_where_nothing_is_left(tmp_path):
+    three = TrialConfig(batch_size=8, parallel_mode="ddp", world_size=3, nnodes=3)
+    runner = ProcessRunner(_launch(preloaded=True), nodes=_Heard({2: "node 2 stopped answering"}))
+    failed = runner.run(WindowOrder(config=three), tmp_path / "three.log")
+    assert failed.status == "crashed"
+    assert failed.reason == "node 2 stopped answering: a layout over 3 machines cannot run"
+    runner.nodes = _Heard({1: "node 1 stopped answering after 20 s"})
+    with pytest.raises(NodeLostError, match="node 1 stopped answering after 20 s: no trial"):
+        runner.run(WindowOrder(config=TrialConfig(batch_size=8)), tmp_path / "one.log")

@@ -55,6 +55,7 @@ class BeatWatch:
         self, store: dist.Store, nodes: Iterable[int], silence_s: float = SILENCE_S
     ) -> None:
         self._store, self.silence_s = store, silence_s
+        self.gone_node: int | None = None  # the last node found silent
         now = time.monotonic()
         self._seen = {node: (self._beat(node), now) for node in nodes}
 
@@ -77,6 +78,8 @@ class BeatWatch:
             if current != beat:
                 self._seen[node] = (current, now)
             elif now - since > self.silence_s:
+                self.gone_node = node
+                del self._seen[node]  # said once; the others are still watched
                 return f"node {node} stopped answering after {now - since:.0f} s"
         return None
 

@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
 
 def _serve(store: dist.TCPStore, nnodes: int, parent: int) -> str:
     """Report joins and silences until the parent closes stdin or dies; how the tune ended."""
-    waiting, watch, gone = set(range(1, nnodes)), None, False
+    waiting, watch = set(range(1, nnodes)), None
     ended = "node 0's tune process exited"
     while os.getppid() == parent:
         store.add(beat_key(0), 1)  # node 0 is here: the others' trials watch it
@@ -69,9 +69,8 @@ def _serve(store: dist.TCPStore, nnodes: int, parent: int) -> str:
                 waiting.discard(node)
         if not waiting and watch is None:
             watch = BeatWatch(store, range(1, nnodes))
-        if watch is not None and not gone and (why := watch.silent()) is not None:
-            _send({"gone": why})
-            gone = True
+        if watch is not None and (why := watch.silent()) is not None:
+            _send({"gone": why, "node": watch.gone_node or 0})
     return ended
 
 

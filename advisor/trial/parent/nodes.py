@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
     from advisor.trial.parent.runner import ProcessRunner
 
-__all__ = ["NodeHost", "hardware_difference", "serve"]
+__all__ = ["NodeHost", "hardware_difference", "serve", "still_useful"]
 
 STORE_HOST = "advisor.trial.child.store_host"
 READY_TIMEOUT_S = 120.0  # the store process imports torch first
@@ -65,7 +65,7 @@ class NodeHost:
         )
         assert self._process.stdout is not None
         self._lines = JsonLines(self._process.stdout)
-        self._gone: str | None = None
+        self._gone: dict[int, str] = {}  # machines heard gone, and how
         ready = self._read(READY_TIMEOUT_S)
         if ready is None or "ready" not in ready:
             why = (ready or {}).get("error", "it did not start")
@@ -116,23 +116,23 @@ class NodeHost:
         """Tell the other nodes to stop, with `why`."""
         self._send({"refuse": why})
 
-    def check(self, wait_s: float = 0.0) -> None:
-        """`NodeLostError` if a node was heard gone (listening `wait_s` for it)."""
+    def gone(self, wait_s: float = 0.0) -> dict[int, str]:
+        """The machines heard gone, and how (listening `wait_s` for one). Node 1 gone, nothing
+        over several machines can run: `NodeLostError`."""
         deadline = time.monotonic() + wait_s
-        while self._gone is None:
+        while not self._gone:
             if self._read(max(0.0, deadline - time.monotonic())) is None:
                 break
-        if self._gone is not None:
-            raise NodeLostError(f"{self._gone}: no trial over several machines can run")
+        return still_useful(self._gone)
 
     def _read(self, timeout_s: float) -> dict[str, Any] | None:
         try:
             message = self._lines.read(timeout_s)
         except EOFError:
-            self._gone = self._gone or "node 0's rendezvous store exited"
+            self._gone.setdefault(0, "node 0's rendezvous store exited")
             return None
         if message is not None and "gone" in message:
-            self._gone = message["gone"]
+            self._gone[int(message["node"])] = message["gone"]
         return message
 
     def _send(self, message: dict[str, str]) -> None:
@@ -153,6 +153,15 @@ class NodeHost:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
+
+
+def still_useful(gone: dict[int, str]) -> dict[int, str]:
+    """The machines gone, where layouts over the others can still run; `NodeLostError` where
+    none can: every layout over machines spans nodes 0 and 1."""
+    if 0 in gone or 1 in gone:
+        why = gone.get(1) or gone[0]
+        raise NodeLostError(f"{why}: no trial over several machines can run")
+    return dict(gone)
 
 
 def hardware_difference(node: int, theirs: HardwareProfile, ours: HardwareProfile) -> str | None:

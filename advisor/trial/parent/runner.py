@@ -88,8 +88,9 @@ class Nodes(Protocol):
 
     rendezvous: Rendezvous
 
-    def check(self, wait_s: float = 0.0) -> None:
-        """Raise `NodeLostError` if a machine was heard gone (listening `wait_s` for it)."""
+    def gone(self, wait_s: float = 0.0) -> dict[int, str]:
+        """The machines heard gone, and how (listening `wait_s` for one); `NodeLostError` where
+        nothing over several machines can run any more."""
 
 
 class ProcessRunner:
@@ -115,12 +116,13 @@ class ProcessRunner:
         in its window, the result measures the shorter window and says `stopped_early`; before,
         its status is `stopped`, with the projection as its samples/s. Either way `reason` says
         why. A race or noise order trains for its own seconds, and its timeout grows with them.
-        Across machines, once a machine stopped answering every order raises `NodeLostError`:
-        the tune ends in one line, its finished trials kept.
+        Across machines, a machine that stopped answering fails every trial that spans it;
+        where that leaves nothing over machines to run (node 1 gone), every order raises
+        `NodeLostError`: the tune ends in one line, its finished trials kept.
         """
         launch = self._launch_for(order)
-        if self.nodes is not None:  # once a machine is gone, nothing more is measured
-            self.nodes.check()
+        if self.nodes is not None and (lost := self._lost(order.config)) is not None:
+            return TrialResult(config=order.config, status="crashed", reason=lost)
         part = self._node_part(order.config)
         watched = on_progress is not None
 
@@ -129,7 +131,7 @@ class ProcessRunner:
 
         result = _run(request, launch, log_path, on_phase, on_progress)
         if part is not None and not result.feasible and self.nodes is not None:
-            self.nodes.check(wait_s=NODE_CHECK_S)  # a failure may be a machine gone
+            self.nodes.gone(wait_s=NODE_CHECK_S)  # a failure may be a machine gone
         return result
 
     def serve(self, posted: TrialRequest, log_path: Path) -> TrialResult:
@@ -146,6 +148,16 @@ class ProcessRunner:
             return posted.model_copy(update={"channel": channel, "cwd": str(launch.cwd)})
 
         return _run(request, launch, log_path, None, None)
+
+    def _lost(self, config: TrialConfig) -> str | None:
+        """Why `config` cannot run: a machine it spans is gone (node 1 gone: `NodeLostError`,
+        as nothing over machines can run; with more machines, the others go on)."""
+        assert self.nodes is not None
+        gone = self.nodes.gone()
+        needed = sorted(node for node in gone if node < config.nnodes)
+        if not needed:
+            return None
+        return f"{gone[needed[0]]}: a layout over {config.nnodes} machines cannot run"
 
     def _launch_for(self, order: TrialOrder) -> TrialLaunch:
         if isinstance(order, (RaceOrder, NoiseOrder)):
