@@ -340,7 +340,7 @@ def _order(mode: str, config: TrialConfig) -> WindowOrder | ReferenceOrder:
 
 
 def test_a_layout_over_machines_names_machines_and_processes_on_each_and_reads_back():
-    from advisor.knobs import parse_parallel
+    from advisor.knobs import on_one_machine, parse_parallel
 
     config = TrialConfig(batch_size=8, parallel_mode="fsdp", world_size=8, nnodes=2)
     config = config.model_copy(update={"reshard_after_forward": False})
@@ -349,6 +349,8 @@ def test_a_layout_over_machines_names_machines_and_processes_on_each_and_reads_b
     assert (layout.mode, layout.world, layout.nodes, layout.reshard) == ("fsdp", 8, 2, False)
     with pytest.raises(ValueError, match=r"ddp-NxM"):
         parse_parallel("ddp-2y4")
+    assert on_one_machine(config.parallel) == "fsdp-4-grad-op"
+    assert on_one_machine("ddp-2x1") == "none"
 
 
 def test_a_tune_over_two_one_core_machines_searches_ddp_across_them():
@@ -375,5 +377,9 @@ def test_ddp_s_network_knobs_are_searched_over_machines_and_only_under_ddp():
     assert ddp.bucket_cap_mb == 100 and "bucket=100MB" in ddp.label()
     one_machine = build_space(TuneSettings(spec="x.py:f"), CPU_PROFILE, TASK)
     assert "bucket_cap_mb" not in one_machine.domains
+    lightning = KNOB["bucket_cap_mb"].exports["lightning"].by_hand
+    assert lightning is not None
+    assert lightning(100, ddp) == "strategy=DDPStrategy(bucket_cap_mb=100)"
+    assert lightning(100, alone) is None  # one process: nothing to set
     forced = build_space(TuneSettings(spec="x.py:f", knobs="network"), CPU_PROFILE, TASK)
     assert "one machine" in dict((f.name, f.reason) for f in forced.fixed)["bucket_cap_mb"]

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any
 
 import advisor.knobs._rules as rules
-from advisor.knobs._row import Knob, by_hand, setting
+from advisor.knobs._row import Counterpart, Knob, by_hand, setting
 
 __all__ = ["NETWORK_GROUP", "BucketCapMb", "GradientAsBucketView"]
 
@@ -27,20 +27,19 @@ def _across_machines(name: str) -> rules.Rule:
     )
 
 
-def _ddp_argument(name: str, default: Any) -> Any:
-    """The line that sets DistributedDataParallel's `name` where the framework has no setting."""
+def _by_hand(name: str, default: Any, how: str) -> Counterpart:
+    """The line that sets DistributedDataParallel's `name` where the framework has no setting:
+    `how` with `name=value` in it, under DDP and off DDP's default."""
 
     def line(value: Any, config: Any) -> str | None:
         if value == default or config.parallel_mode != "ddp":
             return None
-        return f"construct DistributedDataParallel with {name}={value!r}"
+        return how.format(f"{name}={value!r}")
 
-    return line
+    return by_hand(line)
 
 
 def _row(name: str, title: str, values: tuple[Any, ...], tag: str, hf: Any = None) -> Knob:
-    lightning = f"strategy=DDPStrategy({name}=...)"
-    accelerate = f"Accelerator(kwargs_handlers=[DistributedDataParallelKwargs({name}=...)])"
     default = values[0]
     return Knob(
         group=NETWORK_GROUP,
@@ -50,9 +49,11 @@ def _row(name: str, title: str, values: tuple[Any, ...], tag: str, hf: Any = Non
         applies=_under_ddp,
         tag=tag,
         exports={
-            "hf": hf or by_hand(_ddp_argument(name, default)),
-            "lightning": by_hand(lambda v, c: _ddp_argument(name, default)(v, c) and lightning),
-            "accelerate": by_hand(lambda v, c: _ddp_argument(name, default)(v, c) and accelerate),
+            "hf": hf or _by_hand(name, default, "construct DistributedDataParallel with {}"),
+            "lightning": _by_hand(name, default, "strategy=DDPStrategy({})"),
+            "accelerate": _by_hand(
+                name, default, "Accelerator(kwargs_handlers=[DistributedDataParallelKwargs({})])"
+            ),
         },
     )
 

@@ -27,6 +27,7 @@ __all__ = [
     "memory_unbound",
     "needs_cudnn",
     "no_repeated_block",
+    "on_one_machine",
     "one_process",
     "parse_parallel",
     "slower_than_fp32",
@@ -266,3 +267,12 @@ def parse_parallel(choice: str) -> Layout:
         f"{choice!r} is not a parallel layout: use none, dp, ddp-N, fsdp-N or fsdp-N-grad-op "
         "(over machines ddp-NxM, fsdp-NxM: N machines, M processes each)"
     )
+
+
+def on_one_machine(choice: str) -> str:
+    """A layout over machines as one of them runs it: `ddp-2x4` -> `ddp-4`, `ddp-2x1` -> `none`."""
+    layout = parse_parallel(choice)
+    per_node = layout.world // layout.nodes
+    if per_node == 1:
+        return "none"
+    return f"{layout.mode}-{per_node}{'' if layout.reshard else GRAD_OP}"

@@ -7,7 +7,7 @@ import io
 import shlex
 from collections import Counter, defaultdict
 
-from advisor.knobs import GRAD_OP, KNOBS, parse_parallel
+from advisor.knobs import KNOBS, on_one_machine, parse_parallel
 from advisor.report.change import change_line
 from advisor.report.codegen import launch_command
 from advisor.report.race_view import race_view
@@ -265,19 +265,17 @@ def _ratio(best: LayoutBest, other: LayoutBest | None) -> tuple[float | None, st
 
 def _linear(best: LayoutBest, by_layout: dict[str, LayoutBest]) -> dict[str, object] | None:
     """Over N machines: the share of N x its one-machine counterpart's samples/s it reached."""
-    layout = parse_parallel(best.parallel)
-    if layout.nodes == 1:
+    nodes = parse_parallel(best.parallel).nodes
+    if nodes == 1:
         return None
-    per_node = layout.world // layout.nodes
-    grad_op = "" if layout.reshard else GRAD_OP
-    alone = "none" if per_node == 1 else f"{layout.mode}-{per_node}{grad_op}"
+    alone = on_one_machine(best.parallel)
     ratio, basis = _ratio(best, by_layout.get(alone))
     if ratio is None:
         return None
     return {
-        "nodes": layout.nodes,
+        "nodes": nodes,
         "alone": alone,
-        "efficiency": ratio / layout.nodes,
+        "efficiency": ratio / nodes,
         "basis": basis,
     }
 

@@ -55,7 +55,7 @@ class BeatWatch:
         self, store: dist.Store, nodes: Iterable[int], silence_s: float = SILENCE_S
     ) -> None:
         self._store, self.silence_s = store, silence_s
-        self.gone_node: int | None = None  # the last node found silent
+        self.gone_node: int | None = None  # the machine `silent` found silent
         now = time.monotonic()
         self._seen = {node: (self._beat(node), now) for node in nodes}
 
@@ -63,7 +63,9 @@ class BeatWatch:
         return int(self._store.add(beat_key(node), 0))  # adding 0 reads it
 
     def silent(self) -> str | None:
-        """Why the trial cannot go on ("node 1 stopped answering after 20 s"), or None."""
+        """Why the trial cannot go on ("node 1 stopped answering after 20 s"), or None;
+        `gone_node` says which machine, where one went silent (else node 0 is the cause)."""
+        self.gone_node = None
         try:
             return self._silent()
         except (RuntimeError, OSError):

@@ -70,7 +70,7 @@ def _serve(store: dist.TCPStore, nnodes: int, parent: int) -> str:
         if not waiting and watch is None:
             watch = BeatWatch(store, range(1, nnodes))
         if watch is not None and (why := watch.silent()) is not None:
-            _send({"gone": why, "node": watch.gone_node or 0})
+            _send({"gone": why, "node": 0 if watch.gone_node is None else watch.gone_node})
     return ended
 
 

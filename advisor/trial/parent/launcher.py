@@ -37,7 +37,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from advisor.frozen import Frozen
-from advisor.trial.parent.lines import JsonLines
+from advisor.trial.parent.lines import JsonLines, end_helper
 from advisor.trial.parent.preload import import_ahead, package_of
 
 __all__ = [
@@ -329,16 +329,7 @@ class Launcher:
             raise LauncherGoneError("advisor's trial launcher exited unexpectedly") from None
 
     def close(self) -> None:
-        if self._process.stdin is not None:
-            with contextlib.suppress(OSError):
-                self._process.stdin.close()
-        try:
-            self._process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
-        if self._process.stdout is not None:
-            self._process.stdout.close()
+        end_helper(self._process, timeout_s=5)
 
 
 _shared: Launcher | None = None

@@ -1,14 +1,17 @@
-"""Reading a helper process's answers: one JSON object per line on its stdout, with a timeout."""
+"""A helper process that answers one JSON object per line on its stdout (the trial launcher,
+node 0's store): reading its answers with a timeout, and ending it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
+import subprocess
 import time
 from typing import IO, Any
 
-__all__ = ["JsonLines"]
+__all__ = ["JsonLines", "end_helper"]
 
 
 class JsonLines:
@@ -34,3 +37,18 @@ class JsonLines:
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
         return json.loads(line)
+
+
+def end_helper(process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Close the helper's stdin (its sign to end), wait `timeout_s` for it, else kill it; then
+    close its stdout."""
+    if process.stdin is not None:
+        with contextlib.suppress(OSError):
+            process.stdin.close()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    if process.stdout is not None:
+        process.stdout.close()

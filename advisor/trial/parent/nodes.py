@@ -36,7 +36,7 @@ from advisor.trial.nodes import (
     report_key,
 )
 from advisor.trial.parent.environment import child_env
-from advisor.trial.parent.lines import JsonLines
+from advisor.trial.parent.lines import JsonLines, end_helper
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -145,14 +145,7 @@ class NodeHost:
     def close(self, ended: str = FINISHED) -> None:
         """Mark the tune done, `ended` saying how (the other nodes exit), and stop the store."""
         self._send({"end": ended})
-        if self._process.stdin is not None:
-            with contextlib.suppress(OSError):
-                self._process.stdin.close()
-        try:
-            self._process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
+        end_helper(self._process, timeout_s=10)  # it lingers for the others to read `done`
 
 
 def still_useful(gone: dict[int, str]) -> dict[int, str]:
