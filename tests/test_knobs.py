@@ -381,5 +381,7 @@ def test_ddp_s_network_knobs_are_searched_over_machines_and_only_under_ddp():
     assert lightning is not None
     assert lightning(100, ddp) == "strategy=DDPStrategy(bucket_cap_mb=100)"
     assert lightning(100, alone) is None  # one process: nothing to set
-    forced = build_space(TuneSettings(spec="x.py:f", knobs="network"), CPU_PROFILE, TASK)
-    assert "one machine" in dict((f.name, f.reason) for f in forced.fixed)["bucket_cap_mb"]
+    fixed = {knob.name: knob.reason for knob in one_machine.fixed}
+    assert fixed["bucket_cap_mb"] == "not searched: add it with --knobs classic,network"
+    asked = build_space(TuneSettings(spec="x.py:f", knobs="network"), CPU_PROFILE, TASK)
+    assert asked.domains["bucket_cap_mb"] == (25, 100)  # as the fixed knob's reason says

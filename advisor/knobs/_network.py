@@ -1,5 +1,6 @@
-"""The knobs of DDP's gradient all-reduce, which matter where it crosses a network: searched
-where a tune spans machines (`--nnodes`, or `--knobs network`), and only under DDP.
+"""The knobs of DDP's gradient all-reduce, which matter most where it crosses a network: the
+`network` group, searched by default where a tune spans machines (`--nnodes`) and on one machine
+with `--knobs network`; they apply only under DDP.
 
 DDP's `static_graph` is not one: with accumulation (`no_sync`) the generated script's DDP run
 failed an internal assert of torch 2.13's reducer (`expect_autograd_hooks_`)."""
@@ -7,7 +8,6 @@ failed an internal assert of torch 2.13's reducer (`expect_autograd_hooks_`)."""
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-import advisor.knobs._rules as rules
 from advisor.knobs._row import Counterpart, Knob, by_hand, setting
 
 __all__ = ["NETWORK_GROUP", "BucketCapMb", "GradientAsBucketView"]
@@ -18,13 +18,6 @@ DEFAULT_BUCKET_MB = 25  # DistributedDataParallel's
 
 def _under_ddp(fields: Mapping[str, Any]) -> bool:
     return fields.get("parallel_mode") == "ddp"
-
-
-def _across_machines(name: str) -> rules.Rule:
-    return rules.unless(
-        lambda f: f.nodes > 1 or name in f.forced,
-        "one machine: DDP's all-reduce crosses no network (searched with --nnodes)",
-    )
 
 
 def _by_hand(name: str, default: Any, how: str) -> Counterpart:
@@ -45,7 +38,6 @@ def _row(name: str, title: str, values: tuple[Any, ...], tag: str, hf: Any = Non
         group=NETWORK_GROUP,
         title=title,
         values=values,
-        fixed_when=(_across_machines(name),),
         applies=_under_ddp,
         tag=tag,
         exports={
