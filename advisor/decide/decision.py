@@ -22,7 +22,7 @@ from advisor.decide.race.estimate import RateBook
 from advisor.decide.race.extend import race_to_loss
 from advisor.decide.race.plan import plan_racers
 from advisor.decide.race.schedule import schedule_bound, tune_schedule
-from advisor.decide.race.verdict import reclaimed
+from advisor.decide.race.verdict import redecided
 from advisor.decide.recommendation import (
     Rates,
     assemble,
@@ -85,13 +85,7 @@ def conclude(
         )
         progress.stage(Stage(kind="racing", count=len(plans), seconds=settings.race_seconds))
         race = race_to_loss(study, search, plans, RateBook(selection.confirmations))
-    winner = selection.winner
-    if settings.objective == "time-to-loss":
-        winner, _ = race_choice(selection, race, context.baseline_config)
-    race_loads = [racer.result.load for racer in race.racers] if race is not None else []
-    selection, confirmation = confirm_claim(selection, winner, search, race_loads)
-    if race is not None:  # the rounds that confirmed the samples/s ratio count in the claim
-        race = reclaimed(race, RateBook(selection.confirmations))
+    selection, confirmation, race = _confirmed(selection, race, search, context.baseline_config)
     recommendation = confirmed_recommendation(
         settings, context, selection, records_of(study), race=race, noise=noise
     )
@@ -100,6 +94,32 @@ def conclude(
         schedule = _schedule(study, search, context, records, recommendation)
         recommendation = recommendation.model_copy(update={"schedule": schedule})
     return recommendation, selection
+
+
+# A bound on deciding the race again after re-runs: each new decision follows new rounds, and
+# a winner's rounds against the baseline are bounded, so it settles within a few (see below).
+REDECISIONS = 8
+
+
+def _confirmed(
+    selection: Selection, race: RaceSummary | None, search: SearchContext, baseline: TrialConfig
+) -> tuple[Selection, Confirmation | None, RaceSummary | None]:
+    """Confirm the recommendation's samples/s against the baseline in paired re-runs and,
+    after a race, decide it again with those rounds (`redecided`): the claim carries them, and
+    a win they no longer support gives way to what then wins, confirmed in turn. With no new
+    rounds the decision cannot change, so this ends once a winner's rounds are all run."""
+    loads = [racer.result.load for racer in race.racers] if race is not None else []
+    time_to_loss = search.settings.objective == "time-to-loss"
+    for _ in range(REDECISIONS):
+        winner = race_choice(selection, race, baseline)[0] if time_to_loss else selection.winner
+        selection, confirmation = confirm_claim(selection, winner, search, loads)
+        if race is None:
+            return selection, confirmation, None
+        again = redecided(race, RateBook(selection.confirmations))
+        if again.winner == race.winner:
+            return selection, confirmation, again
+        race = again
+    return selection, None, race  # never seen: unsettled, so no samples/s ratio is confirmed
 
 
 def _schedule(

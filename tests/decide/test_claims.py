@@ -14,12 +14,13 @@ import pytest
 
 from advisor.decide.claims import BUSY_ROUNDS, COVERAGE, MIN_ROUNDS, busy, judge
 from advisor.decide.paired_ratio import paired_ratio
+from advisor.decide.race.verdict import MARGIN
 from advisor.decide.reruns import rerun_pairs
 from advisor.knobs import TrialConfig
 from advisor.results import MachineLoad, TrialRecord, TrialResult
 from advisor.search.space import build_space
 from advisor.settings import TuneSettings
-from advisor.trial.orders import ProgressCallback, TrialOrder, WindowOrder
+from advisor.trial.orders import ProgressCallback, RaceOrder, TrialOrder, WindowOrder
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import CPU_PROFILE, ROOT, TINY
 from tests.scripted_runner import TASK, ScriptedRunner, scripted_tune
@@ -226,3 +227,43 @@ def test_a_tune_on_a_busy_machine_claims_only_what_its_re_runs_support(
         assert "**Unconfirmed.**" in report and confirmation.why in report
     rounds_run = [c.round for c in result.confirmations if c.number == rec.chosen_from_trial]
     assert len([r for r in rounds_run if r is not None]) == len(confirmation.ratios)
+
+
+@dataclass
+class _FadingAfterTheRace(ScriptedRunner):
+    """A larger global batch's samples/s that the re-runs before the race measured, and the
+    rounds that confirm the race's winner after it no longer find: the machine changed."""
+
+    batch0: int = 32
+
+    def answered(
+        self, order: TrialOrder, result: TrialResult, on_progress: ProgressCallback | None
+    ) -> TrialResult:
+        raced = any(isinstance(o, RaceOrder) for o in self.orders)
+        other_batch = order.config.global_batch_size != self.batch0
+        if raced and _whole_cycles(order) and other_batch and result.samples_per_s:
+            faded = 1000.0 * math.sqrt(self.batch0)  # the baseline's rate: no speed-up left
+            result = result.model_copy(update={"samples_per_s": faded})
+        return result
+
+
+def test_a_race_winner_its_confirming_rounds_no_longer_support_is_not_recommended(tmp_path):
+    """The race's winner (a larger global batch, 2x the samples/s in the re-runs before it)
+    measures no faster in the rounds that confirm it: decided again with those rounds, its
+    interval holds no win by the margin, so your global batch is kept and says why."""
+    settings = TuneSettings(
+        spec=f"{TINY}:factory", out=tmp_path, trials=6, trial_seconds=0.5,
+        max_world_size=1, confirm_top=1, confirm_max_repeats=4, race_seconds=2.0,
+    )  # fmt: skip
+    runner = _FadingAfterTheRace()
+    result = scripted_tune(settings, runner)
+    rec, race = result.recommendation, result.recommendation.race
+    assert race is not None and race.first_race is None
+    raced = [o for o in runner.orders if isinstance(o, RaceOrder)]
+    assert any(o.config.global_batch_size != 32 for o in raced)
+    after = runner.orders[runner.orders.index(raced[-1]) :]
+    rounds = [o for o in after if _whole_cycles(o) and o.config.global_batch_size != 32]
+    assert rounds, "the race's winner was confirmed after the race"
+    assert rec.config.global_batch_size == 32 and not rec.global_batch_changed
+    assert race.verdict.kind in ("close-call", "kept") and race.verdict.best_claim is not None
+    assert race.verdict.best_claim.low < 1 + MARGIN

@@ -41,7 +41,7 @@ __all__ = [
     "best_candidate",
     "decide_race",
     "needs_replicates",
-    "reclaimed",
+    "redecided",
     "stand_at_batch0",
 ]
 
@@ -191,26 +191,16 @@ def _fewest_changes(
     return current
 
 
-def reclaimed(race: RaceSummary, rates: RateBook) -> RaceSummary:
-    """The race with its winner's claim against yours measured again with `rates` (the
-    re-runs that confirmed it since); the verdict stays as decided."""
-    if race.winner is None or race.time_to_loss is None:
-        return race
-    baseline = _baseline(race.racers)
-    if baseline is None:
-        return race
-    claim = estimate(
-        race.racers,
-        race.racers[race.winner],
-        race.racers[baseline],
-        rates,
-        race.time_to_loss.seconds,
+def redecided(race: RaceSummary, rates: RateBook) -> RaceSummary:
+    """The race decided again with `rates`, the re-runs that confirmed its winner's samples/s
+    since it ended: its claims carry those rounds, and a win whose interval no longer clears
+    the margin is no longer made (a close call, or what stands at your batch)."""
+    if race.verdict.kind not in ("kept", "won", "close-call"):
+        return race  # it set no target: nothing to time again
+    decided = decide_race(race.racers, race.seconds, rates)
+    return decided.model_copy(
+        update={"went_on_from": race.went_on_from, "first_race": race.first_race}
     )
-    if claim is None:
-        return race
-    which = "best_claim" if race.verdict.kind == "won" else "kept_claim"
-    verdict = race.verdict.model_copy(update={which: claim})
-    return race.model_copy(update={"time_to_loss": claim, "verdict": verdict})
 
 
 def needs_replicates(race: RaceSummary) -> bool:
