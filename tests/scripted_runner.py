@@ -26,6 +26,7 @@ from advisor.results import (
     TaskSummary,
     TrialResult,
     TuneResult,
+    stop_index,
 )
 from advisor.search.checks import NumericsCheck
 from advisor.search.context import SearchContext
@@ -145,7 +146,10 @@ class ScriptedRunner:
             loss = self._loss(order, samples)
             steps = samples // batch
             points.append(RacePoint(seconds=seconds, samples=samples, steps=steps, loss=loss))
-            reached = order.target is not None and loss <= order.target
+            losses = [point.loss for point in points[-order.in_a_row :]]
+            reached = order.target is not None and bool(
+                stop_index(losses, order.target, order.in_a_row) is not None
+            )
             beyond = order.max_samples is not None and samples >= order.max_samples
             if reached or beyond or seconds >= order.seconds * 0.999:
                 break

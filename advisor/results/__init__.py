@@ -13,6 +13,7 @@ from advisor.results._confirmation import (
     Confirmation,
 )
 from advisor.results._convergence import (
+    REACHED_IN_A_ROW,
     BatchPrediction,
     BatchSchedule,
     GradientNorms,
@@ -26,6 +27,7 @@ from advisor.results._convergence import (
     RaceCurve,
     RacePoint,
     ScheduleStage,
+    stop_index,
 )
 from advisor.results._race import (
     Racer,
@@ -71,6 +73,7 @@ from advisor.results._trial import (
 )
 
 __all__ = [
+    "REACHED_IN_A_ROW",
     "BatchEffort",
     "BatchPrediction",
     "BatchSchedule",
@@ -121,4 +124,5 @@ __all__ = [
     "reference_racer",
     "relative_spread",
     "shown_knobs",
+    "stop_index",
 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
@@ -15,6 +16,7 @@ from pydantic import Field, field_validator
 from advisor.frozen import Frozen
 
 __all__ = [
+    "REACHED_IN_A_ROW",
     "BatchPrediction",
     "BatchSchedule",
     "GradientNorms",
@@ -28,7 +30,28 @@ __all__ = [
     "RaceCurve",
     "RacePoint",
     "ScheduleStage",
+    "stop_index",
 ]
+
+# A racer reaches its target where this many evaluations in a row are at or below it: a single
+# chance dip on a plateau does not end its race, nor count as reaching it (`stop_index`).
+REACHED_IN_A_ROW = 2
+
+
+def stop_index(
+    losses: Sequence[float], target: float, in_a_row: int = REACHED_IN_A_ROW
+) -> int | None:
+    """The evaluation at which a racer timed to `target` stops: the last of the first
+    `in_a_row` in a row at or below it; None where none are. The trial child stops a racer
+    there, and the verdict reads every curve as if it had (so a baseline that trained on is
+    read alike)."""
+    run = 0
+    for index, loss in enumerate(losses):
+        run = run + 1 if loss <= target else 0
+        if run >= in_a_row:
+            return index
+    return None
+
 
 # A race's verdict must hold at targets from the baseline's lowest loss up to this many times its
 # curve's noise above it (`RaceCurve.target_losses`).

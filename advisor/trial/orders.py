@@ -26,7 +26,7 @@ from pydantic import Field
 
 from advisor.frozen import Frozen
 from advisor.knobs import TrialConfig
-from advisor.results import BatchSchedule, LrPlan, RaceCurve, TrialResult
+from advisor.results import REACHED_IN_A_ROW, BatchSchedule, LrPlan, RaceCurve, TrialResult
 
 __all__ = [
     "HELD_OUT_MAX",
@@ -125,7 +125,14 @@ class RaceOrder(_Order):
     seconds: float = Field(gt=0, description="training time, in all where it `continues`")
     lr: LrPlan = LrPlan()
     target: float | None = Field(
-        default=None, description="stop once the held-out loss reaches this (None: train on)"
+        default=None,
+        description="stop once `in_a_row` evaluations in a row reach this (None: train on)",
+    )
+    in_a_row: int = Field(
+        default=REACHED_IN_A_ROW,
+        ge=1,
+        description="evaluations in a row at or below `target` that stop the racer "
+        "(advisor.results.stop_index)",
     )
     schedule: BatchSchedule | None = Field(
         default=None, description="the batch-size schedule to train with, stage by stage"

@@ -35,6 +35,7 @@ from advisor.results import (
     Racer,
     TrialRecord,
     TrialResult,
+    stop_index,
 )
 from advisor.search.context import SearchContext
 from advisor.search.records import read_racers
@@ -172,6 +173,46 @@ def test_every_racer_of_every_replicate_is_evaluated_on_one_grid_of_samples(tmp_
     assert all(count % 8 == 0 for count in grid)  # whole batches of the smallest
     steps = [b / a for a, b in itertools.pairwise(grid) if a >= 20 * 8]
     assert max(steps) < 1.15  # resolved to a tenth or so of the samples, wherever it falls
+
+
+def test_a_later_replicate_is_timed_to_the_first_ones_target_and_its_baseline_stops_there(
+    tmp_path,
+):
+    """The first replicate's baseline trains the whole race to set the target; every later
+    replicate is timed to that one loss, so its baseline stops there like any racer instead of
+    training the whole race again."""
+
+    def overfits(config: TrialConfig, lr: LrPlan, samples: int) -> float:
+        return 0.3 + 2.0 * math.exp(-samples / 1000) + samples / 20_000  # lowest at 3,700
+
+    runner = ScriptedRunner(rate=lambda config: 2000.0, loss=overfits)
+    race = _race(tmp_path, runner)
+    orders = [o for o in runner.orders if isinstance(o, RaceOrder)]
+    first, *later = [o for o in orders if o.config == SMALL]
+    assert first.target is None and later and all(o.target == race.target_loss for o in later)
+    baselines = [r for r in race.racers if r.role == "baseline"]
+    assert baselines[0].curve.points[-1].seconds >= RACE_S * 0.99
+    for baseline in baselines[1:]:
+        assert baseline.curve.points[-1].seconds < RACE_S * 0.8
+        assert baseline.samples_to_target is not None
+
+
+def test_a_racer_stops_at_two_evaluations_in_a_row_at_or_below_its_target():
+    assert stop_index([3.0, 0.9, 1.1, 0.95, 0.9], 1.0) == 4  # one dip does not stop it
+    assert stop_index([3.0, 1.1, 1.2], 1.0) is None
+    assert stop_index([3.0, 0.9], 1.0, in_a_row=1) == 1
+
+
+def test_a_baseline_that_trained_on_is_read_as_if_it_had_stopped_at_the_target():
+    """Overfitting after its fall: the rise pools into a settled curve that would reach the
+    target later; read as stopped where a racer timed to it stops, it reaches it where its
+    fall did, as a challenger that stopped there would."""
+    rising = [4.0, 2.0, 0.95, 0.9, 1.2, 1.3, 1.4]
+    curve = _racer("baseline", SMALL, rising).curve
+    assert samples_to_loss(curve, 1.0) == pytest.approx(8 + 8 * (2.0 - 1.0) / (2.0 - 0.95))
+    assert samples_to_loss(curve.model_copy(update={"points": curve.points[:4]}), 1.0) == (
+        samples_to_loss(curve, 1.0)
+    )
 
 
 def test_the_sample_grid_grows_geometrically_in_whole_smallest_batches():

@@ -43,7 +43,14 @@ from advisor.decide.claims import COVERAGE
 from advisor.decide.paired_ratio import PairedRatio, paired_ratio
 from advisor.decide.reruns import rerun_pairs
 from advisor.decide.student_t import t_quantile
-from advisor.results import RaceCurve, Racer, TimeToLoss, TrialRecord, reference_racer
+from advisor.results import (
+    RaceCurve,
+    Racer,
+    TimeToLoss,
+    TrialRecord,
+    reference_racer,
+    stop_index,
+)
 
 # The last evaluations of the baseline's settled curve whose median is a replicate's target.
 SETTLED_POINTS = 3
@@ -55,13 +62,16 @@ RATE_DRIFT_SD = 0.087
 __all__ = [
     "RATE_DRIFT_SD",
     "RateBook",
+    "as_stopped",
     "could_lift",
     "estimate",
     "first_crossing",
+    "race_target",
     "replicate_targets",
     "samples_to_loss",
     "seconds_to_loss",
     "settled",
+    "target_in",
     "target_of",
     "timed",
 ]
@@ -103,33 +113,66 @@ def first_crossing(
     return None
 
 
+def as_stopped(curve: RaceCurve, target: float | None) -> list[tuple[int, float]]:
+    """The curve's settled (samples, loss) up to where a racer timed to `target` stops
+    (`stop_index`), as one that stopped there shows it: every racer is read alike, a baseline
+    that trained on included; the whole curve where it never got there."""
+    points = curve.points
+    end = stop_index([p.loss for p in points], target) if target is not None else None
+    if end is not None:
+        curve = curve.model_copy(update={"points": points[: end + 1]})
+    return settled(curve)
+
+
 def samples_to_loss(curve: RaceCurve, target: float) -> float | None:
-    """Samples trained on until the settled curve first reaches `target`; None if never."""
-    fitted = [loss for _, loss in settled(curve)]
-    return first_crossing([p.samples for p in curve.points], fitted, target)
+    """Samples trained on until the settled curve, read as stopped at `target`, first reaches
+    it; None if never."""
+    fitted = as_stopped(curve, target)
+    return first_crossing([float(s) for s, _ in fitted], [loss for _, loss in fitted], target)
 
 
 def seconds_to_loss(curve: RaceCurve, target: float) -> float | None:
-    """Training time until the settled curve first reaches `target` (for the reports, and
-    for re-measurements on their own clock); None if never."""
-    fitted = [loss for _, loss in settled(curve)]
-    return first_crossing([p.seconds for p in curve.points], fitted, target)
+    """Training time until the settled curve, read as stopped at `target`, first reaches it
+    (for the reports, and for re-measurements on their own clock); None if never."""
+    fitted = [loss for _, loss in as_stopped(curve, target)]
+    seconds = [p.seconds for p in curve.points][: len(fitted)]
+    return first_crossing(seconds, fitted, target)
+
+
+def target_in(curve: RaceCurve, first: float | None) -> float:
+    """A replicate's target, from its baseline's `curve`: the first replicate's target
+    `first`, where that curve reaches it, so that every replicate is timed to one loss and a
+    later baseline stops there too; else where the curve ends (higher: that seed's loss fell
+    less), as in the first replicate."""
+    if first is not None and samples_to_loss(curve, first) is not None:
+        return first
+    return target_of(curve)
+
+
+def race_target(racers: Sequence[Racer]) -> float | None:
+    """The race's target: its first replicate's (where that replicate's baseline's settled
+    curve ends); None before a baseline raced."""
+    for replicate in sorted({r.replicate for r in racers}):
+        reference = reference_racer([r for r in racers if r.replicate == replicate])
+        if reference is not None and reference.curve is not None:
+            return target_of(reference.curve)
+    return None
 
 
 def replicate_targets(racers: Sequence[Racer]) -> dict[int, float]:
-    """Each replicate's target: where its reference racer's (the baseline's) settled curve
-    ends."""
+    """Each replicate's target (`target_in`) from its reference racer (the baseline)."""
+    first = race_target(racers)
     targets = {}
     for replicate in sorted({r.replicate for r in racers}):
         reference = reference_racer([r for r in racers if r.replicate == replicate])
         if reference is not None and reference.curve is not None:
-            targets[replicate] = target_of(reference.curve)
+            targets[replicate] = target_in(reference.curve, first)
     return targets
 
 
 def timed(racers: Sequence[Racer]) -> tuple[Racer, ...]:
     """The racers with the samples and the training time each took to its replicate's target
-    (None: it never reached it)."""
+    (None: it never reached it), each curve read as stopped there."""
     targets = replicate_targets(racers)
     out = []
     for racer in racers:

@@ -31,6 +31,7 @@ from advisor.results import (
     RaceCurve,
     RacePoint,
     ScheduleStage,
+    stop_index,
 )
 from advisor.task import TrainingTask
 from advisor.trial.child.batches import compute_loss, to_device
@@ -184,7 +185,9 @@ class _RaceRun:
 
     def finished(self, order: RaceOrder, loss: float) -> bool:
         """Whether the race is over for this racer after the point whose loss is `loss`."""
-        reached = order.target is not None and loss <= order.target
+        losses = [point.loss for point in self.points[-order.in_a_row :]]
+        target = order.target
+        reached = target is not None and stop_index(losses, target, order.in_a_row) is not None
         beyond = order.max_samples is not None and self.samples >= order.max_samples
         return reached or beyond or self.trained_s >= order.seconds or self.samples >= self.grid[-1]
 
