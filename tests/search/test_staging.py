@@ -98,6 +98,27 @@ def test_probes_start_from_the_best_at_your_batch_and_the_rest_goes_where_the_ra
     assert any(r.stage == "raced batch" for r in records)
 
 
+def test_a_raced_batch_measures_the_other_precision_first():
+    """bf16 pays nothing at your batch and 3x at the larger ones (a step's arithmetic grows
+    with its batch), so your batch keeps fp32: the raced batches try bf16 before anything else
+    and race with it."""
+
+    def grows(config: TrialConfig) -> float:
+        bf16 = config.amp == "bf16" and config.global_batch_size > BATCH0
+        return _cpu(config.model_copy(update={"amp": "off"})) * (3.0 if bf16 else 1.0)
+
+    records = _search(grows, Ranking(BATCH0, _noise(64.0)), trials=16)
+    best0 = max(
+        (r for r in records if r.result.config.global_batch_size == BATCH0),
+        key=lambda r: r.result.samples_per_s or 0.0,
+    )
+    assert best0.result.config.amp == "off"
+    raced = [r.result.config for r in records if r.stage == "raced batch"]
+    assert raced and raced[0].amp == "bf16"
+    batches = {c.global_batch_size for c in raced}
+    assert all(any(c.amp == "bf16" for c in raced if c.global_batch_size == b) for b in batches)
+
+
 def test_siblings_derived_by_accumulation_leave_the_larger_batches_to_be_probed():
     """A loaded machine times the baseline in parts, so its accumulation siblings (your
     micro-batch, 2-8 steps) land on the larger batches first: they do not stand for the
