@@ -16,11 +16,15 @@ import pytest
 from advisor.decide.claims import COVERAGE
 from advisor.decide.decision import race_choice
 from advisor.decide.race.estimate import RATE_DRIFT_SD, RateBook, samples_to_loss
-from advisor.decide.race.extend import MIN_REPLICATES, race_in_replicates
+from advisor.decide.race.extend import (
+    MAX_PRECISION_REPLICATES,
+    MIN_REPLICATES,
+    race_in_replicates,
+)
 from advisor.decide.race.grid import sample_grid
 from advisor.decide.race.plan import RacePlan, lr_rule
 from advisor.decide.race.run import Heat, race_grid, race_replicate
-from advisor.decide.race.verdict import MARGIN, decide_race
+from advisor.decide.race.verdict import MARGIN, decide_race, too_wide
 from advisor.decide.reruns import Selection
 from advisor.knobs import TrialConfig
 from advisor.noise_scale import predict_batches, race_finalists
@@ -153,6 +157,25 @@ def test_the_race_picks_the_big_batch_and_its_lr_where_it_wins(tmp_path):
     assert claim is not None and claim.low >= 1 + MARGIN and claim.replicates == MIN_REPLICATES
     assert claim.low <= claim.speedup <= claim.high
     assert "sooner than yours" in race_verdict(race)
+
+
+def test_a_win_too_wide_to_inform_races_more_replicates_until_it_narrows(tmp_path):
+    """Seeds that take batch 256 0.7x-1.5x as far per sample as the first: three replicates
+    claim a win too wide to plan with, so the race adds replicates, up to six, each narrowing
+    it; replicates that agree stop at three (above)."""
+    spread = (1.0, 1.5, 0.7, 1.3, 0.8, 1.1)
+    runner = big_batch_wins()
+    runner.seed = lambda config, replicate: spread[replicate] if config == BIG else 1.0
+    race = _race(tmp_path, runner)
+    assert race.verdict.kind == "won" and race.replicates > MIN_REPLICATES
+    assert race.replicates <= MAX_PRECISION_REPLICATES
+    claim = race.time_to_loss
+    assert claim.replicates == race.replicates
+    assert not too_wide(race) or race.replicates == MAX_PRECISION_REPLICATES
+    three = decide_race([r for r in race.racers if r.replicate < MIN_REPLICATES], RACE_S)
+    assert too_wide(three) and three.time_to_loss.high / three.time_to_loss.low > (
+        claim.high / claim.low
+    )
 
 
 def test_every_racer_of_every_replicate_is_evaluated_on_one_grid_of_samples(tmp_path):

@@ -4,7 +4,8 @@
 Replicates: on CPU a fixed seed makes a curve exactly repeatable, so one run per racer measures
 nothing of how much the answer depends on the initial weights and the data order. Every race
 runs `MIN_REPLICATES` replicates, each from a seed of its own, and more while the verdict is a
-close call, up to `MAX_REPLICATES` (`race_in_replicates`). Three is the fewest whose spread
+close call, up to `MAX_REPLICATES`, or a win's claim too wide to inform, up to
+`MAX_PRECISION_REPLICATES` (`race_in_replicates`). Three is the fewest whose spread
 gives a usable interval (`advisor.decide.race.estimate`: Student's t for one degree of freedom
 is 2.41 at 75 %, for two 1.60).
 
@@ -35,13 +36,14 @@ import optuna
 from advisor.decide.race.estimate import RateBook, could_lift, estimate, race_target, timed
 from advisor.decide.race.plan import RacePlan
 from advisor.decide.race.run import Heat, race_grid, race_replicate
-from advisor.decide.race.verdict import decide_race, needs_replicates
+from advisor.decide.race.verdict import decide_race, needs_replicates, too_wide
 from advisor.progress import Stage
 from advisor.results import Racer, RacerRole, RaceSummary
 from advisor.search.context import SearchContext
 from advisor.search.records import StudyKey
 
 __all__ = [
+    "MAX_PRECISION_REPLICATES",
     "MAX_REPLICATES",
     "MIN_REPLICATES",
     "RACE_STATES",
@@ -56,6 +58,10 @@ AT_BATCH0 = ("baseline", "your batch")
 RACE_STATES = ".race-states"  # in the output folder: the racers' training states, while racing
 MIN_REPLICATES = 3
 MAX_REPLICATES = 4
+# A win whose claim is too wide (`too_wide`) races on to this many: at six, Student's t makes
+# the replicates' part of the interval 0.75 of their spread instead of 1.31 at three. Later
+# replicates are cheap where your loss levels off early (a baseline stops at the target).
+MAX_PRECISION_REPLICATES = 6
 
 
 def race_to_loss(
@@ -81,7 +87,7 @@ def race_in_replicates(
     states: Path | None = None,
 ) -> RaceSummary:
     """Replicate 0 races every plan; later ones the entrants that can still decide, at least
-    `MIN_REPLICATES` in all and more while the verdict is a close call."""
+    `MIN_REPLICATES` in all and more while another could change what is said (`_more`)."""
     seconds = context.settings.race_seconds
     grid = race_grid(plans, seconds)
     racers = race_replicate(study, context, plans, Heat(0, seconds, grid, states))
@@ -100,9 +106,16 @@ def race_in_replicates(
 
 
 def _more(race: RaceSummary, done: int) -> bool:
-    if race.target_loss is None or done >= MAX_REPLICATES:
+    """Whether to race another replicate after `done`: up to `MIN_REPLICATES`, then while the
+    verdict is a close call (up to `MAX_REPLICATES`) or a win's claim is too wide to inform
+    (up to `MAX_PRECISION_REPLICATES`)."""
+    if race.target_loss is None:
         return False
-    return done < MIN_REPLICATES or needs_replicates(race)
+    if done < MIN_REPLICATES:
+        return True
+    if needs_replicates(race):
+        return done < MAX_REPLICATES
+    return too_wide(race) and done < MAX_PRECISION_REPLICATES
 
 
 def later_plans(race: RaceSummary, plans: Sequence[RacePlan]) -> list[RacePlan]:

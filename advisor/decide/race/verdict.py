@@ -37,17 +37,22 @@ from advisor.results import (
 )
 
 __all__ = [
+    "INFORMATIVE",
     "MARGIN",
     "best_candidate",
     "decide_race",
     "needs_replicates",
     "redecided",
     "stand_at_batch0",
+    "too_wide",
 ]
 
 # How much sooner a change must reach your loss, at the low end of its interval, to be made:
 # the interval carries the measurement's noise; the margin is what a change must be worth.
 MARGIN = 0.05
+# The widest claim (high end over low end) that still informs: three replicates of a 10-s race
+# of examples/mlp.py claimed 3.29x-6.51x and 2.08x-5.13x, a claim a user cannot plan with.
+INFORMATIVE = 1.6
 
 
 def decide_race(
@@ -206,6 +211,13 @@ def redecided(race: RaceSummary, rates: RateBook) -> RaceSummary:
 def needs_replicates(race: RaceSummary) -> bool:
     """Whether another replicate could settle the verdict: it is a close call."""
     return race.verdict.kind == "close-call"
+
+
+def too_wide(race: RaceSummary) -> bool:
+    """Whether the winner's claim is too wide to tell a user much: its high end more than
+    `INFORMATIVE` times its low end (another replicate narrows it)."""
+    claim = race.time_to_loss
+    return claim is not None and claim.low > 0 and claim.high > INFORMATIVE * claim.low
 
 
 def _against(
