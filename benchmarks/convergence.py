@@ -22,11 +22,11 @@ of training time (`--seconds 0`: the horizon the recommendation's claim was deci
 advisor's race loss (held-out slice, fp32, eval mode) on a geometric grid of sample counts.
 Configurations that coincide share their runs. In each repeat the target is where the baseline's
 settled curve ends, as the race reads it (`advisor.decide.race.estimate`); each row gives the time
-each repeat's settled curve first reached it, on the run's own clock, each run but the baseline's
-read as the race reads a racer: up to its first evaluation at or below the baseline's lowest,
-where a racer stops (`_as_raced`); and
-the recommendation's row the ratio of the baseline's time to its own, per repeat, and whether
-their geometric mean falls in the claimed interval, widened by 15 %. Results:
+each repeat's settled curve first reached it, on the run's own clock, every run read as the race
+reads a racer: up to where one timed to the target stops (two evaluations in a row at or below
+it, `advisor.decide.race.estimate.seconds_to_loss`); and the recommendation's row the ratio of
+the baseline's time to its own, per repeat, and whether their geometric mean falls in the
+claimed interval, widened by 15 %. Results:
 benchmarks/results/convergence.json and .md.
 """
 
@@ -152,12 +152,7 @@ def _example(
     effort = result.effort
     baselines = curves[picks["baseline"]]
     targets = [target_of(c) if c is not None else None for c in baselines]
-    bests = [c.best_loss if c is not None else None for c in baselines]
-    runs = [
-        _row(name, pick, [_as_raced(c, best) for c, best in zip(curves[pick], bests, strict=True)]
-             if pick != picks["baseline"] else curves[pick], targets)
-        for name, pick in picks.items()
-    ]  # fmt: skip
+    runs = [_row(name, pick, curves[pick], targets) for name, pick in picks.items()]
     return {
         "spec": spec,
         "tune_s": tune_s,
@@ -193,16 +188,6 @@ def _independent(runs: list[dict[str, Any]], claim: Any) -> dict[str, Any] | Non
         "typical": typical,
         "within": low / 1.15 <= typical <= high * 1.15,
     }
-
-
-def _as_raced(curve: RaceCurve | None, best: float | None) -> RaceCurve | None:
-    """The run as the race reads a racer: up to its first evaluation at or below the baseline's
-    lowest (where a racer stops), so that what it does after reaching your loss (a small
-    dataset overfit for 40 epochs rises again) does not pool into its settled curve."""
-    if curve is None or best is None:
-        return curve
-    end = next((i for i, p in enumerate(curve.points) if p.loss <= best), len(curve.points) - 1)
-    return curve.model_copy(update={"points": curve.points[: end + 1]})
 
 
 def _row(

@@ -54,6 +54,10 @@ from advisor.results import (
 
 # The last evaluations of the baseline's settled curve whose median is a replicate's target.
 SETTLED_POINTS = 3
+# A baseline that reached its target within this share of the samples it trained on levelled
+# off (`shared_target`): examples/mlp.py's reached it at a tenth of the race, teacher.py's at
+# its end.
+LEVELLED = 0.5
 # The standard deviation, on the log scale, of a samples/s ratio between tunes run one after
 # the other on a quiet machine: examples/data_bound.py's loader workers over none, confirmed by
 # each of 5 tunes' own paired rounds, read 1.34x-1.66x (docs/benchmarks.md, stability.py).
@@ -66,11 +70,11 @@ __all__ = [
     "could_lift",
     "estimate",
     "first_crossing",
-    "race_target",
     "replicate_targets",
     "samples_to_loss",
     "seconds_to_loss",
     "settled",
+    "shared_target",
     "target_in",
     "target_of",
     "timed",
@@ -139,34 +143,43 @@ def seconds_to_loss(curve: RaceCurve, target: float) -> float | None:
     return first_crossing(seconds, fitted, target)
 
 
-def target_in(curve: RaceCurve, first: float | None) -> float:
-    """A replicate's target, from its baseline's `curve`: the first replicate's target
-    `first`, where that curve reaches it, so that every replicate is timed to one loss and a
-    later baseline stops there too; else where the curve ends (higher: that seed's loss fell
-    less), as in the first replicate."""
-    if first is not None and samples_to_loss(curve, first) is not None:
-        return first
+def target_in(curve: RaceCurve, shared: float | None) -> float:
+    """A replicate's target, from its baseline's `curve`: the race's `shared` target where
+    there is one (`shared_target`) and that curve reaches it, so that the replicate's baseline
+    stops there too; else where the curve ends, as in the first replicate."""
+    if shared is not None and samples_to_loss(curve, shared) is not None:
+        return shared
     return target_of(curve)
 
 
-def race_target(racers: Sequence[Racer]) -> float | None:
-    """The race's target: its first replicate's (where that replicate's baseline's settled
-    curve ends); None before a baseline raced."""
+def shared_target(racers: Sequence[Racer]) -> float | None:
+    """The target every replicate is timed to, where the first replicate's baseline levelled
+    off: it reached its target (where its settled curve ends) within `LEVELLED` of the samples
+    it trained on, so another seed's baseline reaches that loss at the same stage of its
+    training and can stop there. None where that baseline was still falling at its end, or
+    before it raced: each replicate is then timed to where its own baseline ends (on
+    examples/teacher.py a shared target, reached at a third of the race by some seeds and at
+    its end by others, spread six replicates' claim to 2.11x-7.41x)."""
     for replicate in sorted({r.replicate for r in racers}):
         reference = reference_racer([r for r in racers if r.replicate == replicate])
-        if reference is not None and reference.curve is not None:
-            return target_of(reference.curve)
+        if reference is None or reference.curve is None or not reference.curve.points:
+            continue
+        curve = reference.curve
+        target = target_of(curve)
+        reached = samples_to_loss(curve, target)
+        levelled = reached is not None and reached <= LEVELLED * curve.points[-1].samples
+        return target if levelled else None
     return None
 
 
 def replicate_targets(racers: Sequence[Racer]) -> dict[int, float]:
     """Each replicate's target (`target_in`) from its reference racer (the baseline)."""
-    first = race_target(racers)
+    shared = shared_target(racers)
     targets = {}
     for replicate in sorted({r.replicate for r in racers}):
         reference = reference_racer([r for r in racers if r.replicate == replicate])
         if reference is not None and reference.curve is not None:
-            targets[replicate] = target_in(reference.curve, first)
+            targets[replicate] = target_in(reference.curve, shared)
     return targets
 
 

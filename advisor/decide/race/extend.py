@@ -33,7 +33,7 @@ from pathlib import Path
 
 import optuna
 
-from advisor.decide.race.estimate import RateBook, could_lift, estimate, race_target, timed
+from advisor.decide.race.estimate import RateBook, could_lift, estimate, shared_target, timed
 from advisor.decide.race.plan import RacePlan
 from advisor.decide.race.run import Heat, race_grid, race_replicate
 from advisor.decide.race.verdict import decide_race, needs_replicates, too_wide
@@ -98,7 +98,7 @@ def race_in_replicates(
         if len(later) < 2:
             break
         context.progress.stage(Stage(kind="race-replicate", count=replicate + 1))
-        heat = Heat(replicate, seconds, grid, states, target=race_target(racers))
+        heat = Heat(replicate, seconds, grid, states, target=shared_target(racers))
         racers = [*racers, *race_replicate(study, context, later, heat)]
         race = decide_race(racers, seconds, rates)
         replicate += 1
@@ -189,7 +189,7 @@ def go_on(
         plans = [
             RacePlan(r.role, r.trial, r.config, r.lr, r.samples_per_s, resumes=r) for r in racers
         ]
-        target = race_target(went_on) if replicate else None  # replicate 0's, gone on
+        target = shared_target(went_on) if replicate else None  # replicate 0's, gone on
         heat = Heat(replicate, horizon, grid, key=StudyKey.RACERS_WENT_ON, target=target)
         went_on += race_replicate(study, context, plans, heat)
         if replicate == 0 and not _can_still_win(race, went_on, rates):

@@ -19,16 +19,16 @@ optimisation. So, after the throughput search:
 3. the verdict times every racer to its replicate's target in samples, and turns samples into
    time with the paired re-runs' samples/s (`advisor.decide.race.verdict`).
 
-In the first replicate the baseline trains the whole race time first: where its settled curve
-ends is the race's target. Where its loss did not fall (`RaceCurve.fell`), nothing can be timed
-to it: the other racers are skipped, and the user's global batch is kept. Every later racer,
-and in later replicates the baseline too, stops once two evaluations in a row reach the target
-(`advisor.results.stop_index`: one chance dip does not), or once it has trained on so many
-samples that it can no longer win (`_most_samples`); the verdict reads every curve as if it
-had stopped there. So a later replicate costs little more than its racers' times to the loss:
-on examples/mlp.py, where your loss levels off after a tenth of the race, a tune took 72 s
-instead of 112 s. Each racer is stored in the study as it finishes, so an interrupted tune
-keeps it and a resumed one does not race it again.
+In each replicate the baseline trains first: where its settled curve ends is the replicate's
+target. Where its loss did not fall (`RaceCurve.fell`), nothing can be timed to it: the other
+racers are skipped, and the user's global batch is kept. Every later racer stops once two
+evaluations in a row reach the target (`advisor.results.stop_index`: one chance dip does not),
+or once it has trained on so many samples that it can no longer win (`_most_samples`); the
+verdict reads every curve as if it had stopped there. Where the first replicate's baseline
+levelled off (`advisor.decide.race.estimate.shared_target`), later replicates share its target
+and their baseline stops there too: on examples/mlp.py, whose loss levels off after a tenth of
+the race, a tune took 72 s instead of 112 s. Each racer is stored in the study as it finishes,
+so an interrupted tune keeps it and a resumed one does not race it again.
 
 Every racer evaluates the same held-out slice, as large as its evaluations can afford
 (`held_out_size`). Each saves its training state at its end where the race may go on
@@ -68,8 +68,8 @@ FEED_FIELDS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_worke
 @dataclass(frozen=True)
 class Heat:
     """One replicate of a race: its racers' `seconds` of training at most, the shared `grid`,
-    where each saves its training state (`states`, None: nowhere), and for a later replicate
-    the first's `target` (None: this is the first, whose baseline trains the whole race)."""
+    where each saves its training state (`states`, None: nowhere), and the race's shared
+    `target` (`shared_target`; None: the heat's baseline trains the whole race to set its own)."""
 
     replicate: int
     seconds: float
@@ -167,9 +167,9 @@ def _race_one(
 
 
 def _target(racers: Sequence[Racer], heat: Heat) -> float | None:
-    """The loss the heat's racers are timed to, and stop at (`stop_index`): the first
-    replicate's, which its baseline sets by training the whole race; None until it is set. A
-    later replicate's baseline stops there too (`target_in`)."""
+    """The loss the heat's racers are timed to, and stop at (`stop_index`): the race's shared
+    one, else where the heat's baseline, which trains the whole race, ends (`target_in`); None
+    until it is set."""
     reference = reference_racer(racers)
     curve = reference.curve if reference is not None else None
     if curve is None:
