@@ -6,6 +6,7 @@ finished racers."""
 
 import itertools
 import math
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from statistics import NormalDist
@@ -15,7 +16,12 @@ import pytest
 
 from advisor.decide.claims import COVERAGE
 from advisor.decide.decision import race_choice
-from advisor.decide.race.estimate import RATE_DRIFT_SD, RateBook, samples_to_loss
+from advisor.decide.race.estimate import (
+    RATE_DRIFT_SD,
+    RateBook,
+    replicate_targets,
+    samples_to_loss,
+)
 from advisor.decide.race.extend import (
     MAX_PRECISION_REPLICATES,
     MIN_REPLICATES,
@@ -224,6 +230,35 @@ def test_where_your_loss_levelled_off_later_replicates_share_its_target_and_stop
     _race(tmp_path / "falling", still_falling)
     orders = [o for o in still_falling.orders if isinstance(o, RaceOrder) and o.config == SMALL]
     assert len(orders) == MIN_REPLICATES and all(o.target is None for o in orders)
+
+
+class _SlowSecondReplicate(ScriptedRunner):
+    """Your configuration's run in replicate 1 goes at three quarters of its re-runs'
+    samples/s (the machine was busy meanwhile)."""
+
+    def _race(self, order: RaceOrder):
+        if order.replicate != 1 or order.config != SMALL:
+            return super()._race(order)
+        usual = self.rate
+        self.rate = lambda config: float(usual(config)) * 3 / 4
+        try:
+            return super()._race(order)
+        finally:
+            self.rate = usual
+
+
+def test_your_configuration_trains_the_same_samples_in_every_replicate_whatever_its_clock():
+    """It sets the target where its curve ends: at the samples its re-runs' samples/s trains
+    in the race time, so that a slow run does not set an earlier stage's loss as the target."""
+    scripted = big_batch_loses()
+    runner = _SlowSecondReplicate(rate=scripted.rate, loss=scripted.loss)
+    race = _race(Path(tempfile.mkdtemp()), runner)
+    baselines = [r for r in race.racers if r.role == "baseline"]
+    ends = {r.curve.points[-1].samples for r in baselines}
+    assert len(ends) == 1 and ends.pop() >= RACE_S * 2000.0
+    slow = next(r for r in baselines if r.replicate == 1)
+    assert RACE_S < slow.curve.points[-1].seconds <= RACE_S * 1.5
+    assert len(set(replicate_targets(race.racers).values())) == 1  # one loss function alike
 
 
 def test_a_racer_stops_at_two_evaluations_in_a_row_at_or_below_its_target():

@@ -61,6 +61,7 @@ EVALUATIONS_EXPECTED = 40  # the baseline's evaluations over the race time, abou
 HELD_OUT_MIN = 256  # samples: the slice is never cut below this
 SHORTEST_RACE = 0.05  # of the race time: the least a racer trains
 WIN_SLACK = 1.25  # a racer trains on past the samples at which it would merely tie by this
+CLOCK_SLACK = 1.5  # your configuration's clock may run this much longer than the race (`_bounds`)
 # The knobs that only change how batches arrive, not what a step computes (`_steps_of`).
 FEED_FIELDS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 
@@ -146,15 +147,16 @@ def _race_one(
     state = resumes.state if resumes else (heat.states / f"{name}.pt" if heat.states else None)
     label = f"race {count}{_replicate_label(heat)}, {plan.lr.label}"
     context.progress.trial_started(label, plan.config)
+    seconds, most = _bounds(plan, racers, target, heat.seconds)
     order = RaceOrder(
         config=plan.config,
-        seconds=heat.seconds,  # in all: one that goes on starts at its last point
+        seconds=seconds,  # in all: one that goes on starts at its last point
         lr=plan.lr,
         # In replicate 0 a candidate's two learning rates train equally long: where neither
         # reaches the target, the one that ends lower races on in later replicates.
         target=target if plan.role != RacerRole.CANDIDATE or heat.replicate or went_on else None,
         grid=heat.grid,
-        max_samples=_most_samples(plan, racers, target, heat.seconds),
+        max_samples=most,
         replicate=heat.replicate,
         state=str(state) if state else None,
         continues=resumes.curve if resumes is not None else None,
@@ -248,6 +250,20 @@ def held_out_size(eval_s_per_sample: float | None, race_seconds: float) -> int:
         return HELD_OUT_MAX
     affordable = EVAL_SHARE * race_seconds / EVALUATIONS_EXPECTED / eval_s_per_sample
     return int(min(HELD_OUT_MAX, max(HELD_OUT_MIN, affordable)))
+
+
+def _bounds(
+    plan: RacePlan, racers: Sequence[Racer], target: float | None, seconds: float
+) -> tuple[float, int | None]:
+    """A racer's training time at most, and its samples at most. Your configuration trains the
+    samples its re-runs' samples/s does in `seconds`, whatever its clock reads this time, so
+    that its curve ends, and sets the target, at the same stage in every replicate (on
+    examples/teacher.py one run at two thirds of its usual speed set a target that batch 128
+    reached after a sixth of the samples yours took); its clock may run `CLOCK_SLACK` times
+    as long. Every other racer trains `seconds`, up to `_most_samples`."""
+    if plan.role == RacerRole.BASELINE and plan.samples_per_s:
+        return seconds * CLOCK_SLACK, int(seconds * plan.samples_per_s)
+    return seconds, _most_samples(plan, racers, target, seconds)
 
 
 def _most_samples(
