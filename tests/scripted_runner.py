@@ -59,6 +59,7 @@ TASK = TaskSummary(
     user_batch_size=32,
 )
 PEAK_BYTES = 64 * 2**20
+STARTUP_S = 0.5  # a racer's process, before it trains
 EARLY = (2.30, 2.25, 2.20)  # the first optimizer steps' losses, every configuration alike
 
 
@@ -155,7 +156,9 @@ class ScriptedRunner:
                 break
         curve = RaceCurve(loss_kind="held-out", held_out_samples=order.held_out, lr=order.lr,
                           points=tuple(points))  # fmt: skip
-        return _ok(config, race=curve).model_copy(update={"peak_memory_bytes": self.peak(config)})
+        wall = points[-1].seconds + STARTUP_S  # a racer's process starts, then trains
+        update = {"peak_memory_bytes": self.peak(config), "wall_s": wall}
+        return _ok(config, race=curve).model_copy(update=update)
 
     def _loss(self, order: RaceOrder, samples: int) -> float:
         """The scripted loss after `samples`, as far along as the replicate's seed takes it."""

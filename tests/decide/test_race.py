@@ -165,23 +165,29 @@ def test_the_race_picks_the_big_batch_and_its_lr_where_it_wins(tmp_path):
     assert "sooner than yours" in race_verdict(race)
 
 
-def test_a_win_too_wide_to_inform_races_more_replicates_until_it_narrows(tmp_path):
+def test_a_win_too_wide_to_inform_races_more_replicates_while_they_cost_less_than_the_first(
+    tmp_path,
+):
     """Seeds that take batch 256 0.7x-1.5x as far per sample as the first: three replicates
-    claim a win too wide to plan with, so the race adds replicates, up to six, each narrowing
-    it; replicates that agree stop at three (above)."""
+    claim a win too wide to plan with, so the race adds replicates, each narrowing it, up to six
+    and while those added cost less than the first replicate; replicates that agree stop at
+    three (above)."""
     spread = (1.0, 1.5, 0.7, 1.3, 0.8, 1.1)
     runner = big_batch_wins()
     runner.seed = lambda config, replicate: spread[replicate] if config == BIG else 1.0
     race = _race(tmp_path, runner)
     assert race.verdict.kind == "won" and race.replicates > MIN_REPLICATES
-    assert race.replicates <= MAX_PRECISION_REPLICATES
-    claim = race.time_to_loss
-    assert claim.replicates == race.replicates
-    assert not too_wide(race) or race.replicates == MAX_PRECISION_REPLICATES
     three = decide_race([r for r in race.racers if r.replicate < MIN_REPLICATES], RACE_S)
-    assert too_wide(three) and three.time_to_loss.high / three.time_to_loss.low > (
-        claim.high / claim.low
-    )
+    claim = race.time_to_loss
+    assert claim.replicates == race.replicates and too_wide(three)
+    assert three.time_to_loss.high / three.time_to_loss.low > claim.high / claim.low
+
+    def wall(replicates: range) -> float:
+        return sum(r.result.wall_s for r in race.racers if r.replicate in replicates)
+
+    first, added = wall(range(1)), range(MIN_REPLICATES, race.replicates)
+    assert wall(range(MIN_REPLICATES, race.replicates - 1)) < first  # the last was affordable
+    assert race.replicates == MAX_PRECISION_REPLICATES or wall(added) >= first or not too_wide(race)
 
 
 def test_every_racer_of_every_replicate_is_evaluated_on_one_grid_of_samples(tmp_path):
