@@ -169,11 +169,15 @@ def test_a_win_too_wide_to_inform_races_more_replicates_while_they_cost_less_tha
     tmp_path,
 ):
     """Seeds that take batch 256 0.7x-1.5x as far per sample as the first: three replicates
-    claim a win too wide to plan with, so the race adds replicates, each narrowing it, up to six
-    and while those added cost less than the first replicate; replicates that agree stop at
-    three (above)."""
+    claim a win too wide to plan with; where your loss levelled off (later replicates share
+    its target and are cheap), the race adds replicates, each narrowing it, up to six and while
+    those added cost less than the first replicate; replicates that agree stop at three
+    (above), and so does a race whose baseline trains every replicate's whole race."""
     spread = (1.0, 1.5, 0.7, 1.3, 0.8, 1.1)
     runner = big_batch_wins()
+    wins = runner.loss
+    # your loss levels off at 2.0 early in the race: later replicates share it, and are cheap
+    runner.loss = lambda config, lr, samples: max(2.0, wins(config, lr, samples))
     runner.seed = lambda config, replicate: spread[replicate] if config == BIG else 1.0
     race = _race(tmp_path, runner)
     assert race.verdict.kind == "won" and race.replicates > MIN_REPLICATES
@@ -188,6 +192,11 @@ def test_a_win_too_wide_to_inform_races_more_replicates_while_they_cost_less_tha
     first, added = wall(range(1)), range(MIN_REPLICATES, race.replicates)
     assert wall(range(MIN_REPLICATES, race.replicates - 1)) < first  # the last was affordable
     assert race.replicates == MAX_PRECISION_REPLICATES or wall(added) >= first or not too_wide(race)
+    falling = big_batch_wins()  # still falling at the race's end: each baseline trains it all
+    falling.seed = runner.seed
+    (tmp_path / "falling").mkdir()
+    dear = _race(tmp_path / "falling", falling)
+    assert too_wide(dear) and dear.replicates == MIN_REPLICATES
 
 
 def test_every_racer_of_every_replicate_is_evaluated_on_one_grid_of_samples(tmp_path):
