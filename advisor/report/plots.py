@@ -165,23 +165,31 @@ def schedule_svg(summary: ScheduleSummary | None) -> str | None:
 def curves_svg(
     racers: Sequence[Racer], winner: int | None, target: float | None, loss_kind: str
 ) -> str | None:
-    """Each racer's loss against training time; the winner's line bold, the target dashed."""
+    """Each racer's loss against training time; the winner's line bold, the target dashed. A
+    racer's later replicates share its colour, faint and out of the legend (six replicates of
+    seven racers would crowd the plot out)."""
     if not any(r.curve for r in racers):
         return None
     figure, axes = _figure("training time (s)", f"{loss_kind} loss")
+    colours: dict[object, str] = {}
     for index, racer in enumerate(racers):
         if racer.curve is None:
             continue
         points = racer.curve.points
-        label = _curve_label(racer)
-        axes.plot(
+        key = (racer.entrant, racer.schedule)  # a schedule race's racers share an entrant
+        first = key not in colours
+        label = _curve_label(racer) + (" (winner)" if index == winner else "")
+        [line] = axes.plot(
             [p.seconds for p in points],
             [p.loss for p in points],
             marker="o",
-            markersize=2.5,
-            linewidth=2.5 if index == winner else 1.2,
-            label=label + (" (winner)" if index == winner else ""),
+            markersize=2.5 if first else 1.5,
+            linewidth=2.5 if index == winner else 1.2 if first else 0.8,
+            alpha=1.0 if first else 0.4,
+            color=colours.get(key),
+            label=label if first else None,
         )
+        colours.setdefault(key, line.get_color())
     if target is not None:
         axes.axhline(target, color="#888", linestyle="--", linewidth=0.8)
     axes.set_yscale("log")

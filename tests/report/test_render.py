@@ -1,11 +1,13 @@
 """report.md and report.html name each knob with what it is, from the knob table."""
 
+import warnings
 from pathlib import Path
 
 from advisor.decide.analysis import search_effort
 from advisor.decide.race.verdict import decide_race
 from advisor.knobs import KNOB, TrialConfig
 from advisor.report.change import change_line
+from advisor.report.plots import race_svg
 from advisor.report.render import effort_summary, render_html, render_markdown
 from advisor.report.verdicts import race_verdict
 from advisor.results import (
@@ -25,7 +27,7 @@ from advisor.results import (
 )
 from advisor.settings import TuneSettings
 from tests.conftest import CPU_PROFILE
-from tests.decide.test_race import _racer
+from tests.decide.test_race import BIG, SMALL, YOURS, _racer, _replicates
 from tests.search.test_space import TASK
 
 WINNER = TrialConfig(parallel_mode="ddp", world_size=2, batch_size=256, accumulation_steps=2)
@@ -363,3 +365,18 @@ def test_a_knob_searched_over_fewer_values_is_named_limited_not_fixed():
     assert "## Knobs fixed or limited" in report
     assert "| searched over off\\|bf16 | fp16 needs CUDA |" in report
     assert "| fixed at False | no CUDA device |" in report
+
+
+def test_the_race_plot_of_six_replicates_keeps_one_legend_entry_per_racer(tmp_path):
+    """Later replicates share their racer's colour, out of the legend: forty lines in it made
+    matplotlib collapse the plot and warn on the user's console."""
+    racers = _replicates(
+        ("baseline", SMALL, 100.0, [YOURS] * 6),
+        ("candidate", BIG, 300.0, [YOURS] * 6),
+        ("candidate", TrialConfig(batch_size=64), 200.0, [YOURS] * 6),
+    )
+    race = decide_race(racers, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        svg = race_svg(race)
+    assert svg is not None and svg.count("yours: bs 8") == 1 and svg.count("bs 256,") == 1
