@@ -163,27 +163,29 @@ def shared_target(racers: Sequence[Racer]) -> float | None:
     before it raced: each replicate is then timed to where its own baseline ends (on
     examples/teacher.py a shared target, reached at a third of the race by some seeds and at
     its end by others, spread six replicates' claim to 2.11x-7.41x)."""
-    for replicate in sorted({r.replicate for r in racers}):
-        reference = reference_racer([r for r in racers if r.replicate == replicate])
-        if reference is None or reference.curve is None or not reference.curve.points:
-            continue
-        curve = reference.curve
-        target = target_of(curve)
-        reached = samples_to_loss(curve, target)
-        levelled = reached is not None and reached <= LEVELLED * curve.points[-1].samples
-        return target if levelled else None
-    return None
+    curve = next(iter(_reference_curves(racers).values()), None)
+    if curve is None or not curve.points:
+        return None
+    target = target_of(curve)
+    reached = samples_to_loss(curve, target)
+    levelled = reached is not None and reached <= LEVELLED * curve.points[-1].samples
+    return target if levelled else None
 
 
 def replicate_targets(racers: Sequence[Racer]) -> dict[int, float]:
     """Each replicate's target (`target_in`) from its reference racer (the baseline)."""
     shared = shared_target(racers)
-    targets = {}
+    return {i: target_in(curve, shared) for i, curve in _reference_curves(racers).items()}
+
+
+def _reference_curves(racers: Sequence[Racer]) -> dict[int, RaceCurve]:
+    """Each replicate's reference racer's (the baseline's) curve, by replicate, in order."""
+    curves = {}
     for replicate in sorted({r.replicate for r in racers}):
         reference = reference_racer([r for r in racers if r.replicate == replicate])
         if reference is not None and reference.curve is not None:
-            targets[replicate] = target_in(reference.curve, shared)
-    return targets
+            curves[replicate] = reference.curve
+    return curves
 
 
 def timed(racers: Sequence[Racer]) -> tuple[Racer, ...]:
@@ -232,7 +234,8 @@ def estimate(
     timed by `timed`), over the replicates in which both raced; None where `rival` never
     reached it or no samples/s ratio is known."""
     samples, reached = [], 0
-    for replicate in replicate_targets(racers):
+    targets = replicate_targets(racers)
+    for replicate in targets:
         mine = _in_replicate(racers, racer, replicate)
         theirs = _in_replicate(racers, rival, replicate)
         if mine is None or theirs is None or not theirs.samples_to_target:
@@ -247,7 +250,6 @@ def estimate(
     speed = paired_ratio(speeds, COVERAGE)
     drift = 0.0 if racer.config == rival.config else RATE_DRIFT_SD
     low, high = _interval(samples, speed, drift)
-    targets = replicate_targets(racers)
     return TimeToLoss(
         speedup=_geometric_mean(samples) * speed.typical,
         low=low if reached == len(samples) and len(samples) > 1 else 0.0,
