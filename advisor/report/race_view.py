@@ -121,15 +121,16 @@ def _first_verdict(race: RaceSummary) -> str:
 
 
 def _target_text(race: RaceSummary) -> str | None:
-    """What the target is: in each replicate, the lowest loss your configuration reached."""
+    """What the target is: where your configuration's curve, made non-increasing, ends."""
     if race.target_loss is None:
         return None
     replicates = (
         f"; the median over the race's {race.replicates} replicates" if race.replicates > 1 else ""
     )
     return (
-        f"the lowest loss your configuration reached in the race, {race.target_loss:.4g} (its "
-        f"end-of-race loss unless it rose again{replicates})"
+        f"your configuration's loss at the end of the race, {race.target_loss:.4g} (its curve "
+        f"made non-increasing, so a rise after its lowest point does not lift it{replicates}); "
+        "every other racer stops once two evaluations in a row reach it"
     )
 
 

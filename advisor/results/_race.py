@@ -162,9 +162,9 @@ class RaceSummary(Frozen):
     seconds: float = Field(description="training time each racer had")
     loss_kind: LossKind
     target_loss: float | None = Field(
-        description="your loss: the baseline's lowest in the race (its end-of-race loss, unless "
-        "its loss rose again), the median over replicates; None where the race at the user's "
-        "batch failed or its loss did not fall (nothing could be timed to it)"
+        description="your loss: where the baseline's curve, made non-increasing, ends in the "
+        "race, the median over replicates; None where the race at the user's batch failed or "
+        "its loss did not fall (nothing could be timed to it)"
     )
     racers: tuple[Racer, ...]
     winner: int | None = Field(
