@@ -300,21 +300,21 @@ def _lr_text(rec: Recommendation) -> str:
 
 
 def _raced_pick_text(raced: list[Racer], winner: Racer | None) -> str:
-    """How the throughput pick fared in the race: with the learning rate that ended lower (the
-    one the verdict judges it by), and the other where that one reached your loss sooner."""
-    ended = [r for r in raced if r.curve is not None] or raced
-    kept = min(ended, key=lambda r: r.curve.final_loss if r.curve else float("inf"))
-    text = f"it raced and {_reached(kept)} ({kept.lr.label})"
-    sooner = min(raced, key=lambda r: r.time_to_target_s or float("inf"))
-    if sooner is not kept and sooner.time_to_target_s and sooner.curve and kept.curve:
-        text += (
-            f"; with {sooner.lr.label} it reached it after {sooner.time_to_target_s:.1f} s but "
-            f"ended at {sooner.curve.final_loss:.4g}, above {kept.curve.final_loss:.4g}: a "
-            "learning rate that loses ground by the end of the race is not recommended"
-        )
+    """How the throughput pick fared in the race, with the learning rate that reached your loss
+    soonest (a racer stops there, so where it ended says nothing), else the one that ended
+    lower."""
+    first = [r for r in raced if r.replicate == 0] or raced
+    reached = [r for r in first if r.time_to_target_s is not None]
+    ended = [r for r in first if r.curve is not None] or first
+    shown = (
+        min(reached, key=lambda r: r.time_to_target_s or float("inf"))
+        if reached
+        else min(ended, key=lambda r: r.curve.final_loss if r.curve else float("inf"))
+    )
+    text = f"it raced and {_reached(shown)} ({shown.lr.label})"
     if winner is None or winner.time_to_target_s is None:
         return text
-    if kept.time_to_target_s is not None and kept.time_to_target_s < winner.time_to_target_s:
+    if shown.time_to_target_s is not None and shown.time_to_target_s < winner.time_to_target_s:
         return text + (
             f"; the recommendation took {winner.time_to_target_s:.1f} s: not enough later for the "
             "pick to win by the race's margin over the noise"

@@ -57,6 +57,7 @@ from tests.search.interrupts import StopAfterFirstRacer
 SMALL = TrialConfig(batch_size=8)
 BIG = TrialConfig(batch_size=256)
 RACE_S = 2.5
+TWO = ((SMALL, "yours"), (BIG, "linear"))  # your baseline, and the big batch at the rule's lr
 
 
 def _context(
@@ -202,12 +203,17 @@ def test_a_win_too_wide_to_inform_races_more_replicates_while_they_cost_less_tha
 def test_every_racer_of_every_replicate_is_evaluated_on_one_grid_of_samples(tmp_path):
     """One grid for all: a coarser grid would read a later crossing for its racer. Each
     replicate trains from a seed of its own; later ones race each lr that reached the target in
-    the first, and where none did, the one that ended lower."""
+    the first within WIN_SLACK of the samples the soonest took, and where none did, the one
+    that ended lower."""
     runner = big_batch_wins()
     _race(tmp_path, runner)
     orders = [o for o in runner.orders if isinstance(o, RaceOrder)]
     assert len({o.grid for o in orders}) == 1
-    assert [o.replicate for o in orders] == [0, 0, 0, 1, 1, 1, 2, 2, 2]  # both lrs reached it
+    first = [o for o in orders if o.replicate == 0]
+    assert len(first) == 3 and all(o.target is not None for o in first[1:])  # both stop there
+    later = [(o.replicate, o.config, o.lr.rule) for o in orders if o.replicate]
+    # Both lrs reached it; yours took far more than WIN_SLACK times the rule's samples.
+    assert later == [(r, config, rule) for r in (1, 2) for config, rule in TWO]
     slow = big_batch_loses()
     (tmp_path / "loses").mkdir()
     _race(tmp_path / "loses", slow)
@@ -217,6 +223,32 @@ def test_every_racer_of_every_replicate_is_evaluated_on_one_grid_of_samples(tmp_
     assert all(count % 8 == 0 for count in grid)  # whole batches of the smallest
     steps = [b / a for a, b in itertools.pairwise(grid) if a >= 20 * 8]
     assert max(steps) < 1.15  # resolved to a tenth or so of the samples, wherever it falls
+
+
+def test_later_replicates_race_only_what_can_still_stand_or_win(tmp_path):
+    """Where another global batch won replicate 0, a racer that did not reach your loss there
+    cannot stand or win over the replicates (a claim needs every replicate to reach it), and
+    the race will not go on from it: bf16 at your batch that learns a third as much per sample,
+    and batch 64 with an lr that barely learns, race in replicate 0 only."""
+    amp, mid = TrialConfig(batch_size=8, amp="bf16"), TrialConfig(batch_size=64)
+    wins = big_batch_wins()
+
+    def loss(config: TrialConfig, lr: LrPlan, samples: int) -> float:
+        slower = {amp: 0.3, mid: 0.01}.get(config, 1.0)
+        return wins.loss(config, lr, int(samples * slower))
+
+    runner = ScriptedRunner(rate=wins.rate, loss=loss)
+    plans = [
+        *_plans(runner)[:1],
+        RacePlan("your batch", 1, amp, LrPlan(), float(runner.rate(SMALL)) * 1.2),
+        RacePlan("candidate", 2, mid, LrPlan(), float(runner.rate(mid))),
+        *[replace(plan, trial=3) for plan in _plans(runner)[1:]],
+    ]
+    race = race_in_replicates(_study(tmp_path), _context(tmp_path, runner), plans, RateBook())
+    assert race.racers[race.winner].config == BIG and race.verdict.kind == "won"
+    raced = [o for o in runner.orders if isinstance(o, RaceOrder)]
+    assert {(o.config, o.lr.rule) for o in raced if o.replicate} == set(TWO)
+    assert race.replicates >= MIN_REPLICATES
 
 
 def test_where_your_loss_levelled_off_later_replicates_share_its_target_and_stop_there(

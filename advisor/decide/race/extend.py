@@ -35,8 +35,8 @@ import optuna
 
 from advisor.decide.race.estimate import RateBook, could_lift, estimate, shared_target, timed
 from advisor.decide.race.plan import RacePlan
-from advisor.decide.race.run import Heat, race_grid, race_replicate
-from advisor.decide.race.verdict import decide_race, needs_replicates, too_wide
+from advisor.decide.race.run import WIN_SLACK, Heat, race_grid, race_replicate
+from advisor.decide.race.verdict import MARGIN, decide_race, needs_replicates, too_wide
 from advisor.progress import Stage
 from advisor.results import Racer, RacerRole, RaceSummary
 from advisor.search.context import SearchContext
@@ -131,20 +131,46 @@ def _wall(race: RaceSummary, replicates: range) -> float:
 
 
 def later_plans(race: RaceSummary, plans: Sequence[RacePlan]) -> list[RacePlan]:
-    """The plans a later replicate races: the baseline, the best at the user's batch, and of
-    each other global batch every learning rate that reached the target in replicate 0 (the
-    verdict chooses between them over all replicates), or where none did, the one that ended
-    lower (a racer that never reaches the target cannot win, but one that goes on may)."""
+    """The plans a later replicate races: those of replicate 0's entrants that can still stand
+    or win (a claim needs its racer to reach the target in every replicate), or that the race
+    may go on from while what stands is at your batch (`go_on`):
+
+    - your baseline, always;
+    - the best at your batch where it reached the target, or the race may go on;
+    - of each other global batch, the learning rates that reached the target within
+      `WIN_SLACK` of the samples its soonest one took (the verdict chooses between them; one
+      that needed more would lose to it alike: on examples/teacher.py such a racer trained the
+      whole race of every replicate); where none did and the race may go on, the one that
+      ended lower."""
     first = [r for r in race.racers if r.replicate == 0 and r.curve is not None]
-    keep = {r.entrant for r in first if r.role in AT_BATCH0}
+    may_go_on = not _another_batch_leads(race)
+    keep = {
+        r.entrant
+        for r in first
+        if r.role == RacerRole.BASELINE
+        or (r.role == RacerRole.YOUR_BATCH and (r.samples_to_target is not None or may_go_on))
+    }
     by_batch: dict[object, list[Racer]] = {}
     for racer in first:
         if racer.role == RacerRole.CANDIDATE:
             by_batch.setdefault(racer.config, []).append(racer)
     for racers in by_batch.values():
         reached = [r for r in racers if r.samples_to_target is not None]
-        keep |= {r.entrant for r in reached or [min(racers, key=_final)]}
+        soonest = min((r.samples_to_target or 0.0 for r in reached), default=0.0)
+        near = [r for r in reached if (r.samples_to_target or 0.0) <= WIN_SLACK * soonest]
+        keep |= {r.entrant for r in near or ([min(racers, key=_final)] if may_go_on else [])}
     return [plan for plan in plans if (plan.role, plan.config, plan.lr) in keep]
+
+
+def _another_batch_leads(race: RaceSummary) -> bool:
+    """Whether the race so far reads another global batch sooner to your loss than what stands
+    at your batch by the margin, at its estimate (one replicate gives no interval yet), having
+    reached it in every replicate: the race would then not go on."""
+    verdict = race.verdict
+    if verdict.best_claim is None or verdict.best_claim.reached != verdict.best_claim.replicates:
+        return False
+    stand = verdict.kept_claim.speedup if verdict.kept_claim is not None else 1.0
+    return verdict.best_claim.speedup >= (1 + MARGIN) * stand
 
 
 def _final(racer: Racer) -> float:

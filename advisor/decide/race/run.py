@@ -54,7 +54,7 @@ from advisor.search.context import SearchContext
 from advisor.search.records import StudyKey, read_noise, read_racers, write_racer
 from advisor.trial.orders import HELD_OUT_MAX, RaceOrder
 
-__all__ = ["Heat", "held_out_size", "race_grid", "race_replicate"]
+__all__ = ["WIN_SLACK", "Heat", "held_out_size", "race_grid", "race_replicate"]
 
 EVAL_SHARE = 0.25  # of the race time, the most its held-out evaluations should take
 EVALUATIONS_EXPECTED = 40  # the baseline's evaluations over the race time, about (the grid's)
@@ -152,9 +152,7 @@ def _race_one(
         config=plan.config,
         seconds=seconds,  # in all: one that goes on starts at its last point
         lr=plan.lr,
-        # In replicate 0 a candidate's two learning rates train equally long: where neither
-        # reaches the target, the one that ends lower races on in later replicates.
-        target=target if plan.role != RacerRole.CANDIDATE or heat.replicate or went_on else None,
+        target=target,
         grid=heat.grid,
         max_samples=most,
         replicate=heat.replicate,
