@@ -91,8 +91,13 @@ def validate(spec: str, *, device: str = "auto", timeout_s: float = 300.0) -> Tr
     hardware = probe_isolated()
     logs = Path(_scratch_logs())
     device = resolve_device(settings.device, hardware)
-    # a failure keeps the log, for what its message leaves out
-    checked = preflight(spec, Path.cwd(), device, timeout_s, logs / "validate.log")
+    log = logs / "validate.log"
+    try:
+        checked = preflight(spec, Path.cwd(), device, timeout_s, log)
+    except BaseException as exc:  # an interrupt too
+        if str(log) not in str(exc):  # a failure keeps the log only where its message names it
+            shutil.rmtree(logs, ignore_errors=True)
+        raise
     shutil.rmtree(logs, ignore_errors=True)
     return checked.model_copy(update={"log_path": None})
 

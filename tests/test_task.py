@@ -119,6 +119,10 @@ def test_validation_keeps_its_log_only_when_it_fails(tmp_path, monkeypatch):
     assert validate(f"{TINY}:factory").log_path is None
     assert list(tmp_path.iterdir()) == []  # nothing to read
 
+    with pytest.raises(FactoryError, match="raised ValueError"):  # all the log would say
+        validate(f"{TINY}:raises")
+    assert list(tmp_path.iterdir()) == []  # a log no message names is not left behind
+
     with pytest.raises(FirstStepError, match=r"\(log: .*validate\.log\)"):
         validate(f"{TINY}:bad_shapes")
     assert [log.name for log in tmp_path.glob("*/*")] == ["validate.log"]  # the error names it

@@ -145,9 +145,13 @@ def _finalists(
     if not eligible:
         raise NoFeasibleConfigError(failure_summary(measured))
     finalists = eligible[:top]
-    # The best of every parallel layout too: the choice between one process and DDP (or
-    # DataParallel) is then made on re-runs, never on single search windows.
-    wanted = [*_best_per_layout(eligible), baseline, *extra]
+    # The best of every parallel layout too, and of every precision at your global batch: the
+    # choice between one process and DDP (or DataParallel), and that of the precision your batch
+    # trains in, are then made on re-runs, never on single search windows (on data_bound.py
+    # bf16 and fp32 with loader workers measured within a window's noise, and 3 of 5 tunes
+    # re-ran only fp32, 2 only bf16).
+    batch0 = baseline.result.config.global_batch_size if baseline is not None else None
+    wanted = [*_best_per_layout(eligible), *_best_per_precision(eligible, batch0), baseline, *extra]
     for record in wanted:
         if record is not None and record.eligible and record not in finalists:
             finalists.append(record)
@@ -272,6 +276,16 @@ def _best_per_layout(eligible: list[TrialRecord]) -> list[TrialRecord]:
     best: dict[str, TrialRecord] = {}
     for record in eligible:
         best.setdefault(record.result.config.parallel, record)
+    return list(best.values())
+
+
+def _best_per_precision(eligible: list[TrialRecord], batch: int | None) -> list[TrialRecord]:
+    """The first (fastest) record of each precision at global batch `batch`, in a list sorted
+    fastest first."""
+    best: dict[str, TrialRecord] = {}
+    for record in eligible:
+        if record.result.config.global_batch_size == batch:
+            best.setdefault(record.result.config.amp, record)
     return list(best.values())
 
 

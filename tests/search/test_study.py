@@ -268,10 +268,31 @@ def test_under_a_race_a_finalist_at_your_batch_clearly_behind_is_not_re_run_agai
     assert selection.confirmed_rates[0] > 2 * selection.confirmed_rates[1]
 
 
-def _selection_context(runner: ScriptedRunner, repeats: int, tmp_path) -> SearchContext:
-    """What selection needs to re-run two finalists, their re-runs answered by `runner`."""
+def test_the_precision_at_your_batch_is_chosen_on_re_runs_not_a_search_window(tmp_path):
+    """bf16 with loader workers looked a little slower than fp32 in its search window, below the
+    one finalist asked for; it re-runs as the best of its precision at your batch, and wins."""
+    workers = TrialConfig(batch_size=32, num_workers=2)
+    bf16 = workers.model_copy(update={"amp": "bf16"})
+    runner = _Reruns(
+        runs={BASELINE: (1000.0,), workers: (3000.0, 3020.0, 2980.0), bf16: (3700.0, 3650.0)}
+    )
+    context = _selection_context(runner, 2, tmp_path, top=1)
+    records = [
+        TrialRecord(number=0, role="baseline", result=_measured(BASELINE, 1000.0)),
+        TrialRecord(number=1, role="search", result=_measured(workers, 3000.0)),
+        TrialRecord(number=2, role="search", result=_measured(bf16, 2900.0)),
+    ]
+    selection = select_winner(records, context)
+    assert {r.number for r in selection.finalists} == {0, 1, 2}
+    assert selection.winner.number == 2
+
+
+def _selection_context(
+    runner: ScriptedRunner, repeats: int, tmp_path, top: int = 2
+) -> SearchContext:
+    """What selection needs to re-run `top` finalists, their re-runs answered by `runner`."""
     settings = TuneSettings(
-        spec=f"{TINY}:factory", trials=2, confirm_top=2, confirm_repeats=repeats,
+        spec=f"{TINY}:factory", trials=2, confirm_top=top, confirm_repeats=repeats,
         max_world_size=1,
     )  # fmt: skip
     return scripted_context(settings, runner, tmp_path)

@@ -1,5 +1,9 @@
 """Real DDP trials over gloo: ranks launched, measured, combined, failed and killed as a group."""
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -60,11 +64,20 @@ def test_a_rank_killed_by_sigkill_is_named_and_not_blamed_on_its_peer(tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_hung_rank_times_out_and_every_rank_is_killed(tmp_path, marked):
-    result, phases = _run("rank1_hangs", tmp_path, timeout_s=12)
+def test_a_hung_rank_times_out_and_every_rank_is_killed(tmp_path, marked, monkeypatch):
+    """Killed with its group, the trial leaves no scratch folder behind, the ranks' included."""
+    temporary = Path(tempfile.mkdtemp(prefix="t-", dir="/tmp"))  # short: sockets are made there
+    monkeypatch.setenv("TMPDIR", str(temporary))  # the trial launcher's, and so its children's
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))  # this process's
+    try:
+        result, phases = _run("rank1_hangs", tmp_path, timeout_s=12)
+        left = [path.name for path in temporary.iterdir() if path.name.startswith("advisor-")]
+    finally:
+        shutil.rmtree(temporary)
     assert result.status == "timeout"
     assert result.failure_phase == "warmup" and "warmup" in phases
     assert survivors(marked) == []
+    assert left == []
 
 
 def test_ddp_reduces_gradients_only_on_the_last_micro_step(monkeypatch):

@@ -66,7 +66,10 @@ def run_distributed(request: TrialRequest) -> TrialResult:
     """Run one DDP or FSDP trial: start the ranks, wait for all of them, combine their results.
     A trial whose ranks span several machines runs this machine's part (`_across_nodes`)."""
     config = request.config
-    with tempfile.TemporaryDirectory(prefix="advisor-ranks-") as scratch:
+    # Inside the trial's scratch folder: where the runner kills this process group (a timeout),
+    # the runner's own clean-up removes it.
+    trial_scratch = Path(request.channel.result_path).parent
+    with tempfile.TemporaryDirectory(prefix="advisor-ranks-", dir=trial_scratch) as scratch:
         reports = Path(scratch)
         # Forked before the store's server thread exists: this process has imported torch but
         # run nothing, so the ranks start without importing it again.
