@@ -64,6 +64,7 @@ def _tune(spec: str, trials: int) -> dict[str, Any]:
         "global_batch": _global(rec["config"]),
         "amp": rec["config"]["amp"],
         "label": _label(rec["config"]),
+        "config": rec["config"],  # every knob: tunes with one label may differ in the others
         "verdict": _kind(race.get("verdict")),
         "replicates": race.get("replicates"),
         # Which other global batches raced (and with which precision): where tunes disagree,
