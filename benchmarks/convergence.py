@@ -43,6 +43,7 @@ from typing import Any
 import advisor
 from advisor.decide.race.estimate import seconds_to_loss, target_of
 from advisor.decide.race.grid import sample_grid
+from advisor.decide.race.run import CLOCK_SLACK
 from advisor.knobs import TrialConfig
 from advisor.results import BatchSchedule, LrPlan, RaceCurve, TuneResult
 from advisor.trial.orders import RaceOrder
@@ -145,8 +146,12 @@ def _example(
         yours = rec.baseline_samples_per_s or rate
         grid = sample_grid(smallest, yours * seconds, rate * seconds)
         for pick in dict.fromkeys(picks.values()):
+            # Your configuration trains what it trains in the race: the samples its re-runs'
+            # samples/s trains in the horizon, so that it sets the target as deep as there
+            # (`advisor.decide.race.run._bounds`).
+            samples = int(yours * seconds) if pick == picks["baseline"] else None
             curves[pick] = [
-                _train(spec, *pick, seconds, (grid, 100 + seed), Path(out))
+                _train(spec, *pick, (seconds, samples), (grid, 100 + seed), Path(out))
                 for seed in range(repeats)
             ]
     effort = result.effort
@@ -214,11 +219,13 @@ def _train(
     config: TrialConfig,
     lr: LrPlan,
     schedule: BatchSchedule | None,
-    seconds: float,
+    bounds: tuple[float, int | None],
     grid_and_seed: tuple[tuple[int, ...], int],
     out: Path,
 ) -> RaceCurve | None:
-    grid, seed = grid_and_seed
+    """One run of `bounds` seconds of training, or where it gives samples, those samples (its
+    clock may run `CLOCK_SLACK` times the seconds)."""
+    (seconds, samples), (grid, seed) = bounds, grid_and_seed
     launch = TrialLaunch(
         spec=spec,
         cwd=Path.cwd(),
@@ -227,10 +234,11 @@ def _train(
         trial_seconds=seconds,
         timeout_s=3 * seconds + 300,
     )
-    result = ProcessRunner(launch).run(
-        RaceOrder(config=config, seconds=launch.trial_seconds, lr=lr, schedule=schedule, grid=grid),
-        out / "run.log",
+    clock = seconds * CLOCK_SLACK if samples is not None else seconds
+    order = RaceOrder(
+        config=config, seconds=clock, lr=lr, schedule=schedule, grid=grid, max_samples=samples
     )
+    result = ProcessRunner(launch).run(order, out / "run.log")
     if result.race is None:
         print(f"{spec} {config.label()}: {result.status} {result.reason}", flush=True)
     return result.race

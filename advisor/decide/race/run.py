@@ -54,7 +54,7 @@ from advisor.search.context import SearchContext
 from advisor.search.records import StudyKey, read_noise, read_racers, write_racer
 from advisor.trial.orders import HELD_OUT_MAX, RaceOrder
 
-__all__ = ["WIN_SLACK", "Heat", "held_out_size", "race_grid", "race_replicate"]
+__all__ = ["CLOCK_SLACK", "WIN_SLACK", "Heat", "held_out_size", "race_grid", "race_replicate"]
 
 EVAL_SHARE = 0.25  # of the race time, the most its held-out evaluations should take
 EVALUATIONS_EXPECTED = 40  # the baseline's evaluations over the race time, about (the grid's)
