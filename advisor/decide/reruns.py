@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from advisor.errors import NoFeasibleConfigError
@@ -151,7 +151,11 @@ def _finalists(
     # bf16 and fp32 with loader workers measured within a window's noise, and 3 of 5 tunes
     # re-ran only fp32, 2 only bf16).
     batch0 = baseline.result.config.global_batch_size if baseline is not None else None
-    wanted = [*_best_per_layout(eligible), *_best_per_precision(eligible, batch0), baseline, *extra]
+    layouts = _best_per(eligible, lambda config: config.parallel)
+    precisions = _best_per(
+        eligible, lambda config: config.amp if config.global_batch_size == batch0 else None
+    )
+    wanted = [*layouts, *precisions, baseline, *extra]
     for record in wanted:
         if record is not None and record.eligible and record not in finalists:
             finalists.append(record)
@@ -271,21 +275,16 @@ def knob_changes(config: TrialConfig, baseline: TrialConfig | None) -> int:
     return sum(getattr(config, row.name) != getattr(baseline, row.name) for row in KNOBS)
 
 
-def _best_per_layout(eligible: list[TrialRecord]) -> list[TrialRecord]:
-    """The first (fastest) record of each parallel layout in a list sorted fastest first."""
-    best: dict[str, TrialRecord] = {}
+def _best_per(
+    eligible: list[TrialRecord], key: Callable[[TrialConfig], object]
+) -> list[TrialRecord]:
+    """The first (fastest) record of each value of `key` in a list sorted fastest first; a
+    record whose `key` is None is left out."""
+    best: dict[object, TrialRecord] = {}
     for record in eligible:
-        best.setdefault(record.result.config.parallel, record)
-    return list(best.values())
-
-
-def _best_per_precision(eligible: list[TrialRecord], batch: int | None) -> list[TrialRecord]:
-    """The first (fastest) record of each precision at global batch `batch`, in a list sorted
-    fastest first."""
-    best: dict[str, TrialRecord] = {}
-    for record in eligible:
-        if record.result.config.global_batch_size == batch:
-            best.setdefault(record.result.config.amp, record)
+        value = key(record.result.config)
+        if value is not None:
+            best.setdefault(value, record)
     return list(best.values())
 
 
