@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from functools import partial
+from typing import TYPE_CHECKING
 
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
@@ -20,8 +21,10 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     apply_activation_checkpointing,
     checkpoint_wrapper,
 )
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+if TYPE_CHECKING:  # FSDP's modules take 0.8 s to import: a trial imports them when it shards
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
 __all__ = ["checkpoint_blocks", "repeated_block", "shard_blocks"]
 
@@ -70,6 +73,8 @@ def shard_blocks(
     model itself, with FSDP2's `fully_shard` over `mesh`, in place, as torchtitan does; returns
     how many blocks. Without a block the model is one unit. The root keeps its parameters
     gathered after the forward pass: the backward pass starts with it."""
+    from torch.distributed.fsdp import fully_shard
+
     units = _outermost(model, block) if block else []
     for unit in units:
         fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
