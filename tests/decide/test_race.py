@@ -17,8 +17,10 @@ import pytest
 from advisor.decide.claims import COVERAGE
 from advisor.decide.decision import race_choice
 from advisor.decide.race.estimate import (
+    PROCESS_DRIFT_SD,
     RATE_DRIFT_SD,
     RateBook,
+    rate_drift,
     replicate_targets,
     samples_to_loss,
 )
@@ -575,12 +577,27 @@ def test_an_unconfirmed_samples_per_s_ratio_widens_the_claim():
     rounds = _rounds({0: (100.0, 100.0), 1: (150.0, 300.0)})
     race = decide_race(racers, 5, RateBook(rounds))
     claim = race.verdict.kept_claim
-    typical, drift = math.sqrt(1.5 * 3.0), _z() * RATE_DRIFT_SD  # their Hodges-Lehmann estimate
+    typical = math.sqrt(1.5 * 3.0)  # their Hodges-Lehmann estimate
+    drift = _z() * PROCESS_DRIFT_SD  # 3 processes against 1: loader workers
     low = typical * math.exp(-math.hypot(math.log(typical / 1.5), drift))
     high = typical * math.exp(math.hypot(math.log(3.0 / typical), drift))
     assert claim.rounds == 2 and (claim.low, claim.high) == pytest.approx((low, high))
     assert race.racers[race.winner].role == "your batch"  # low end 1.5x: it stands
     assert race.verdict.kind == "kept" and race.time_to_loss == claim
+
+
+def test_a_ratio_between_different_numbers_of_processes_may_drift_more_between_tunes():
+    """Loader workers or ranks share the machine's cores differently from tune to tune: their
+    samples/s ratio against one process drifts more than a batch's or a precision's does."""
+    yours = TrialConfig(batch_size=32)
+    assert rate_drift(yours, yours) == 0.0
+    for same_processes in (TrialConfig(batch_size=512, amp="bf16"), TrialConfig(batch_size=16)):
+        assert rate_drift(same_processes, yours) == RATE_DRIFT_SD
+    workers = TrialConfig(batch_size=32, num_workers=2, persistent_workers=True)
+    ranks = TrialConfig(parallel_mode="ddp", world_size=2, batch_size=16)
+    for more_processes in (workers, ranks):
+        assert rate_drift(more_processes, yours) == PROCESS_DRIFT_SD > RATE_DRIFT_SD
+    assert rate_drift(ranks, TrialConfig(batch_size=32, num_workers=1)) == RATE_DRIFT_SD
 
 
 def _rounds(rates: dict[int, tuple[float, ...]]) -> tuple[TrialRecord, ...]:

@@ -23,8 +23,9 @@ replicates, its own seeds, its own rounds) falls with probability `COVERAGE`, on
   replicates of spread s: with two replicates t is 2.41, with three 1.60, so a claim from few
   replicates is as wide as it is uncertain (docs/benchmarks.md, convergence.py: two replicates'
   range missed re-measurements that spread 3.7x-8.9x);
-- the samples/s part is the paired rounds' interval, widened by `RATE_DRIFT_SD`, the drift of a
-  samples/s ratio between tunes that one tune's rounds cannot see;
+- the samples/s part is the paired rounds' interval, widened by the drift of a samples/s ratio
+  between tunes that one tune's rounds cannot see (`rate_drift`: larger where the two run
+  different numbers of processes);
 - the three are independent, so their half-widths add in quadrature.
 
 A racer that never reached the target in a replicate counts with the samples it had trained on
@@ -43,6 +44,7 @@ from advisor.decide.claims import COVERAGE
 from advisor.decide.paired_ratio import PairedRatio, paired_ratio
 from advisor.decide.reruns import rerun_pairs
 from advisor.decide.student_t import t_quantile
+from advisor.knobs import TrialConfig
 from advisor.results import (
     RaceCurve,
     Racer,
@@ -59,20 +61,27 @@ SETTLED_POINTS = 3
 # its end.
 LEVELLED = 0.5
 # The standard deviation, on the log scale, of a samples/s ratio between tunes run one after
-# the other on a quiet machine, the larger of two measured (docs/benchmarks.md, stability.py):
-# examples/data_bound.py's loader workers over none, confirmed by each of 5 tunes' own paired
-# rounds, read 1.34x-1.66x (0.087); mlp.py's batch 512 with bf16 over yours read 3.55x-4.67x
-# in 4 tunes and 3.59x-4.50x in 4 others (0.114 and 0.106), and intervals with 0.087 missed
-# each other.
+# the other on a quiet machine (docs/benchmarks.md, stability.py). Where the two configurations
+# run as many processes: mlp.py's batch 512 with bf16 over yours read 3.55x-4.67x in 4 tunes and
+# 3.59x-4.50x in 4 others (0.114 and 0.106); beside the replicates' part, the intervals of 5
+# tunes then shared a point.
 RATE_DRIFT_SD = 0.11
+# Where they run different numbers of processes on a machine (loader workers, ranks), which
+# share its cores differently from tune to tune: data_bound.py's 2 loader workers over none read
+# 1.42x-2.03x in 7 tunes (0.146), each confirmed by its own rounds, and intervals with
+# `RATE_DRIFT_SD` missed each other (its claim is this ratio alone: no replicates' part). One
+# tune's reading and another's differ by 0.146 x sqrt(2).
+PROCESS_DRIFT_SD = 0.21
 
 __all__ = [
+    "PROCESS_DRIFT_SD",
     "RATE_DRIFT_SD",
     "RateBook",
     "as_stopped",
     "could_lift",
     "estimate",
     "first_crossing",
+    "rate_drift",
     "replicate_targets",
     "samples_to_loss",
     "seconds_to_loss",
@@ -248,7 +257,7 @@ def estimate(
     if not samples or not speeds:
         return None
     speed = paired_ratio(speeds, COVERAGE)
-    drift = 0.0 if racer.config == rival.config else RATE_DRIFT_SD
+    drift = rate_drift(racer.config, rival.config)
     low, high = _interval(samples, speed, drift)
     return TimeToLoss(
         speedup=_geometric_mean(samples) * speed.typical,
@@ -260,6 +269,22 @@ def estimate(
         seconds=seconds,
         target_loss=statistics.median(targets.values()) if targets else None,
     )
+
+
+def rate_drift(config: TrialConfig, other: TrialConfig) -> float:
+    """How far the samples/s ratio of `config` over `other` may drift between tunes (a standard
+    deviation on the log scale): none for one configuration against itself, `PROCESS_DRIFT_SD`
+    where the two run different numbers of processes on a machine, else `RATE_DRIFT_SD`."""
+    if config == other:
+        return 0.0
+    if _processes(config) != _processes(other):
+        return PROCESS_DRIFT_SD
+    return RATE_DRIFT_SD
+
+
+def _processes(config: TrialConfig) -> int:
+    """The processes a configuration runs on each machine: its ranks and their loader workers."""
+    return config.per_node * (1 + config.num_workers)
 
 
 def _interval(samples: Sequence[float], speed: PairedRatio, drift: float) -> tuple[float, float]:
