@@ -320,7 +320,7 @@ def wrap_model(
             bucket_cap_mb=config.bucket_cap_mb,
             gradient_as_bucket_view=config.gradient_as_bucket_view,
         )
-    if config.parallel_mode == "fsdp":  # FSDP's modules take 0.8 s to import: only here
+    if config.parallel_mode == "fsdp":  # imported here: 0.3 s of every launcher's start
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
