@@ -72,6 +72,12 @@ def _tune(spec: str, trials: int) -> dict[str, Any]:
         "raced": sorted(
             {_label(r["config"]) for r in race.get("racers", []) if r.get("role") == "candidate"}
         ),
+        # The noise scale's prediction per measured global batch (best samples/s, predicted
+        # speed-up, raced or not): what decided which batches raced.
+        "predicted": [
+            {k: p[k] for k in ("global_batch", "samples_per_s", "predicted_speedup", "raced")}
+            for p in (rec.get("noise_scale") or {}).get("predictions", [])
+        ],
         "claim": rec.get("time_to_loss"),
         "samples_speedup": rec.get("speedup"),
         "wall_s": wall_s,
