@@ -1,18 +1,25 @@
-"""What this machine allows: the device a tune is for, and the facts the knob table's rules
-read (`Facts`: cores, GPUs and their capabilities, cuDNN, a compiler, matmul FLOP/s per dtype,
-and what the validated task holds)."""
+"""What this machine allows: the device a tune is for, the facts the knob table's rules read
+(`Facts`: cores, GPUs and their capabilities, cuDNN, a compiler, matmul FLOP/s per dtype, and
+what the validated task holds), and the autocast its matmuls run fastest in."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
 import shutil
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from advisor.errors import SettingsError
 from advisor.knobs import Device, Facts
 from advisor.results import HardwareProfile, TaskSummary
 
-__all__ = ["machine_facts", "resolve_device"]
+__all__ = ["fastest_autocast", "machine_facts", "resolve_device"]
+
+DTYPE_OF_AMP = {"off": "fp32", "bf16": "bf16", "fp16": "fp16"}
+# Peaks within this fraction of the fastest count as equal: bf16 and fp16 matmuls run at one
+# peak on current GPUs, and the probes' precision should not flip with the probe's noise.
+PEAK_TIE = 0.10
 
 
 def resolve_device(requested: str, hardware: HardwareProfile) -> Device:
@@ -69,3 +76,20 @@ def _can_compile(device: Device) -> bool:
     if device == "cuda":
         return importlib.util.find_spec("triton") is not None
     return any(shutil.which(cxx) for cxx in (os.environ.get("CXX", "g++"), "g++", "clang++"))
+
+
+def fastest_autocast(values: Iterable[Any], flops: Mapping[str, float]) -> str | None:
+    """The autocast among `values` whose measured matmuls run fastest, where faster than fp32's
+    (bf16 among peaks within `PEAK_TIE` of each other); None where none is, or none was timed.
+
+    A larger batch puts more of a step into its matmuls, so their measured speed says more
+    there than the user's small batch measured of the precision (examples/mlp.py: bf16 and
+    fp32 within noise at batch 32, bf16 1.5x fp32's samples/s at 512)."""
+    full = flops.get("fp32")
+    peaks = {v: flops[DTYPE_OF_AMP[v]] for v in values if v != "off" and DTYPE_OF_AMP[v] in flops}
+    faster = {value: peak for value, peak in peaks.items() if full and peak > full}
+    if not faster:
+        return None
+    best = max(faster.values())
+    tied = [value for value, peak in faster.items() if peak >= (1 - PEAK_TIE) * best]
+    return "bf16" if "bf16" in tied else max(faster, key=lambda value: faster[value])

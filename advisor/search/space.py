@@ -28,7 +28,7 @@ from advisor.knobs import (
     parse_parallel,
 )
 from advisor.results import FixedKnob, HardwareProfile, TaskSummary
-from advisor.search.machine import machine_facts, resolve_device
+from advisor.search.machine import fastest_autocast, machine_facts, resolve_device
 from advisor.settings import TuneSettings
 
 if TYPE_CHECKING:
@@ -57,6 +57,9 @@ class SearchSpace:
     dataset_size: int | None = None
     # The memory knobs wait until memory binds (CUDA without --memory-budget): `memory_gate`.
     memory_gated: bool = False
+    # The autocast a probe of a larger batch takes (`advisor.search.staging`); None: the probe
+    # keeps the precision of the best at the user's batch.
+    probe_amp: str | None = None
 
     @cached_property
     def size(self) -> int:
@@ -219,6 +222,7 @@ def build_space(
         accumulation_choices=_accumulation_choices(settings),
         dataset_size=task.dataset_size,
         memory_gated=device == "cuda" and settings.memory_budget is None,
+        probe_amp=fastest_autocast(space.domains.get("amp", ()), facts.matmul_flops),
     )
 
 

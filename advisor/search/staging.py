@@ -10,11 +10,12 @@ three stages (docs/method.md, "The search"):
    processes). A faster move becomes the start of the next; knob effects flip with the batch and
    the machine, so every value is measured, none assumed. This is the configuration the race
    calls "the best at your global batch", and the fallback.
-2. **Probes.** A larger global batch is measured once, with the knobs of the best at B0 and its
-   micro-batch scaled (or its accumulation, beyond the largest micro-batch), and ranked by its
-   goodput: samples/s over the samples its batch needs by the noise scale, at the optimistic end
-   of its interval. B0 x4 first; up while the goodput rises, else the neighbours of the best.
-   At most a quarter of the budget goes to probes: a batch that cannot win gets no more.
+2. **Probes.** A larger global batch is measured once: the best at B0 with its micro-batch
+   scaled (or its accumulation, past the largest micro-batch), in the autocast whose matmuls
+   run fastest here (`SearchSpace.probe_amp`), ranked by its goodput: samples/s over the
+   samples its batch needs by the noise scale, at the optimistic end of its interval. B0 x4
+   first; up while the goodput rises, else the neighbours of the best. At most a quarter of
+   the budget goes to probes: a batch that cannot win gets no more.
 3. **The batches that race.** The ones `race_finalists` would race now (the best predicted, or
    the fastest when none is predicted to win) get the same one-move search as B0.
 
@@ -53,10 +54,8 @@ LAYOUT = "layout"  # the shape knobs moved together, keeping the global batch
 # The knobs whose moves come first at a batch: workers and amp most often pay off, then the
 # layouts (DDP that keeps the batch); the others follow in table order.
 FIRST = ("num_workers", "amp", LAYOUT)
-# At a raced batch amp comes first: its effect grows with the arithmetic of a step, and so with
-# the batch, while a loader's cost per sample does not, so what your batch measured of it says
-# least there. On examples/mlp.py bf16 ran 4.4x your samples/s at batch 512 and fp32 2.9x, but
-# raced batches took amp from batch 32, where the two were within noise: tunes raced either.
+# At a raced batch amp comes first: its effect grows with a step's arithmetic, and so with the
+# batch (examples/mlp.py: bf16 4.4x your samples/s at batch 512, fp32 2.9x, within noise at 32).
 RACED_FIRST = ("amp", "num_workers", LAYOUT)
 
 Stage = Literal["your batch", "probe", "raced batch"]
@@ -109,7 +108,9 @@ def next_move(
         return Move(at_batch0[0], "your batch")
     elsewhere = [r for r in ran if r.result.config.global_batch_size != batch0]
     probed = {r.result.config.global_batch_size for r in elsewhere}
-    if len(probed) < budget.probes and (probe := _next_probe(space, ranking, records, known)):
+    if len(probed) < budget.probes and (
+        probe := _next_probe(space, ranking, records, known, ruled_out)
+    ):
         return Move(probe, "probe")
     raced = _raced_move(space, ranking, records, known, ruled_out, ran)
     if raced is not None and len(elsewhere) < budget.probes + budget.raced:
@@ -324,15 +325,17 @@ def _next_probe(
     ranking: Ranking,
     records: Sequence[TrialRecord],
     known: set[TrialConfig],
+    ruled_out: set[tuple[str, Any]],
 ) -> dict[str, Any] | None:
     """The next larger global batch to probe, with the best configuration at the user's batch
-    scaled to it; None once the ladder is done (see the module's doc)."""
+    scaled to it, in `probe_amp` unless rejected; None once the ladder is done (module doc)."""
     start = _incumbent(records, ranking.batch0)
     if start is None:
         return None
+    if space.probe_amp is not None and ("amp", space.probe_amp) not in ruled_out:
+        start = start.model_copy(update={"amp": space.probe_amp})
     ladder = [ranking.batch0, *sorted(b for b in _global_batches(space) if b > ranking.batch0)]
-    # A sibling derived from a trial's parts is a larger batch by accumulation alone, not the
-    # probe's scaled micro-batch: it leaves its rung unprobed.
+    # A sibling derived from a trial's parts (accumulation alone) leaves its rung unprobed.
     gains = _goodput_gains([r for r in records if ran_itself(r)], ranking, ladder)
     for index in _ladder_candidates(gains, len(ladder)):
         probe = _scaled(space, start, ladder[index], records, known)

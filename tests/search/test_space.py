@@ -130,6 +130,24 @@ def test_gpu_without_bf16_offers_only_fp16():
     assert build_space(TuneSettings(spec="a.py:f"), old, TASK).domains["amp"] == ("off", "fp16")
 
 
+def test_probes_take_the_precision_whose_matmuls_the_probe_timed_fastest():
+    """A larger batch spends more of a step in matmuls: its probe takes the autocast the
+    hardware probe timed fastest, bf16 where it ties with fp16; none where fp32 is fastest."""
+    native = CPU.model_copy(update={"cpu_peak_flops": {"fp32": 1.7e11, "bf16": 3.7e11}})
+    assert build_space(TuneSettings(spec="a.py:f"), native, TASK).probe_amp == "bf16"
+    slower = CPU.model_copy(update={"cpu_peak_flops": {"fp32": 1.7e11, "bf16": 1.2e11}})
+    assert build_space(TuneSettings(spec="a.py:f"), slower, TASK).probe_amp is None
+    assert build_space(TuneSettings(spec="a.py:f"), CPU, TASK).probe_amp is None  # not timed
+    peaks = {"fp32": 1.9e13, "fp16": 3.1e14, "bf16": 2.9e14}
+    gpus = tuple(gpu.model_copy(update={"peak_flops": peaks}) for gpu in FOUR_A100.gpus)
+    a100 = FOUR_A100.model_copy(update={"gpus": gpus})
+    assert build_space(TuneSettings(spec="a.py:f"), a100, TASK).probe_amp == "bf16"
+    fp16_only = {**peaks, "bf16": 1.5e14}
+    gpus = tuple(gpu.model_copy(update={"peak_flops": fp16_only}) for gpu in FOUR_A100.gpus)
+    faster_fp16 = FOUR_A100.model_copy(update={"gpus": gpus})
+    assert build_space(TuneSettings(spec="a.py:f"), faster_fp16, TASK).probe_amp == "fp16"
+
+
 def test_cuda_requested_without_a_gpu_is_a_clear_error():
     with pytest.raises(SettingsError, match="sees no CUDA GPU: use --device cpu"):
         build_space(TuneSettings(spec="a.py:f", device="cuda"), CPU, TASK)

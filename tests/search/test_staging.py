@@ -15,6 +15,7 @@ from dataclasses import replace
 from advisor.knobs import TrialConfig
 from advisor.results import LrPlan, NoiseScale, TrialRecord, TrialResult
 from advisor.search.ranking import Ranking
+from advisor.search.space import SearchSpace
 from advisor.search.staging import next_move, raced_batches, stage_budget
 from advisor.settings import TuneSettings
 from tests.scripted_runner import TASK, ScriptedRunner, scripted_tune
@@ -30,15 +31,18 @@ def _noise(value: float, high: float | None = None) -> NoiseScale:
 
 
 def _search(
-    rate: Callable[[TrialConfig], float], ranking: Ranking, trials: int = 20
+    rate: Callable[[TrialConfig], float],
+    ranking: Ranking,
+    trials: int = 20,
+    space: SearchSpace = SPACE,
 ) -> list[TrialRecord]:
     """The trials a search of `trials` makes on a machine where `rate` gives samples/s."""
-    records = [_record(0, SPACE.baseline, rate(SPACE.baseline), ranking)]
+    records = [_record(0, space.baseline, rate(space.baseline), ranking)]
     while len(records) < trials:
-        move = next_move(SPACE, ranking, records, [], trials)
+        move = next_move(space, ranking, records, [], trials)
         if move is None:
             break
-        config = SPACE.config_from_params(move.params)
+        config = space.config_from_params(move.params)
         records.append(_record(len(records), config, rate(config), ranking, move.stage))
     return records
 
@@ -117,6 +121,28 @@ def test_a_raced_batch_measures_the_other_precision_first():
     assert raced and raced[0].amp == "bf16"
     batches = {c.global_batch_size for c in raced}
     assert all(any(c.amp == "bf16" for c in raced if c.global_batch_size == b) for b in batches)
+
+
+def test_probes_take_the_precision_the_hardware_computes_fastest():
+    """On the same machine, where the hardware probe timed bf16 matmuls 2.2x fp32's, the
+    probes take bf16 although your batch keeps fp32. bf16's gain grows with the batch (x2 at
+    128, x8 at 512): in fp32 batch 512's goodput falls below 128's and the ladder turns back
+    to 128's neighbours; in bf16 it climbs past 512."""
+
+    def grows(config: TrialConfig) -> float:
+        gain = config.global_batch_size / 64 if config.global_batch_size > BATCH0 else 1.0
+        return _cpu(config.model_copy(update={"amp": "off"})) * (
+            gain if config.amp == "bf16" else 1.0
+        )
+
+    ranking = Ranking(BATCH0, _noise(64.0, high=256.0))
+    native = replace(SPACE, probe_amp="bf16")
+    probes = [r.result.config for r in _search(grows, ranking, 16, native) if r.stage == "probe"]
+    assert probes and all(c.amp == "bf16" for c in probes)
+    assert max(c.global_batch_size for c in probes) > 16 * BATCH0
+    at_fp32 = [r.result.config for r in _search(grows, ranking, 16) if r.stage == "probe"]
+    assert at_fp32 and all(c.amp == "off" for c in at_fp32)  # your batch's precision
+    assert max(c.global_batch_size for c in at_fp32) == 16 * BATCH0
 
 
 def test_siblings_derived_by_accumulation_leave_the_larger_batches_to_be_probed():
