@@ -1,10 +1,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -95,6 +98,20 @@ def _group_by_module_fixture(items: list[pytest.Item]) -> None:
         )
         if shared:
             item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{','.join(shared)}"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_temporary_folder() -> Iterator[None]:
+    """What the suite's processes leave in the temporary folder goes into one of its own per
+    xdist worker, removed at the end, not into /tmp run after run: the trial scratch of a
+    parent a test kills, and a failed validation's log, which advisor keeps where its message
+    names it. Short, beside /tmp: sockets are made there."""
+    folder = tempfile.mkdtemp(prefix="advisor-tests-")
+    os.chmod(folder, 0o711)  # others may pass through, as in /tmp: the PostgreSQL server's user
+    os.environ["TMPDIR"] = folder  # every process a test starts
+    tempfile.tempdir = folder  # this one's
+    yield
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
