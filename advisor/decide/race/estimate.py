@@ -30,7 +30,8 @@ replicates, its own seeds, its own rounds) falls with probability `COVERAGE`, on
 
 A racer that never reached the target in a replicate counts with the samples it had trained on
 by then: a bound in its favour (its speed-up and high end are at most that), and its low end is
-unknown, so 0: it cannot win; nor can a racer of one replicate, whose spread is unknown.
+unknown, so 0: it cannot win; nor can a racer of one replicate, whose spread is unknown, unless
+it computes the other's steps.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from advisor.knobs import TrialConfig
 from advisor.results import (
     RaceCurve,
     Racer,
+    RacerRole,
     TimeToLoss,
     TrialRecord,
     reference_racer,
@@ -261,7 +263,7 @@ def estimate(
     low, high = _interval(samples, speed, drift)
     return TimeToLoss(
         speedup=_geometric_mean(samples) * speed.typical,
-        low=low if reached == len(samples) and len(samples) > 1 else 0.0,
+        low=low if reached == len(samples) and (len(samples) > 1 or _twins(racer, rival)) else 0.0,
         high=high,
         replicates=len(samples),
         reached=reached,
@@ -269,6 +271,13 @@ def estimate(
         seconds=seconds,
         target_loss=statistics.median(targets.values()) if targets else None,
     )
+
+
+def _twins(racer: Racer, rival: Racer) -> bool:
+    """Whether one is the baseline and the other computes its steps (`steps_of_baseline`):
+    their samples ratio is 1 in every replicate, so one replicate knows its spread."""
+    pair = (racer, rival), (rival, racer)
+    return any(a.steps_of_baseline and b.role == RacerRole.BASELINE for a, b in pair)
 
 
 def rate_drift(config: TrialConfig, other: TrialConfig) -> float:

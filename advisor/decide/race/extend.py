@@ -3,9 +3,10 @@
 
 Replicates: on CPU a fixed seed makes a curve exactly repeatable, so one run per racer measures
 nothing of how much the answer depends on the initial weights and the data order. Every race
-runs `MIN_REPLICATES` replicates, each from a seed of its own, and more while the verdict is a
-close call, up to `MAX_REPLICATES`, or a win's claim too wide to inform, up to
-`MAX_PRECISION_REPLICATES` (`race_in_replicates`). Three is the fewest whose spread
+runs `MIN_REPLICATES` replicates, each from a seed of its own (one where later ones could change
+nothing, `settled_at_once`), and more while the verdict is a close call, up to
+`MAX_REPLICATES`, or a win's claim too wide to inform, up to `MAX_PRECISION_REPLICATES`
+(`race_in_replicates`). Three is the fewest whose spread
 gives a usable interval (`advisor.decide.race.estimate`: Student's t for one degree of freedom
 is 2.41 at 75 %, for two 1.60).
 
@@ -22,7 +23,7 @@ over the longer horizon, with the same grid (extended) and the same statistics. 
 that did not go on keep their curves. Replicate 0 goes on first: where its candidate does not
 reach the longer target, or reaches it no sooner than what stands at your batch and the other
 replicates could not lift its interval's low end above 1 whatever they read, the others do
-not go on.
+not go on; where they do and the race ran one replicate, the others race first.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ __all__ = [
     "going_on",
     "later_plans",
     "race_to_loss",
+    "settled_at_once",
     "why_not_go_on",
 ]
 
@@ -112,7 +114,7 @@ def _more(race: RaceSummary, done: int) -> bool:
     while those added cost less than the first replicate did: cheap on examples/mlp.py; on
     teacher.py, whose baseline trains every replicate's whole race, six replicates made a tune
     226 s and five 287 s, and still claimed 5.50x-11.27x)."""
-    if race.target_loss is None:
+    if race.target_loss is None or (done == 1 and settled_at_once(race)):
         return False
     if done < MIN_REPLICATES:
         return True
@@ -123,6 +125,18 @@ def _more(race: RaceSummary, done: int) -> bool:
     if shared_target(race.racers) is None:
         return False
     return _wall(race, range(MIN_REPLICATES, done)) < _wall(race, range(1))
+
+
+def settled_at_once(race: RaceSummary) -> bool:
+    """Whether no later replicate can change the verdict or its claim: at your batch only your
+    configuration raced, or a pick that computes your steps (its samples ratio is 1 in every
+    replicate), and no other global batch reached the target (a claim needs every replicate to
+    reach it). On examples/data_bound.py two more replicates cost 50 s of a 253-s tune and
+    changed nothing. Where the race then goes on, `go_on` races the replicates it needs."""
+    first = [r for r in race.racers if r.replicate == 0]
+    if any(r.role == RacerRole.YOUR_BATCH and not r.steps_of_baseline for r in first):
+        return False
+    return not any(r.role == RacerRole.CANDIDATE and r.samples_to_target is not None for r in first)
 
 
 def _wall(race: RaceSummary, replicates: range) -> float:
@@ -167,6 +181,8 @@ def _another_batch_leads(race: RaceSummary) -> bool:
     at your batch by the margin, at its estimate (one replicate gives no interval yet), having
     reached it in every replicate: the race would then not go on."""
     verdict = race.verdict
+    if verdict.best is None or race.racers[verdict.best].role != RacerRole.CANDIDATE:
+        return False  # a close call at your batch names its pick as the best
     if verdict.best_claim is None or verdict.best_claim.reached != verdict.best_claim.replicates:
         return False
     stand = verdict.kept_claim.speedup if verdict.kept_claim is not None else 1.0
@@ -221,25 +237,53 @@ def go_on(
     plans = [RacePlan(r.role, r.trial, r.config, r.lr, r.samples_per_s) for r in first]
     grid = race_grid(plans, race.seconds, horizon)  # the race's grid, longer
     context.progress.stage(Stage(kind="race-goes-on", count=len(going_on(race)), seconds=horizon))
-    went_on: list[Racer] = []
-    for replicate in sorted({r.replicate for r in race.racers}):
-        racers = going_on(race, replicate)
-        plans = [
-            RacePlan(r.role, r.trial, r.config, r.lr, r.samples_per_s, resumes=r) for r in racers
-        ]
-        target = shared_target(went_on) if replicate else None  # replicate 0's, gone on
-        heat = Heat(replicate, horizon, grid, key=StudyKey.RACERS_WENT_ON, target=target)
-        went_on += race_replicate(study, context, plans, heat)
-        if replicate == 0 and not _can_still_win(race, went_on, rates):
-            context.progress.stage(
-                f"after {horizon:g} s of replicate 1, the other global batch cannot win over "
-                f"the race's replicates: they do not go on, and the verdict after "
-                f"{race.seconds:g} s stands"
-            )
-            return race
+    went_on = _went_on_in(study, context, race, 0, Heat(0, horizon, grid))
+    if not _can_still_win(race, went_on, rates):
+        context.progress.stage(
+            f"after {horizon:g} s of replicate 1, the other global batch cannot win over "
+            f"the race's replicates: they do not go on, and the verdict after "
+            f"{race.seconds:g} s stands"
+        )
+        return race
+    race = _fill_replicates(study, context, race, rates)
+    for replicate in sorted({r.replicate for r in race.racers} - {0}):
+        heat = Heat(replicate, horizon, grid, target=shared_target(went_on))  # replicate 0's
+        went_on += _went_on_in(study, context, race, replicate, heat)
     merged = [_after(racer, went_on) for racer in race.racers]
     decided = decide_race(merged, horizon, rates)
     return decided.model_copy(update={"went_on_from": race.seconds, "first_race": race})
+
+
+def _went_on_in(
+    study: optuna.Study, context: SearchContext, race: RaceSummary, replicate: int, heat: Heat
+) -> list[Racer]:
+    """The racers of `replicate` that go on (`going_on`), each from its saved state."""
+    racers = going_on(race, replicate)
+    plans = [RacePlan(r.role, r.trial, r.config, r.lr, r.samples_per_s, resumes=r) for r in racers]
+    heat = Heat(replicate, heat.seconds, heat.grid, key=StudyKey.RACERS_WENT_ON, target=heat.target)
+    return race_replicate(study, context, plans, heat)
+
+
+def _fill_replicates(
+    study: optuna.Study, context: SearchContext, race: RaceSummary, rates: RateBook
+) -> RaceSummary:
+    """The race in `MIN_REPLICATES` replicates where it stopped at one (`settled_at_once`) and
+    going on needs the others: the racers that go on race them first, as replicate 0 did,
+    saving their states."""
+    if race.replicates >= MIN_REPLICATES:
+        return race
+    first = [r for r in race.racers if r.replicate == 0]
+    plans = [RacePlan(r.role, r.trial, r.config, r.lr, r.samples_per_s) for r in first]
+    grid = race_grid(plans, race.seconds)  # the race's own
+    going = {r.entrant for r in going_on(race)}
+    later = [plan for plan, racer in zip(plans, first, strict=True) if racer.entrant in going]
+    states = context.settings.out_dir / RACE_STATES
+    racers = list(race.racers)
+    for replicate in range(race.replicates, MIN_REPLICATES):
+        context.progress.stage(Stage(kind="race-replicate", count=replicate + 1))
+        heat = Heat(replicate, race.seconds, grid, states, target=shared_target(racers))
+        racers += race_replicate(study, context, later, heat)
+    return decide_race(racers, race.seconds, rates)
 
 
 def _can_still_win(race: RaceSummary, went_on: Sequence[Racer], rates: RateBook) -> bool:
@@ -256,7 +300,7 @@ def _can_still_win(race: RaceSummary, went_on: Sequence[Racer], rates: RateBook)
     stand = next((r for r in racers if kept is not None and r.entrant == kept.entrant), None)
     stand = stand or next((r for r in racers if r.role == RacerRole.BASELINE), None)
     claim = estimate(racers, candidate, stand, rates, race.seconds) if stand else None
-    return claim is None or claim.speedup > 1 or could_lift(race.replicates)
+    return claim is None or claim.speedup > 1 or could_lift(max(race.replicates, MIN_REPLICATES))
 
 
 def _nearest_candidate(racers: Sequence[Racer]) -> Racer | None:
