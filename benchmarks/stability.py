@@ -80,10 +80,27 @@ def _tune(spec: str, trials: int) -> dict[str, Any]:
         ],
         "claim": rec.get("time_to_loss"),
         "samples_speedup": rec.get("speedup"),
+        # What the race cost: its racers' training processes (a pick read from your curve
+        # trained nothing; a going-on that stopped after replicate 1 is not in the
+        # recommendation), and whether it went on.
+        "race_s": _race_seconds(race),
+        "went_on": race.get("went_on_from") is not None,
         "wall_s": wall_s,
     }
     print(json.dumps(row), flush=True)
     return row
+
+
+def _race_seconds(race: dict[str, Any]) -> float:
+    """The wall time of the race's trial processes: each racer once (one that went on appears
+    in the race before and after), none for a pick read from your curve."""
+    racers = [*(race.get("first_race") or {}).get("racers", []), *race.get("racers", [])]
+    seen = {
+        json.dumps(r.get("result"), sort_keys=True): r
+        for r in racers
+        if not r.get("steps_of_baseline")
+    }
+    return sum((r.get("result") or {}).get("wall_s") or 0.0 for r in seen.values())
 
 
 def _kind(verdict: Any) -> str | None:
