@@ -16,7 +16,6 @@ from advisor.results import HardwareProfile, TaskSummary
 
 __all__ = ["fastest_autocast", "machine_facts", "resolve_device"]
 
-DTYPE_OF_AMP = {"off": "fp32", "bf16": "bf16", "fp16": "fp16"}
 # Peaks within this fraction of the fastest count as equal: bf16 and fp16 matmuls run at one
 # peak on current GPUs, and the probes' precision should not flip with the probe's noise.
 PEAK_TIE = 0.10
@@ -86,8 +85,8 @@ def fastest_autocast(values: Iterable[Any], flops: Mapping[str, float]) -> str |
     there than the user's small batch measured of the precision (examples/mlp.py: bf16 and
     fp32 within noise at batch 32, bf16 1.5x fp32's samples/s at 512)."""
     full = flops.get("fp32")
-    peaks = {v: flops[DTYPE_OF_AMP[v]] for v in values if v != "off" and DTYPE_OF_AMP[v] in flops}
-    faster = {value: peak for value, peak in peaks.items() if full and peak > full}
+    # An autocast value names its dtype, as the probe's peaks do; "off" is fp32.
+    faster = {v: flops[v] for v in values if v != "off" and full and flops.get(v, 0.0) > full}
     if not faster:
         return None
     best = max(faster.values())

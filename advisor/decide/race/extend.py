@@ -237,7 +237,8 @@ def go_on(
     plans = [RacePlan(r.role, r.trial, r.config, r.lr, r.samples_per_s) for r in first]
     grid = race_grid(plans, race.seconds, horizon)  # the race's grid, longer
     context.progress.stage(Stage(kind="race-goes-on", count=len(going_on(race)), seconds=horizon))
-    went_on = _went_on_in(study, context, race, 0, Heat(0, horizon, grid))
+    key = StudyKey.RACERS_WENT_ON
+    went_on = _went_on_in(study, context, race, Heat(0, horizon, grid, key=key))
     if not _can_still_win(race, went_on, rates):
         context.progress.stage(
             f"after {horizon:g} s of replicate 1, the other global batch cannot win over "
@@ -247,20 +248,21 @@ def go_on(
         return race
     race = _fill_replicates(study, context, race, rates)
     for replicate in sorted({r.replicate for r in race.racers} - {0}):
-        heat = Heat(replicate, horizon, grid, target=shared_target(went_on))  # replicate 0's
-        went_on += _went_on_in(study, context, race, replicate, heat)
+        target = shared_target(went_on)  # replicate 0's, gone on
+        went_on += _went_on_in(
+            study, context, race, Heat(replicate, horizon, grid, key=key, target=target)
+        )
     merged = [_after(racer, went_on) for racer in race.racers]
     decided = decide_race(merged, horizon, rates)
     return decided.model_copy(update={"went_on_from": race.seconds, "first_race": race})
 
 
 def _went_on_in(
-    study: optuna.Study, context: SearchContext, race: RaceSummary, replicate: int, heat: Heat
+    study: optuna.Study, context: SearchContext, race: RaceSummary, heat: Heat
 ) -> list[Racer]:
-    """The racers of `replicate` that go on (`going_on`), each from its saved state."""
-    racers = going_on(race, replicate)
+    """The racers of the heat's replicate that go on (`going_on`), each from its saved state."""
+    racers = going_on(race, heat.replicate)
     plans = [RacePlan(r.role, r.trial, r.config, r.lr, r.samples_per_s, resumes=r) for r in racers]
-    heat = Heat(replicate, heat.seconds, heat.grid, key=StudyKey.RACERS_WENT_ON, target=heat.target)
     return race_replicate(study, context, plans, heat)
 
 
