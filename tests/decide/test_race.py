@@ -204,6 +204,25 @@ def test_a_win_too_wide_to_inform_races_more_replicates_while_they_cost_less_tha
     assert too_wide(dear) and dear.replicates == MIN_REPLICATES
 
 
+def test_a_claim_too_wide_that_replicates_cannot_narrow_races_no_more_of_them(tmp_path):
+    """Two loader workers at your batch (2x your samples/s) compute your steps: their claim is
+    their samples/s ratio alone, too wide to inform (a ratio between different numbers of
+    processes drifts between tunes) and the same in every replicate. Batch 256 reaches your
+    loss, later than they do: past three replicates, more would narrow nothing."""
+    runner = big_batch_wins()
+    wins = runner.loss
+    runner.loss = lambda config, lr, samples: max(2.0, wins(config, lr, samples))  # levels off
+    loader = TrialConfig(batch_size=8, num_workers=2)
+    runner.rate = lambda config: {SMALL: 1000.0, loader: 2000.0}.get(config, 2400.0)
+    context = _context(tmp_path, runner)
+    plans = [*_plans(runner), RacePlan("your batch", 2, loader, LrPlan(), 2000.0)]
+    race = race_in_replicates(_study(tmp_path), context, plans, RateBook())
+    stands = race.racers[race.winner]
+    assert race.verdict.kind == "kept" and stands.steps_of_baseline, race.verdict
+    assert any(r.role == "candidate" and r.samples_to_target for r in race.racers)
+    assert too_wide(race) and race.replicates == MIN_REPLICATES
+
+
 def test_every_racer_of_every_replicate_is_evaluated_on_one_grid_of_samples(tmp_path):
     """One grid for all: a coarser grid would read a later crossing for its racer. Each
     replicate trains from a seed of its own; later ones race each lr that reached the target in

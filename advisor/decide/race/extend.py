@@ -110,7 +110,8 @@ def race_in_replicates(
 def _more(race: RaceSummary, done: int) -> bool:
     """Whether to race another replicate after `done`: up to `MIN_REPLICATES`, then while the
     verdict is a close call (up to `MAX_REPLICATES`) or a win's claim is too wide to inform
-    (up to `MAX_PRECISION_REPLICATES`, where later baselines stop at a shared target, and
+    and a replicate can narrow it (not a twin's, `_twin_claim`; up to
+    `MAX_PRECISION_REPLICATES`, where later baselines stop at a shared target, and
     while those added cost less than the first replicate did: cheap on examples/mlp.py; on
     teacher.py, whose baseline trains every replicate's whole race, six replicates made a tune
     226 s and five 287 s, and still claimed 5.50x-11.27x)."""
@@ -120,7 +121,7 @@ def _more(race: RaceSummary, done: int) -> bool:
         return True
     if needs_replicates(race):
         return done < MAX_REPLICATES
-    if not too_wide(race) or done >= MAX_PRECISION_REPLICATES:
+    if not too_wide(race) or done >= MAX_PRECISION_REPLICATES or _twin_claim(race):
         return False
     if shared_target(race.racers) is None:
         return False
@@ -137,6 +138,12 @@ def settled_at_once(race: RaceSummary) -> bool:
     if any(r.role == RacerRole.YOUR_BATCH and not r.steps_of_baseline for r in first):
         return False
     return not any(r.role == RacerRole.CANDIDATE and r.samples_to_target is not None for r in first)
+
+
+def _twin_claim(race: RaceSummary) -> bool:
+    """Whether the claim is of a pick that computes your steps: its samples ratio is 1 in every
+    replicate, so its whole width is its samples/s ratio's, which no replicate narrows."""
+    return race.winner is not None and race.racers[race.winner].steps_of_baseline
 
 
 def _wall(race: RaceSummary, replicates: range) -> float:
