@@ -420,7 +420,8 @@ def test_a_race_from_the_same_weights_decides_and_the_reports_show_it(first_run)
     assert (winner.config, winner.lr) == (rec.config, rec.lr)
     claim = rec.time_to_loss
     if rec.global_batch_changed:  # won by the margin at the low end of its interval
-        assert claim is not None and claim.low >= 1.05 and claim.replicates == race.replicates
+        later = race.replicates - 1 if race.replicates > 2 else race.replicates  # after the first
+        assert claim is not None and claim.low >= 1.05 and claim.replicates == later
         assert claim.low <= claim.speedup <= claim.high
     assert rec.noise_scale is not None and rec.noise_scale.big_batch == 8 * 32
     # An earlier test resumed this study with more trials: the files hold that tune's race.

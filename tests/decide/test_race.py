@@ -165,7 +165,8 @@ def test_the_race_picks_the_big_batch_and_its_lr_where_it_wins(tmp_path):
     assert winner.config == BIG and winner.lr.rule == "linear", race.verdict
     assert race.verdict.kind == "won"
     claim = race.time_to_loss
-    assert claim is not None and claim.low >= 1 + MARGIN and claim.replicates == MIN_REPLICATES
+    # the replicates after the first, which chose it (`estimate`)
+    assert claim is not None and claim.low >= 1 + MARGIN and claim.replicates == MIN_REPLICATES - 1
     assert claim.low <= claim.speedup <= claim.high
     assert "sooner than yours" in race_verdict(race)
 
@@ -188,7 +189,7 @@ def test_a_win_too_wide_to_inform_races_more_replicates_while_they_cost_less_tha
     assert race.verdict.kind == "won" and race.replicates > MIN_REPLICATES
     three = decide_race([r for r in race.racers if r.replicate < MIN_REPLICATES], RACE_S)
     claim = race.time_to_loss
-    assert claim.replicates == race.replicates and too_wide(three)
+    assert claim.replicates == race.replicates - 1 and too_wide(three)
     assert three.time_to_loss.high / three.time_to_loss.low > claim.high / claim.low
 
     def wall(replicates: range) -> float:
@@ -528,6 +529,26 @@ def test_a_clear_win_claims_the_samples_ratio_times_the_samples_per_s_ratio():
     assert claim.replicates == 2 and claim.target_loss == 1.0
 
 
+def test_a_claim_counts_the_replicates_after_the_one_that_chose_its_candidate():
+    """Replicate 1 chose the candidate (it raced on because it read among the soonest there):
+    its lucky 5x there is a selected reading, so its claim is the later replicates' 2.5x. Your
+    batch's pick was chosen by the re-runs, not the race: its claim counts every replicate."""
+    lucky = [4, 1.0, 0.9, 0.8, 0.7, 0.6]  # 1.0 after 8 samples: 5x fewer than yours
+    usual = [4, 3, 1.0, 0.9, 0.8, 0.7]  # 1.0 after 16 samples: 2.5x fewer
+    racers = _replicates(
+        ("baseline", SMALL, 100.0, [YOURS, YOURS, YOURS]),
+        ("candidate", BIG, 100.0, [lucky, usual, usual]),
+        ("your batch", TrialConfig(batch_size=8, amp="bf16"), 100.0, [lucky, usual, usual]),
+    )
+    race = decide_race(racers, 5)
+    assert race.verdict.best_claim.speedup == pytest.approx(2.5)
+    assert race.verdict.best_claim.replicates == 2
+    assert race.verdict.kept_claim.speedup == pytest.approx((5 * 2.5 * 2.5) ** (1 / 3))
+    assert race.verdict.kept_claim.replicates == 3
+    two = decide_race([r for r in racers if r.replicate < 2], 5)
+    assert two.verdict.best_claim.replicates == 2  # one later replicate alone has no spread
+
+
 def _z() -> float:
     return NormalDist().inv_cdf((1 + COVERAGE) / 2)
 
@@ -569,9 +590,10 @@ def test_replicates_that_disagree_widen_the_interval_to_a_close_call():
     best = race.verdict.best_claim
     assert best.low < 40 / 48 and best.high > 2.5
     assert best.speedup == pytest.approx(math.sqrt(2.5 * 40 / 48))  # their geometric mean
-    third = _replicates(("baseline", SMALL, 100.0, [YOURS]), ("candidate", BIG, 100.0, [fast]))
-    agreeing = racers + [_rated(r, r.samples_per_s, r.trial, 2) for r in third]
-    assert decide_race(agreeing, 5).verdict.best_claim.low > best.low  # a third narrows it
+    more = _replicates(("baseline", SMALL, 100.0, [YOURS]), ("candidate", BIG, 100.0, [fast]))
+    agreeing = racers + [_rated(r, r.samples_per_s, r.trial, i) for i in (2, 3) for r in more]
+    # counted after the first (`estimate`): slow, fast, fast narrow it
+    assert decide_race(agreeing, 5).verdict.best_claim.low > best.low
     assert "a close call" in race_verdict(race) and "fewer changes" in race_verdict(race)
 
 
@@ -820,4 +842,4 @@ def test_of_two_learning_rates_that_never_reached_the_one_raced_in_every_replica
     race = decide_race(racers, 5)
     best = race.racers[race.verdict.best]
     assert race.verdict.kind == "kept" and best.lr == rule
-    assert race.verdict.best_claim.replicates == 3
+    assert race.verdict.best_claim.replicates == 2  # after the first, which chose it

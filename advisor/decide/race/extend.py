@@ -34,7 +34,7 @@ from pathlib import Path
 
 import optuna
 
-from advisor.decide.race.estimate import RateBook, could_lift, estimate, shared_target, timed
+from advisor.decide.race.estimate import RateBook, estimate, shared_target, timed
 from advisor.decide.race.plan import RacePlan
 from advisor.decide.race.run import WIN_SLACK, Heat, race_grid, race_replicate
 from advisor.decide.race.verdict import MARGIN, decide_race, needs_replicates, too_wide
@@ -297,10 +297,9 @@ def _fill_replicates(
 
 def _can_still_win(race: RaceSummary, went_on: Sequence[Racer], rates: RateBook) -> bool:
     """Whether the candidate that went on in replicate 0 can still win over the race's
-    replicates: not where it did not reach the longer target there (a claim with a replicate
-    that never reached it has no low end), nor where it was no sooner there than what stands
-    at your batch and no reading of the other replicates could lift the interval's low end above
-    1 (`could_lift`)."""
+    replicates: where it reached the longer target there (a claim with a replicate that never
+    reached it has no low end) sooner than what stands at your batch. Replicate 0 chooses what
+    races on; its claim counts the replicates after it (`advisor.decide.race.estimate`)."""
     racers = timed(went_on)
     candidate = next((r for r in racers if r.role == RacerRole.CANDIDATE), None)
     if candidate is None or candidate.samples_to_target is None:
@@ -309,7 +308,7 @@ def _can_still_win(race: RaceSummary, went_on: Sequence[Racer], rates: RateBook)
     stand = next((r for r in racers if kept is not None and r.entrant == kept.entrant), None)
     stand = stand or next((r for r in racers if r.role == RacerRole.BASELINE), None)
     claim = estimate(racers, candidate, stand, rates, race.seconds) if stand else None
-    return claim is None or claim.speedup > 1 or could_lift(max(race.replicates, MIN_REPLICATES))
+    return claim is None or claim.speedup > 1
 
 
 def _nearest_candidate(racers: Sequence[Racer]) -> Racer | None:
