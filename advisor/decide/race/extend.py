@@ -148,7 +148,9 @@ def _few_readings(race: RaceSummary) -> bool:
     tune's two claimed 6.01x-8.56x, and four others' five 3.23x-5.07x to 4.73x-8.08x."""
     verdict = race.verdict
     claim = verdict.best_claim if verdict.kind in ("won", "close-call") else None
-    return claim is not None and claim.reached == claim.replicates < MIN_REPLICATES
+    if claim is None or claim.reached != claim.replicates:
+        return False  # one that missed your loss has no low end: more readings cannot make it win
+    return claim.replicates < MIN_REPLICATES
 
 
 def _twin_claim(race: RaceSummary) -> bool:
