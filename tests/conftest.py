@@ -1,14 +1,19 @@
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import psutil
 import pytest
@@ -68,6 +73,45 @@ def run_advisor(
     )
 
 
+def advisor_here(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`advisor ARGS` through its entry point in this process, returned as `run_advisor` returns
+    it: the same code, without an interpreter and a trial launcher of its own (about 3.7 s of CPU
+    a tune; its trials fork from this process's launcher). `run_advisor` starts a real process:
+    for signals, a killed parent, tunes side by side, a preloaded allocator, the entry point.
+
+    Its Ctrl-C handlers are not installed here, `env` is set only while it runs, and the warnings
+    it raises are written to its stderr as a fresh interpreter would print them."""
+    from advisor.cli import main  # the command's imports, for the tests that use it
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code: int | str | None = 0
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(signal, "signal"))
+        stack.enter_context(mock.patch.dict(os.environ, env or {}))
+        stack.enter_context(contextlib.redirect_stdout(stdout))
+        stack.enter_context(contextlib.redirect_stderr(stderr))
+        raised = stack.enter_context(warnings.catch_warnings(record=True))
+        _interpreter_warning_filters()
+        try:
+            main(list(args))
+        except SystemExit as exited:
+            code = exited.code
+    shown = "".join(
+        warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line) for w in raised
+    )
+    returncode = code if isinstance(code, int) else (0 if code is None else 1)
+    return subprocess.CompletedProcess(list(args), returncode, stdout.getvalue(),
+                                       stderr.getvalue() + shown)  # fmt: skip
+
+
+def _interpreter_warning_filters() -> None:
+    """The filters a Python started without -W has (pytest's are not a user's)."""
+    warnings.resetwarnings()
+    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+    for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+        warnings.filterwarnings("ignore", category=category, append=True)
+
+
 # First: xdist's own hook reads the groups off the items on each worker, and a conftest's hook would
 # otherwise run after it (the worker's plugin registers later), too late to be seen.
 @pytest.hookimpl(tryfirst=True)
@@ -115,12 +159,15 @@ def _private_temporary_folder() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _probe_once(tmp_path_factory: pytest.TempPathFactory) -> None:
+def _shared_caches(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The suite's tunes share one hardware probe per set of probe-shaping variables
     (`ADVISOR_PROBE_CACHE`): a second of matmul timing on both cores for each of dozens of
     tunes. tests/trial/test_hardware.py probes for real."""
     shared = tmp_path_factory.getbasetemp().parent  # one folder for all xdist workers
     os.environ.setdefault("ADVISOR_PROBE_CACHE", str(shared / "hardware-probe.json"))
+    # torch.compile's kernels, compiled once for the suite: a compiled trial and the train.py
+    # that compiles the same model share them (by default each xdist worker's TMPDIR has its own).
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(shared / "torchinductor"))
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,6 @@
-"""The `advisor` command as users run it: a real subprocess each time, but where only what it
-parsed is checked, and for the bad-input cases (its entry point in this process)."""
+"""The `advisor` command as users run it, through its entry point in this process
+(`tests.conftest.advisor_here`); a real process where one is what is tested: the installed entry
+point, and a second tune beside a running one."""
 
 import json
 import signal
@@ -13,11 +14,11 @@ from click.testing import CliRunner
 
 import advisor.cli as cli_module
 from advisor.settings import TuneSettings
-from tests.conftest import FAST_TUNE, ROOT, TINY, run_advisor
+from tests.conftest import FAST_TUNE, ROOT, TINY, advisor_here, run_advisor
 
 
 def advisor(*args: str) -> subprocess.CompletedProcess[str]:
-    return run_advisor(*args, timeout=240)
+    return advisor_here(*args)
 
 
 def _one_line_error(completed: subprocess.CompletedProcess[str]) -> str:
@@ -52,21 +53,10 @@ def _one_line_error(completed: subprocess.CompletedProcess[str]) -> str:
         (["codegen", "missing.json"], "'missing.json' does not exist"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_code_2(args, fragment, tmp_path, capsys, monkeypatch):
+def test_bad_input_is_one_line_and_exit_code_2(args, fragment, tmp_path):
     if args[0] == "tune":
         args = [*args, "--out", str(tmp_path)]
-    assert fragment in _one_line_error(_in_process(capsys, monkeypatch, *args))
-
-
-def _in_process(capsys, monkeypatch, *args: str) -> subprocess.CompletedProcess[str]:
-    """`advisor ARGS` through its entry point in this process, as `advisor()` would return it:
-    the same code path, without an interpreter and a trial launcher of its own per case."""
-    monkeypatch.setattr(signal, "signal", lambda *_: None)  # the tune's Ctrl-C handlers
-    monkeypatch.chdir(ROOT)
-    with pytest.raises(SystemExit) as exited:
-        cli_module.main(list(args))
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(list(args), int(exited.value.code or 0), out, err)
+    assert fragment in _one_line_error(advisor(*args))
 
 
 @pytest.mark.parametrize(
@@ -93,7 +83,7 @@ def test_debug_shows_the_traceback():
 
 def test_version_and_help():
     cli = cli_module.cli
-    assert advisor("--version").stdout.startswith("advisor, version ")
+    assert run_advisor("--version").stdout.startswith("advisor, version ")  # the real entry point
     for command in ("tune", "probe", "validate", "codegen", "export", "report"):
         assert CliRunner().invoke(cli, [command, "--help"]).exit_code == 0, command
 

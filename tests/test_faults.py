@@ -11,7 +11,7 @@ import pytest
 from optuna.trial import TrialState
 
 from advisor.results import Recommendation
-from tests.conftest import FAST_TUNE, ROOT, TINY, run_advisor, survivors
+from tests.conftest import FAST_TUNE, ROOT, TINY, advisor_here, survivors
 
 pytestmark = pytest.mark.slow
 # A tmpfs this small fills after a few of a tune's trials: its study, WAL and trial logs.
@@ -19,7 +19,7 @@ SMALL_DISK = "600k"
 
 
 def test_a_tune_over_every_fault_recommends_what_trained_and_explains_the_rest(tmp_path, marked):
-    completed = run_advisor(
+    completed = advisor_here(
         "tune",
         "tests/workloads/faults.py:mixed",
         "--sampler", "grid",
@@ -66,7 +66,7 @@ def test_user_strings_full_of_markup_stay_inert_everywhere(tmp_path, marked):
         "from tests.workloads.faults import hostile  # noqa: F401\n"
     )  # a spec with quotes, a newline, HTML and rich markup in it
     out = tmp_path / "out"
-    completed = run_advisor(
+    completed = advisor_here(
         "tune", f"{workload}:hostile",
         "--sampler", "grid", "--trials", "4", "--batch-sizes", "32,64",
         "--accumulation-steps", "1", "--max-world-size", "1",
@@ -100,7 +100,7 @@ def test_user_strings_full_of_markup_stay_inert_everywhere(tmp_path, marked):
 def test_a_tune_whose_baseline_and_next_trials_raise_alike_stops_and_says_why(tmp_path):
     """A corrupt record fails every configuration alike: after three trials the search stops,
     rather than measure the same error --trials times."""
-    completed = run_advisor(
+    completed = advisor_here(
         "tune", "tests/workloads/faults.py:corrupt",
         "--trials", "10", "--trial-seconds", "0.3", "--warmup-steps", "2",
         "--out", str(tmp_path),
@@ -135,7 +135,7 @@ def test_a_disk_that_fills_mid_tune_is_one_line_exit_1_and_the_same_command_resu
         pytest.skip("mounting a size-limited tmpfs needs root")
     roomy = tmp_path / "roomy"
     try:
-        completed = run_advisor(
+        completed = advisor_here(
             "tune", f"{TINY}:factory", "--out", str(disk), "--trials", "6", *FAST_TUNE
         )
         shutil.copytree(disk, roomy)  # what the full disk kept
@@ -148,7 +148,7 @@ def test_a_disk_that_fills_mid_tune_is_one_line_exit_1_and_the_same_command_resu
     kept = _finished(roomy)
     assert kept, "no trial finished before the disk filled: make SMALL_DISK larger"
 
-    resumed = run_advisor(
+    resumed = advisor_here(
         "tune", f"{TINY}:factory", "--out", str(roomy), "--trials", "6", *FAST_TUNE
     )
     assert resumed.returncode == 0, resumed.stderr

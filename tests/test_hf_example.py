@@ -7,7 +7,7 @@ import json
 import pytest
 
 from advisor.memory import mimalloc_library
-from tests.conftest import run_advisor
+from tests.conftest import advisor_here, run_advisor
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +18,7 @@ def test_the_hf_example_tunes_and_its_exports_load_in_the_real_libraries(tmp_pat
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("lightning")
     # Throughput alone: the race has tests of its own; this one is for the model and the exports.
-    completed = run_advisor(
+    completed = advisor_here(
         "tune", "examples/hf_gpt2.py:factory", "--out", str(tmp_path), "--trials", "2",
         "--trial-seconds", "0.3", "--warmup-steps", "1", "--confirm-top", "1",
         "--confirm-repeats", "1",

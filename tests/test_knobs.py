@@ -149,10 +149,14 @@ def test_each_knob_trains_and_keeps_the_maths_of_its_twin(spec, knobs, tmp_path)
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group(
+    "torch-compile"
+)  # beside train.py's compile (tests/report/test_codegen.py)
 @pytest.mark.skipif(not HAS_CXX, reason="torch.compile's inductor needs a C++ compiler on CPU")
 def test_a_compiled_trial_times_its_compilation_apart_from_its_steps(tmp_path):
-    eager = _trial(f"{TINY}:factory", TrialConfig(batch_size=16), tmp_path)
-    compiled = _trial(f"{TINY}:factory", TrialConfig(batch_size=16, compile="default"), tmp_path)
+    # Batch 32, as tests/report/test_codegen.py compiles it: the suite compiles its kernels once.
+    eager = _trial(f"{TINY}:factory", TrialConfig(batch_size=32), tmp_path)
+    compiled = _trial(f"{TINY}:factory", TrialConfig(batch_size=32, compile="default"), tmp_path)
     assert compiled.status == "ok", compiled.reason
     assert compiled.first_step_s > 10 * eager.first_step_s  # the compilation
     # ... and none of it in the window's steps (how long a window runs: tests/trial/test_budget.py)

@@ -21,7 +21,7 @@ from advisor.report.render import render_html
 from advisor.report.verdicts import bottleneck_text, race_verdict
 from advisor.results import Recommendation
 from tests.browser import needs_chromium, rendered_dom, screenshot
-from tests.conftest import FAST_TUNE, ROOT, TINY, free_port, run_advisor, trials_counted
+from tests.conftest import FAST_TUNE, ROOT, TINY, advisor_here, free_port, trials_counted
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ def _cli_tune(out, *flags: str) -> subprocess.CompletedProcess[str]:
     """`advisor tune` on the tiny workload with the fast settings of these tests."""
     fast = ("--trial-seconds", "0.3", "--warmup-steps", "2", "--confirm-top", "2")
     fast += ("--max-world-size", "1", "--race-seconds", "1")
-    return run_advisor("tune", f"{TINY}:factory", "--out", str(out), *fast, *flags)
+    return advisor_here("tune", f"{TINY}:factory", "--out", str(out), *fast, *flags)
 
 
 @pytest.fixture(scope="module")
@@ -255,14 +255,14 @@ def _check_provisional_reports(out, stderr: str) -> None:
         assert f"{rec.samples_per_s:,.0f}" in text
         assert "Re-runs of the finalists" not in text and "train.py" not in text
     (out / "report.md").unlink()
-    rendered = run_advisor("report", str(out))
+    rendered = advisor_here("report", str(out))
     assert rendered.returncode == 0, rendered.stderr
     assert "the tune did not finish: these reports are provisional" in rendered.stdout
     assert "Provisional: this tune was interrupted." in (out / "report.md").read_text()
     assert not (out / "train.py").exists()
     assert not (out / "exports").exists()
     for command in (("codegen", str(out / "recommendation.json")), ("export", str(out))):
-        refused = run_advisor(*command)
+        refused = advisor_here(*command)
         assert refused.returncode == 2 and "recommendation.json is provisional" in refused.stderr
 
 
@@ -294,11 +294,11 @@ def test_report_re_renders_every_output_from_the_study_alone(first_run, tmp_path
     originals = {name: (out / name).read_text() for name in names}
     for name in names:
         (out / name).unlink()
-    completed = run_advisor("report", str(out))
+    completed = advisor_here("report", str(out))
     assert completed.returncode == 0, completed.stderr
     for name in names:
         assert (out / name).read_text() == originals[name], name
-    as_json = run_advisor("report", "--storage", f"sqlite:///{out}/study.db", "--format", "json")
+    as_json = advisor_here("report", "--storage", f"sqlite:///{out}/study.db", "--format", "json")
     assert as_json.returncode == 0, as_json.stderr
     stored = Recommendation.model_validate_json(originals["recommendation.json"])
     assert TuneResult.model_validate_json(as_json.stdout).recommendation == stored
@@ -325,13 +325,13 @@ def test_each_command_is_a_python_function_too(first_run, tmp_path):
 
 
 def test_report_of_an_unfinished_or_missing_study_says_what_to_do(tmp_path):
-    missing = run_advisor("report", str(tmp_path))
+    missing = advisor_here("report", str(tmp_path))
     assert missing.returncode == 2
     assert (
         f"{tmp_path}/study.db does not exist: pass the folder advisor tune wrote" in missing.stderr
     )
     optuna.create_study(study_name="half", storage=f"sqlite:///{tmp_path}/study.db")
-    unfinished = run_advisor("report", str(tmp_path))
+    unfinished = advisor_here("report", str(tmp_path))
     assert unfinished.returncode == 2
     assert (
         "study 'half' was not written by this advisor version (0 trials stored, no settings)"

@@ -31,7 +31,7 @@ from advisor.results import (
     TaskSummary,
     TrialResult,
 )
-from tests.conftest import run_advisor
+from tests.conftest import advisor_here
 
 _GPU = GpuInfo(name="A100", memory_bytes=80 * 2**30, capability="8.0", bf16=True)
 CPU_DDP = TrialConfig(
@@ -314,10 +314,10 @@ def test_advisor_export_writes_the_asked_files_and_refuses_a_folder_without_a_re
     folder = tmp_path / "study"
     folder.mkdir()
     (folder / "recommendation.json").write_text(_recommendation(CPU_DDP).model_dump_json())
-    written = run_advisor("export", str(folder), "--to", "hf", timeout=120)
+    written = advisor_here("export", str(folder), "--to", "hf")
     assert written.returncode == 0, written.stderr
     assert sorted(p.name for p in (folder / "exports").iterdir()) == [EXPORT_FILES["hf"]]
-    missing = run_advisor("export", str(tmp_path / "nowhere"), timeout=120)
+    missing = advisor_here("export", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert missing.stderr.strip().startswith("error: ") and "does not exist" in missing.stderr
 

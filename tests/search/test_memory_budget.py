@@ -11,7 +11,7 @@ from advisor.memory import MemoryBudget
 from advisor.results import GpuInfo, HardwareProfile
 from advisor.search.memory import GLIBC_NOTE, budget_summary, memory_limit
 from advisor.settings import TuneSettings
-from tests.conftest import TINY, run_advisor
+from tests.conftest import TINY, advisor_here
 from tests.scripted_runner import ScriptedRunner, scripted_tune
 
 HOST = HardwareProfile(
@@ -67,8 +67,8 @@ def test_a_share_is_of_the_gpu_on_cuda_and_of_the_host_on_cpu_and_none_keeps_the
 
 
 def test_a_bad_budget_on_the_command_line_is_one_line_and_exit_2(tmp_path):
-    completed = run_advisor(
-        "tune", f"{TINY}:factory", "--out", str(tmp_path), "--memory-budget", "lots", timeout=120
+    completed = advisor_here(
+        "tune", f"{TINY}:factory", "--out", str(tmp_path), "--memory-budget", "lots"
     )
     assert completed.returncode == 2 and "Traceback" not in completed.stderr
     assert "memory_budget" in completed.stderr and "is not a memory budget" in completed.stderr

@@ -17,7 +17,7 @@ from advisor.search.space import build_space
 from advisor.search.study import run_search
 from advisor.settings import TuneSettings
 from advisor.trial.orders import ProgressCallback, TrialOrder, WindowOrder
-from tests.conftest import CPU_PROFILE, TINY, run_advisor, survivors
+from tests.conftest import CPU_PROFILE, TINY, advisor_here, survivors
 from tests.scripted_runner import TASK, ScriptedRunner, scripted_context, scripted_tune
 
 FAST = {"trial_seconds": 0.2, "warmup_steps": 1, "confirm_top": 1, "objective": "throughput"}
@@ -157,9 +157,9 @@ def test_timeout_stops_starting_trials(tmp_path):
 
 @pytest.mark.slow
 def test_every_trial_failing_exits_3_with_the_reasons(tmp_path):
-    # Real: the point is the CLI's exit status and message. --objective throughput: no
-    # noise-scale trial after the failed baseline.
-    completed = run_advisor(
+    # Through the command's entry point: the point is its exit status and message.
+    # --objective throughput: no noise-scale trial after the failed baseline.
+    completed = advisor_here(
         "tune",
         f"{TINY}:nan_loss",
         "--trials",

@@ -25,7 +25,7 @@ from advisor.search.storage import load_study, open_study, optimize_one
 from advisor.search.study import bind_study, make_sampler, run_search
 from advisor.settings import TuneSettings
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
-from tests.conftest import CPU_PROFILE, ROOT, TINY, run_advisor, trials_counted
+from tests.conftest import CPU_PROFILE, ROOT, TINY, advisor_here, trials_counted
 from tests.postgres import PASSWORD, postgres_url  # noqa: F401 (a fixture)
 from tests.scripted_runner import ScriptedRunner, scripted_context
 
@@ -173,7 +173,7 @@ def _context(settings, hardware, task, logs) -> SearchContext:
 
 def test_a_wrong_password_is_one_masked_line(postgres_url, tmp_path):  # noqa: F811
     wrong = postgres_url.replace(PASSWORD, "wrong-pw-123")
-    completed = run_advisor(
+    completed = advisor_here(
         "tune", f"{TINY}:factory", "--storage", wrong, "--out", str(tmp_path), *FAST
     )
     assert completed.returncode == 2
