@@ -28,6 +28,10 @@ TINY = "tests/workloads/tiny.py"
 # here and in every process a test starts (they inherit the environment). In one run on two cores
 # this cut the CPU time of test_knobs, test_study and test_codegen by 9 % (283 -> 256 s).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# torch.compile's inductor compiles its kernels in this process rather than in a pool of
+# interpreters of its own: one fewer set of processes beside the three workers (in one run, the
+# compiled train.py test took 28 s of CPU this way, 31 s with the pool).
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 # A described 2-core CPU machine, for tests of pure functions of the hardware profile.
 CPU_PROFILE = HardwareProfile(
