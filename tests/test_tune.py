@@ -223,7 +223,7 @@ def test_ctrl_c_keeps_finished_trials_and_the_same_command_resumes(tmp_path):
         time.sleep(0.1)
     assert not alive()
     _check_provisional_reports(tmp_path, stderr)
-    resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    resumed = advisor_here(*command[3:])  # the same command, resumed in this process
     assert resumed.returncode == 0, resumed.stderr
     final = Recommendation.model_validate_json((tmp_path / "recommendation.json").read_text())
     assert not final.provisional and final.confirm_runs
@@ -279,7 +279,7 @@ def test_a_killed_parent_leaves_no_trial_running_after_resume(tmp_path):
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)  # while the second trial runs
     process.wait()  # its trial's process is gone: the resumed tune sees it at once
-    resumed = subprocess.run([*command, *flags], cwd=ROOT, capture_output=True, text=True)
+    resumed = advisor_here(*command[3:], *flags)  # the same command, resumed in this process
     assert resumed.returncode == 0, resumed.stderr
     study = optuna.load_study(study_name="tiny-factory", storage=f"sqlite:///{tmp_path}/study.db")
     states = [t.state for t in study.trials]
