@@ -250,12 +250,9 @@ def _plain_seconds(
     return samples / rate if samples is not None else None
 
 
-def _plain_rate(
-    spec: str, config: TrialConfig, seconds: float, seed: int, out: Path
-) -> float | None:
-    """Samples/s of plain training, no evaluation, over `seconds` after a warm-up: one window
-    as the re-runs time one (whole optimizer cycles), in a fresh process."""
-    launch = TrialLaunch(
+def _launch(spec: str, seconds: float, seed: int) -> TrialLaunch:
+    """A fresh process from `seed` (initial weights, data order) for about `seconds`."""
+    return TrialLaunch(
         spec=spec,
         cwd=Path.cwd(),
         seed=seed,
@@ -263,6 +260,14 @@ def _plain_rate(
         trial_seconds=seconds,
         timeout_s=3 * seconds + 300,
     )
+
+
+def _plain_rate(
+    spec: str, config: TrialConfig, seconds: float, seed: int, out: Path
+) -> float | None:
+    """Samples/s of plain training, no evaluation, over `seconds` after a warm-up: one window
+    as the re-runs time one (whole optimizer cycles), in a fresh process."""
+    launch = _launch(spec, seconds, seed)
     result = ProcessRunner(launch).run(WindowOrder(config=config, whole_cycles=True), out / "w.log")
     if result.samples_per_s is None:
         print(f"{spec} {config.label()} plain: {result.status} {result.reason}", flush=True)
@@ -281,14 +286,7 @@ def _train(
     """One run of `bounds` seconds of training, or where it gives samples, those samples (its
     clock may run `CLOCK_SLACK` times the seconds)."""
     (seconds, samples), (grid, seed) = bounds, grid_and_seed
-    launch = TrialLaunch(
-        spec=spec,
-        cwd=Path.cwd(),
-        seed=seed,
-        warmup_steps=1,
-        trial_seconds=seconds,
-        timeout_s=3 * seconds + 300,
-    )
+    launch = _launch(spec, seconds, seed)
     clock = seconds * CLOCK_SLACK if samples is not None else seconds
     order = RaceOrder(
         config=config, seconds=clock, lr=lr, schedule=schedule, grid=grid, max_samples=samples
