@@ -24,6 +24,7 @@ from advisor.results import (
 )
 
 __all__ = [
+    "NOT_GOING_ON",
     "ConsoleProgress",
     "hardware_table",
     "recommendation_table",
@@ -224,6 +225,16 @@ def validation_table(result: TrialResult) -> Table:
     return table
 
 
+# Why a race does not go on (`advisor.decide.race.extend.why_not_go_on`).
+NOT_GOING_ON = {
+    "continue-1": "--race-continue 1 keeps the race to its length",
+    "no-target": "the race set no target",
+    "another-batch-won": "another global batch won already, which a longer race favours more",
+    "state-not-saved": "your configuration's training state was not saved",
+    "no-other-batch": "no other global batch raced",
+}
+
+
 def stage_text(stage: Stage) -> str:
     """A step of the decision, in a line."""
     if stage.kind == "racing":
@@ -240,6 +251,14 @@ def stage_text(stage: Stage) -> str:
         return (
             f"the race kept your global batch; {stage.count} finalists go on from where they "
             f"stopped to {stage.seconds:g} s of training, to judge it later in training"
+        )
+    if stage.kind == "race-stays":
+        return f"the race kept your global batch and does not go on: {NOT_GOING_ON[stage.label]}"
+    if stage.kind == "race-went-on-alone":
+        return (
+            f"after {stage.until_s:g} s of replicate 1, the other global batch cannot win over "
+            f"the race's replicates: they do not go on, and the verdict after "
+            f"{stage.seconds:g} s stands"
         )
     if stage.kind == "race-skips":
         return (

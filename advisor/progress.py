@@ -14,6 +14,8 @@ StageKind = Literal[
     "racing",
     "race-replicate",
     "race-goes-on",
+    "race-stays",
+    "race-went-on-alone",
     "race-skips",
     "schedule-tracks",
     "schedule-races",
@@ -26,7 +28,10 @@ class Stage:
     """A step of the decision, as data (`advisor.console` words it): `racing` `count`
     configurations for `seconds` each; the race's replicate `count` begins from a seed of its
     own (`race-replicate`); the race kept your batch and `count` finalists go on to
-    `seconds` (`race-goes-on`); your loss did not fall, so `count` racers are skipped
+    `seconds` (`race-goes-on`), or it stays at its length for the reason `label`
+    (`race-stays`: an `advisor.decide.race.extend.NotGoingOn`), or replicate 1 went on to
+    `until_s` and the other batch cannot win, so the verdict after `seconds` stands
+    (`race-went-on-alone`); your loss did not fall, so `count` racers are skipped
     (`race-skips`); the schedule's tune trains your configuration for `seconds`
     (`schedule-tracks`) and races `label` for at most `seconds` to `loss`
     (`schedule-races`); your baseline and the next `count` trials all raised `label`
@@ -37,6 +42,7 @@ class Stage:
     seconds: float = 0.0
     loss: float = 0.0
     label: str = ""
+    until_s: float = 0.0
 
 
 class Progress(Protocol):

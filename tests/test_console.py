@@ -1,11 +1,14 @@
 """What a user sees while a tune runs: plain lines in logs, a live line on a terminal."""
 
 import io
+from typing import get_args
 
 from rich.console import Console
 
-from advisor.console import ConsoleProgress
+from advisor.console import NOT_GOING_ON, ConsoleProgress, stage_text
+from advisor.decide.race.extend import NotGoingOn
 from advisor.knobs import TrialConfig
+from advisor.progress import Stage
 from advisor.results import NoiseScale, TrialRecord, TrialResult
 
 CONFIG = TrialConfig(batch_size=32, amp="bf16")
@@ -92,3 +95,16 @@ def test_a_failed_noise_scale_trial_says_why():
     assert buffer.getvalue().splitlines()[-1] == (
         "✗ noise-scale trial  bs=32 acc=1 amp=bf16 workers=0  failed error: RuntimeError: boom"
     )
+
+
+def test_why_a_race_does_not_go_on_is_worded_from_its_reason():
+    """The decision says which reason (`why_not_go_on`) and how far it went; the console words
+    it: every reason has its words."""
+    assert set(NOT_GOING_ON) == set(get_args(NotGoingOn))
+    stays = stage_text(Stage(kind="race-stays", label="no-other-batch"))
+    assert (
+        stays == "the race kept your global batch and does not go on: no other global batch raced"
+    )
+    alone = stage_text(Stage(kind="race-went-on-alone", seconds=10, until_s=30))
+    assert alone.startswith("after 30 s of replicate 1, the other global batch cannot win")
+    assert alone.endswith("the verdict after 10 s stands")

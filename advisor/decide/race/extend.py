@@ -31,6 +31,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import optuna
 
@@ -43,11 +44,17 @@ from advisor.results import Racer, RacerRole, RaceSummary
 from advisor.search.context import SearchContext
 from advisor.search.records import StudyKey
 
+# Why a race does not go on (`why_not_go_on`; `advisor.console` words each).
+NotGoingOn = Literal[
+    "continue-1", "no-target", "another-batch-won", "state-not-saved", "no-other-batch"
+]
+
 __all__ = [
     "MAX_PRECISION_REPLICATES",
     "MAX_REPLICATES",
     "MIN_REPLICATES",
     "RACE_STATES",
+    "NotGoingOn",
     "go_on",
     "going_on",
     "later_plans",
@@ -213,18 +220,18 @@ def _final(racer: Racer) -> float:
     return racer.curve.final_loss if racer.curve is not None else float("inf")
 
 
-def why_not_go_on(race: RaceSummary, factor: float) -> str | None:
-    """Why the race does not go on; None where it does."""
+def why_not_go_on(race: RaceSummary, factor: float) -> NotGoingOn | None:
+    """Why the race does not go on (`advisor.console` words it); None where it does."""
     if factor <= 1:
-        return "--race-continue 1 keeps the race to its length"
+        return "continue-1"
     if race.target_loss is None or race.winner is None:
-        return "the race set no target"
+        return "no-target"
     if race.racers[race.winner].role not in AT_BATCH0:
-        return "another global batch won already, which a longer race favours more"
+        return "another-batch-won"
     if not any(r.role == "baseline" and _saved(r) for r in race.racers):
-        return "your configuration's training state was not saved"
+        return "state-not-saved"
     if _nearest_candidate(race.racers) is None:
-        return "no other global batch raced"
+        return "no-other-batch"
     return None
 
 
@@ -250,7 +257,7 @@ def go_on(
     why = why_not_go_on(race, factor)
     if why is not None:
         if race.winner is not None and race.racers[race.winner].role in AT_BATCH0:
-            context.progress.stage(f"the race kept your global batch and does not go on: {why}")
+            context.progress.stage(Stage(kind="race-stays", label=why))
         return race
     horizon = factor * race.seconds
     first = [r for r in race.racers if r.replicate == 0]
@@ -261,9 +268,7 @@ def go_on(
     went_on = _went_on_in(study, context, race, Heat(0, horizon, grid, key=key))
     if not _can_still_win(race, went_on, rates):
         context.progress.stage(
-            f"after {horizon:g} s of replicate 1, the other global batch cannot win over "
-            f"the race's replicates: they do not go on, and the verdict after "
-            f"{race.seconds:g} s stands"
+            Stage(kind="race-went-on-alone", seconds=race.seconds, until_s=horizon)
         )
         return race
     race = _fill_replicates(study, context, race, rates)
