@@ -17,10 +17,6 @@ from advisor.settings import TuneSettings
 from tests.conftest import FAST_TUNE, ROOT, TINY, advisor_here, run_advisor
 
 
-def advisor(*args: str) -> subprocess.CompletedProcess[str]:
-    return advisor_here(*args)
-
-
 def _one_line_error(completed: subprocess.CompletedProcess[str]) -> str:
     """Besides progress lines (`· ...`), stderr holds exactly one line: the error."""
     lines = [line for line in completed.stderr.strip().splitlines() if not line.startswith("·")]
@@ -56,7 +52,7 @@ def _one_line_error(completed: subprocess.CompletedProcess[str]) -> str:
 def test_bad_input_is_one_line_and_exit_code_2(args, fragment, tmp_path):
     if args[0] == "tune":
         args = [*args, "--out", str(tmp_path)]
-    assert fragment in _one_line_error(advisor(*args))
+    assert fragment in _one_line_error(advisor_here(*args))
 
 
 @pytest.mark.parametrize(
@@ -66,7 +62,7 @@ def test_a_factory_that_hangs_is_stopped_by_the_trial_timeout_with_the_phase(
     workload, phase, tmp_path
 ):
     started = time.monotonic()
-    completed = advisor(
+    completed = advisor_here(
         "tune", f"{TINY}:{workload}", "--trial-timeout", "5", "--out", str(tmp_path)
     )
     line = _one_line_error(completed)
@@ -76,7 +72,7 @@ def test_a_factory_that_hangs_is_stopped_by_the_trial_timeout_with_the_phase(
 
 
 def test_debug_shows_the_traceback():
-    completed = advisor("--debug", "validate", f"{TINY}:nope")
+    completed = advisor_here("--debug", "validate", f"{TINY}:nope")
     assert completed.returncode == 2
     assert "Traceback" in completed.stderr
 
@@ -101,7 +97,7 @@ def test_tune_help_shows_every_setting_with_the_default_the_settings_hold():
 
 
 def test_probe_json_describes_this_machine():
-    profile = json.loads(advisor("probe", "--json").stdout)
+    profile = json.loads(advisor_here("probe", "--json").stdout)
     assert profile["cores"] >= 1 and profile["memory_bytes"] > 0
     assert profile["torch_version"].startswith("2.")
     assert "AVX" in profile["cpu_capability"] or profile["cpu_capability"] in (
@@ -116,7 +112,7 @@ def test_probe_json_describes_this_machine():
 
 
 def test_validate_prints_model_size_shapes_and_step_time():
-    completed = advisor("validate", f"{TINY}:dict_task")
+    completed = advisor_here("validate", f"{TINY}:dict_task")
     assert completed.returncode == 0, completed.stderr
     assert "LossModel" in completed.stdout
     assert "{features: float32[16, 8], label: int64[16]}" in completed.stdout
@@ -132,7 +128,7 @@ def test_a_settings_file_with_many_problems_names_them_all_in_one_line(tmp_path)
         'batch-sizes = [16, "x"]\n'
         'sampler = "bayes"\n'
     )
-    line = _one_line_error(advisor("tune", "--config", str(config)))
+    line = _one_line_error(advisor_here("tune", "--config", str(config)))
     assert line.startswith(f"error: {config}: invalid settings: ")
     for problem in (
         "trials: Input should be greater than or equal to 1 (got 0)",
@@ -156,7 +152,7 @@ def test_a_settings_file_with_many_problems_names_them_all_in_one_line(tmp_path)
 def test_an_unusable_settings_file_is_one_line(name, text, fragment, tmp_path):
     config = tmp_path / name
     config.write_text(text)
-    assert fragment in _one_line_error(advisor("tune", "--config", str(config)))
+    assert fragment in _one_line_error(advisor_here("tune", "--config", str(config)))
 
 
 @pytest.mark.slow
@@ -192,7 +188,7 @@ def test_a_study_file_that_is_not_a_study_is_named_and_left_alone(tmp_path):
     study = tmp_path / "study.db"
     study.write_bytes(b"not a database, but someone's notes\n" * 100)
     before = study.read_bytes()
-    completed = advisor("tune", f"{TINY}:factory", "--out", str(tmp_path), "--trials", "2")
+    completed = advisor_here("tune", f"{TINY}:factory", "--out", str(tmp_path), "--trials", "2")
     line = _one_line_error(completed)
     assert str(study) in line and "is not a study advisor can read" in line
     assert study.read_bytes() == before  # nothing overwritten
@@ -201,7 +197,7 @@ def test_a_study_file_that_is_not_a_study_is_named_and_left_alone(tmp_path):
 def test_an_output_folder_that_cannot_be_written_is_exit_2(tmp_path):
     blocker = tmp_path / "a file"
     blocker.write_text("in the way")
-    completed = advisor("tune", f"{TINY}:factory", "--out", str(blocker / "run"))
+    completed = advisor_here("tune", f"{TINY}:factory", "--out", str(blocker / "run"))
     assert str(blocker) in _one_line_error(completed)
 
 
@@ -217,7 +213,9 @@ def test_a_second_tune_on_the_same_folder_is_refused_and_the_first_goes_on(tmp_p
     deadline = time.monotonic() + 120
     while not (tmp_path / "study.db").exists() and time.monotonic() < deadline:
         time.sleep(0.2)  # the study exists once the first holds the folder
-    second = advisor("tune", f"{TINY}:factory", "--trials", "3", *FAST_TUNE, "--out", str(tmp_path))
+    second = advisor_here(
+        "tune", f"{TINY}:factory", "--trials", "3", *FAST_TUNE, "--out", str(tmp_path)
+    )
     line = _one_line_error(second)
     assert f"another advisor tune (pid {first.pid}) is running on {tmp_path}" in line
     _, stderr = first.communicate(timeout=600)
