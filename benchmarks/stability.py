@@ -2,14 +2,15 @@
 other on one machine.
 
     python benchmarks/stability.py [--specs examples/mlp.py:factory ...] [--tunes 5]
-                                   [--trials 16]
+                                   [--trials 16] [--keep DIR]
 
 Each tune is the README's quick-start command (`advisor tune SPEC --trials N`) in a fresh output
 folder and study, run in its own process as a user runs it. Per example the table gives each
 tune's recommended global batch and precision, its verdict, its time-to-loss claim with the
 interval and its cost; below it, whether one global batch and precision was recommended in at
 least all but one tune, and whether the claims' intervals share a point (the highest low end at
-most the lowest high end). Results: benchmarks/results/stability.json and .md.
+most the lowest high end). Results: benchmarks/results/stability.json and .md; with `--keep`,
+each tune's recommendation.json (its racers' curves included) is copied to DIR.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,15 +41,17 @@ def main() -> None:
     parser.add_argument("--tunes", type=int, default=5, help="fresh tunes per example")
     parser.add_argument("--trials", type=int, default=16, help="each tune's --trials")
     parser.add_argument("--name", default="stability", help="results file name")
+    parser.add_argument("--keep", type=Path, help="copy each recommendation.json here")
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     for spec in args.specs:
-        tunes = [_tune(spec, args.trials) for _ in range(args.tunes)]
+        keep = args.keep / Path(spec.split(":")[0]).stem if args.keep else None
+        tunes = [_tune(spec, args.trials, keep, i) for i in range(1, args.tunes + 1)]
         rows.append({"spec": spec, "tunes": tunes, **_agreement(tunes)})
         _write(rows, args.name)
 
 
-def _tune(spec: str, trials: int) -> dict[str, Any]:
+def _tune(spec: str, trials: int, keep: Path | None, index: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as out:
         command = [sys.executable, "-m", "advisor", "tune", spec, "--trials", str(trials)]
         started = time.perf_counter()
@@ -58,6 +62,9 @@ def _tune(spec: str, trials: int) -> dict[str, Any]:
             print(done.stdout[-2000:], done.stderr[-2000:], flush=True)
             return {"failed": done.returncode, "wall_s": wall_s}
         rec = json.loads(path.read_text())
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, keep / f"tune{index}.json")
     race = rec.get("race") or {}
     row = {
         "batch": rec["config"]["batch_size"] * rec["config"]["accumulation_steps"],
