@@ -168,31 +168,21 @@ def _rejection(
     kinds: Counter[str],
     counterparts: tuple[tuple[int, int], ...],
 ) -> RejectedValue:
-    numbers = tuple(r.number for r in tried)
-    failures = ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
-    every = f"every trial with it failed ({failures}: trials {', '.join(map(str, numbers))})"
-    if counterparts:  # the failure the knob alone explains comes first
-        ok, bad = counterparts[0]
-        failed = next(r for r in tried if r.number == bad)
-        others = len({b for _, b in counterparts}) - 1
-        more = f" (and {others} more such pairs)" if others else ""
-        explanation = (
-            f"{knob}={value} rejected: trial {bad} {_failure_kind(failed)} ({_why(failed)}) "
-            f"where trial {ok}, differing in {knob} alone, trained{more}; {every}"
-        )
+    """The value's evidence: its failed trials and, first, the failure the knob alone explains
+    (a pair's), else one of the commonest kind (`advisor.report.verdicts` words it)."""
+    if counterparts:
+        cited = next(r for r in tried if r.number == counterparts[0][1])
     else:
-        first = next(r for r in tried if _failure_kind(r) == kinds.most_common(1)[0][0])
-        explanation = (
-            f"{knob}={value} rejected: {every}; trial {first.number}: {_why(first)}; no usable "
-            "trial differs from these in this knob alone"
-        )
+        cited = next(r for r in tried if _failure_kind(r) == kinds.most_common(1)[0][0])
     return RejectedValue(
         knob=knob,
         value=value,
-        trials=numbers,
-        failures=failures,
+        trials=tuple(r.number for r in tried),
+        failures=", ".join(f"{n} {kind}" for kind, n in kinds.most_common()),
         counterparts=counterparts,
-        explanation=explanation,
+        cited=cited.number,
+        cited_kind=_failure_kind(cited),
+        cited_reason=_why(cited),
     )
 
 
@@ -205,6 +195,7 @@ def _effect(
 ) -> KnobEffect:
     ordered = sorted(pairs, key=lambda pair: (pair[0].number, pair[1].number))
     ratios = [(a.result.samples_per_s or 0.0) / (b.result.samples_per_s or 1.0) for b, a in ordered]
+    extra, saved = _compile_payoff(ordered) if knob == "compile" and old == "off" else (None, None)
     return KnobEffect(
         knob=knob,
         from_value=old,
@@ -214,24 +205,20 @@ def _effect(
         pair_ratios=tuple(ratios),
         data_wait_before=_median([b.result.data_wait_fraction for b, _ in ordered]),
         data_wait_after=_median([a.result.data_wait_fraction for _, a in ordered]),
-        note=_compile_payoff(ordered) if knob == "compile" and old == "off" else "",
+        compile_extra_s=extra,
+        compile_saved_s=saved,
     )
 
 
-def _compile_payoff(pairs: list[tuple[TrialRecord, TrialRecord]]) -> str:
-    """Compilation's one-off cost (the compiled first step less the eager one) against the time
-    it saves per step, over the same pairs."""
+def _compile_payoff(
+    pairs: list[tuple[TrialRecord, TrialRecord]],
+) -> tuple[float | None, float | None]:
+    """Compilation's one-off cost (the compiled first step less the eager one) and the time it
+    saves per step, over the same pairs (medians); both or neither
+    (`advisor.report.verdicts` weighs one against the other)."""
     extra = _median([_first_step_extra(eager, compiled) for eager, compiled in pairs])
     saved = _median([_step_saving(eager, compiled) for eager, compiled in pairs])
-    if extra is None or saved is None:
-        return ""
-    cost = f"compiling made the first step {extra:.1f} s longer"
-    if saved <= 0:
-        return f"{cost}, and compiled steps were no faster: it never pays off"
-    return (
-        f"{cost} and saves {saved * 1000:.2f} ms per step: it pays off after "
-        f"{extra / saved:,.0f} steps"
-    )
+    return (extra, saved) if extra is not None and saved is not None else (None, None)
 
 
 def _first_step_extra(eager: TrialRecord, compiled: TrialRecord) -> float | None:

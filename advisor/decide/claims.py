@@ -20,10 +20,11 @@ say why.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
 from advisor.decide.paired_ratio import paired_ratio
 from advisor.decide.reruns import Selection, rerun_pairs, run_round
-from advisor.results import Confirmation, MachineLoad, TrialRecord
+from advisor.results import BUSY_CORES, BUSY_STEAL, Confirmation, MachineLoad, TrialRecord
 from advisor.search.context import SearchContext
 
 __all__ = [
@@ -48,10 +49,6 @@ COVERAGE = 0.75  # of the interval around the claim
 # from 4 rounds, examples/mlp.py with one of two cores taken confirmed 74.7x, and 8 pairs
 # re-measured under the same load read 89.9x (-17 %).
 BUSY_COVERAGE = 0.9
-# Other programs using a quarter of a core, a hypervisor taking 5 % of the CPU time, or
-# another program on the GPU: the measurements may differ from run to run for that alone.
-BUSY_CORES = 0.25
-BUSY_STEAL = 0.05
 # Rounds a claim needs at least: two agree by chance too often (examples/data_bound.py on a
 # quiet 2-core VM: two rounds confirmed 2.04x; four more pairs read 1.42x to 2.07x, median
 # 1.45x, and benchmarks/remeasure.py 1.28x); a machine other programs kept busy needs five, the
@@ -61,51 +58,38 @@ BUSY_ROUNDS = 5
 
 
 def busy(loads: Iterable[MachineLoad | None]) -> MachineLoad | None:
-    """The busiest of `loads` if any is busy enough to make runs disagree, else None."""
-    heavy = [
-        load
-        for load in loads
-        if load is not None
-        and (
-            load.outside_cores >= BUSY_CORES
-            or load.steal_share >= BUSY_STEAL
-            or (load.gpu_processes or 0) > 0
-        )
-    ]
+    """The busiest of `loads` if any is busy enough to make runs disagree (`MachineLoad.busy`),
+    else None."""
+    heavy = [load for load in loads if load is not None and load.busy]
     return max(heavy, key=lambda load: (load.outside_cores, load.steal_share), default=None)
 
 
 def judge(ratios: Sequence[float], loads: Sequence[MachineLoad | None]) -> Confirmation:
     """Whether paired speed-up `ratios` (one per round) support their median, given the
-    machine's load during their runs."""
+    machine's load during their runs (`Confirmation` words why not)."""
     load = busy(loads)
     estimate = paired_ratio(ratios, BUSY_COVERAGE if load is not None else COVERAGE)
     claim, low, high = estimate.typical, estimate.low, estimate.high
     agree = low >= claim / (1 + CLAIM_TOLERANCE) and high <= claim * (1 + CLAIM_TOLERANCE)
     enough = len(ratios) >= (BUSY_ROUNDS if load is not None else MIN_ROUNDS)
-    why = None
+    unconfirmed: Literal["spread", "few-rounds"] | None = None
     if not agree:
-        why = (
-            f"its re-runs' speed-ups ranged from {min(ratios):.2f}x to {max(ratios):.2f}x over "
-            f"{len(ratios)} rounds, more than ±{CLAIM_TOLERANCE:.0%}"
-        )
+        unconfirmed = "spread"
     elif not enough:
-        why = f"only {len(ratios)} round{'s' if len(ratios) > 1 else ''} of re-runs"
-    if why is not None and load is not None:
-        why += f", {_load_text(load)}"
-    elif why is not None:
-        why += ", with nothing else seen running: this machine's own speed varied"
+        unconfirmed = "few-rounds"
     return Confirmation(
-        confirmed=why is None,
+        confirmed=unconfirmed is None,
         ratios=tuple(ratios),
         low=low,
         high=high,
-        claimed_speedup=claim if why is None else min(min(ratios), claim),
+        claimed_speedup=claim if unconfirmed is None else min(min(ratios), claim),
         outside_cores=load.outside_cores if load is not None else _most_outside(loads),
         cores=next((load.cores for load in loads if load is not None), None),
         steal_share=max((x.steal_share for x in loads if x is not None), default=None),
         gpu_processes=load.gpu_processes if load is not None else None,
-        why=why,
+        unconfirmed=unconfirmed,
+        tolerance=CLAIM_TOLERANCE,
+        busy_load=load,
     )
 
 
@@ -144,12 +128,3 @@ def confirm_claim(
 
 def _most_outside(loads: Sequence[MachineLoad | None]) -> float | None:
     return max((load.outside_cores for load in loads if load is not None), default=None)
-
-
-def _load_text(load: MachineLoad) -> str:
-    parts = [f"other programs used {load.outside_cores:.1f} of {load.cores} cores"]
-    if load.steal_share >= BUSY_STEAL:
-        parts.append(f"the hypervisor took {load.steal_share:.0%} of the CPU time")
-    if load.gpu_processes:
-        parts.append(f"{load.gpu_processes} other program(s) computed on the GPU")
-    return " and ".join(parts) + " meanwhile"

@@ -14,7 +14,14 @@ from dataclasses import dataclass, field, replace
 
 from advisor.errors import NoFeasibleConfigError
 from advisor.knobs import KNOBS, TrialConfig
-from advisor.results import MachineLoad, TrialRecord, TrialResult, TrialRole, relative_spread
+from advisor.results import (
+    MachineLoad,
+    Tie,
+    TrialRecord,
+    TrialResult,
+    TrialRole,
+    relative_spread,
+)
 from advisor.search.checks import memory_problem
 from advisor.search.context import SearchContext
 from advisor.trial.orders import WindowOrder
@@ -46,7 +53,7 @@ class Selection:
     winner_runs: tuple[float, ...]
     baseline_runs: tuple[float, ...]
     confirmations: tuple[TrialRecord, ...]
-    close_call: str | None = None
+    close_call: Tie | None = None
     finalists: tuple[TrialRecord, ...] = ()
     confirmed_rates: dict[int, float] = field(default_factory=dict)  # median re-run, by trial
 
@@ -207,10 +214,10 @@ def _decide(
     reruns: dict[int, list[TrialRecord]],
     baseline: TrialRecord | None,
     context: SearchContext,
-) -> tuple[TrialRecord, str | None]:
+) -> tuple[TrialRecord, Tie | None]:
     """The fastest finalist by the median of its re-runs. When the runner-up is within the
     noise, both are re-run again; if they are still within it, the one that changes fewer
-    knobs from the baseline wins, and the returned note says so."""
+    knobs from the baseline wins, and the returned `Tie` says so."""
     ranked = sorted(confirmed, key=lambda r: _median(reruns[r.number]), reverse=True)
     if len(ranked) < 2 or not _within_noise(ranked[0], ranked[1], reruns):
         return ranked[0], None
@@ -241,14 +248,14 @@ def _decide(
         (fast, slow),
         key=lambda r: (knob_changes(r.result.config, reference), -_median(reruns[r.number])),
     )
-    other = slow if simpler is fast else fast
-    gap = _median(reruns[fast.number]) / _median(reruns[slow.number]) - 1
-    return simpler, (
-        f"trials {fast.number} and {slow.number} stayed within measurement noise after "
-        f"{len(reruns[fast.number])} re-runs each ({gap:.1%} apart, spreads "
-        f"{_spread(reruns[fast.number]):.1%} and {_spread(reruns[slow.number]):.1%}): "
-        f"advisor recommends trial {simpler.number}, which changes fewer knobs from your "
-        f"baseline than trial {other.number}"
+    return simpler, Tie(
+        fast=fast.number,
+        slow=slow.number,
+        runs=len(reruns[fast.number]),
+        gap=_median(reruns[fast.number]) / _median(reruns[slow.number]) - 1,
+        fast_spread=_spread(reruns[fast.number]),
+        slow_spread=_spread(reruns[slow.number]),
+        kept=simpler.number,
     )
 
 

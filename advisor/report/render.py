@@ -13,7 +13,13 @@ from advisor.report.codegen import launch_command
 from advisor.report.race_view import race_view
 from advisor.report.schedule_view import schedule_view
 from advisor.report.templating import template_environment
-from advisor.report.verdicts import bottleneck_text, notice_text
+from advisor.report.verdicts import (
+    bottleneck_text,
+    notice_text,
+    payoff_text,
+    rejection_text,
+    tie_text,
+)
 from advisor.results import (
     LayoutBest,
     MachineLoad,
@@ -103,6 +109,9 @@ _MARKDOWN_FILTERS = {
     "runs": lambda runs: ", ".join(f"{r:,.0f}" for r in runs) or "none",
     "ratios": lambda ratios: ", ".join(f"{r:.2f}x" for r in ratios) or "none",
     "spread": lambda runs: f"±{relative_spread(runs):.1%}" if len(runs) > 1 else "–",
+    "rejection": rejection_text,
+    "payoff": payoff_text,
+    "tie": tie_text,
 }
 
 

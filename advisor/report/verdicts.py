@@ -12,8 +12,10 @@ from advisor.results import (
     Racer,
     RacerRole,
     RaceSummary,
+    RejectedValue,
     ScheduleSummary,
     ScheduleVerdict,
+    Tie,
     TimeToLoss,
     reference_racer,
 )
@@ -24,9 +26,12 @@ __all__ = [
     "bottleneck_text",
     "claim_text",
     "notice_text",
+    "payoff_text",
     "race_verdict",
+    "rejection_text",
     "schedule_rule",
     "schedule_verdict",
+    "tie_text",
 ]
 
 # What the reports call each racer's role.
@@ -284,4 +289,53 @@ def bottleneck_text(bottleneck: Bottleneck, effects: tuple[KnobEffect, ...]) -> 
         f"{bottleneck.kind}-bound: batch {bottleneck.batch_from} → {bottleneck.batch_to} alone "
         f"gave {bottleneck.ratio:.2f}x (trials {before} vs {after}) with {wait:.0%} data wait: "
         f"{why}"
+    )
+
+
+def rejection_text(rejected: RejectedValue) -> str:
+    """Why a knob value is never recommended, in a sentence citing its trials."""
+    if rejected.stated is not None:
+        return rejected.stated
+    setting = f"{rejected.knob}={rejected.value}"
+    trials = ", ".join(map(str, rejected.trials))
+    every = f"every trial with it failed ({rejected.failures}: trials {trials})"
+    cited = f"trial {rejected.cited}"
+    if not rejected.counterparts:
+        return (
+            f"{setting} rejected: {every}; {cited}: {rejected.cited_reason}; no usable trial "
+            "differs from these in this knob alone"
+        )
+    usable = rejected.counterparts[0][0]
+    others = len({bad for _, bad in rejected.counterparts}) - 1
+    more = f" (and {others} more such pairs)" if others else ""
+    return (
+        f"{setting} rejected: {cited} {rejected.cited_kind} ({rejected.cited_reason}) where "
+        f"trial {usable}, differing in {rejected.knob} alone, trained{more}; {every}"
+    )
+
+
+def payoff_text(effect: KnobEffect) -> str:
+    """After how many steps compiling pays off, from its pairs' first and later steps."""
+    if effect.compile_extra_s is None or effect.compile_saved_s is None:
+        return effect.note
+    extra, saved = effect.compile_extra_s, effect.compile_saved_s
+    cost = f"compiling made the first step {extra:.1f} s longer"
+    if saved <= 0:
+        return f"{cost}, and compiled steps were no faster: it never pays off"
+    return (
+        f"{cost} and saves {saved * 1000:.2f} ms per step: it pays off after "
+        f"{extra / saved:,.0f} steps"
+    )
+
+
+def tie_text(tie: Tie) -> str:
+    """How a tie within measurement noise was decided, in a sentence citing its trials."""
+    if tie.stated is not None:
+        return tie.stated
+    other = tie.slow if tie.kept == tie.fast else tie.fast
+    return (
+        f"trials {tie.fast} and {tie.slow} stayed within measurement noise after {tie.runs} "
+        f"re-runs each ({tie.gap:.1%} apart, spreads {tie.fast_spread:.1%} and "
+        f"{tie.slow_spread:.1%}): advisor recommends trial {tie.kept}, which changes fewer "
+        f"knobs from your baseline than trial {other}"
     )

@@ -54,10 +54,13 @@ from advisor.results._recommendation import (
     SearchEffort,
     StudySetup,
     ThroughputPick,
+    Tie,
     TuneResult,
     shown_knobs,
 )
 from advisor.results._trial import (
+    BUSY_CORES,
+    BUSY_STEAL,
     FailurePhase,
     GpuInfo,
     HardwareProfile,
@@ -73,6 +76,8 @@ from advisor.results._trial import (
 )
 
 __all__ = [
+    "BUSY_CORES",
+    "BUSY_STEAL",
     "REACHED_IN_A_ROW",
     "BatchEffort",
     "BatchPrediction",
@@ -114,6 +119,7 @@ __all__ = [
     "StudySetup",
     "TaskSummary",
     "ThroughputPick",
+    "Tie",
     "TimeToLoss",
     "TrialRecord",
     "TrialResult",

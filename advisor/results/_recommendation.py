@@ -74,7 +74,18 @@ class KnobEffect(Frozen):
     pair_ratios: tuple[float, ...] = Field(description="samples/s after ÷ before, per pair")
     data_wait_before: float | None = Field(default=None, description="median data-wait fraction")
     data_wait_after: float | None = None
-    note: str = Field(default="", description="e.g. after how many steps compilation pays off")
+    compile_extra_s: float | None = Field(
+        default=None, description="compile: how much longer the compiled first step took"
+    )
+    compile_saved_s: float | None = Field(
+        default=None, description="compile: how much shorter a compiled step was (median)"
+    )
+    note: str = Field(default="", description="a study stored when this was a sentence keeps it")
+
+    @property
+    def pays_off(self) -> bool:
+        """Whether there is a one-off cost to weigh (`advisor.report.verdicts` words it)."""
+        return bool(self.note) or self.compile_extra_s is not None
 
 
 class RejectedValue(Frozen):
@@ -88,7 +99,22 @@ class RejectedValue(Frozen):
         default=(),
         description="(usable trial, failed trial) pairs that differ in this knob alone",
     )
-    explanation: str
+    cited: int | None = Field(
+        default=None, description="the failed trial whose failure is quoted: the first pair's"
+    )
+    cited_kind: str = Field(default="", description="how it failed, e.g. 'diverged'")
+    cited_reason: str = Field(default="", description="the reason it recorded")
+    stated: str | None = Field(
+        default=None, description="a study stored when this was a sentence keeps its sentence"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stored_sentence(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "explanation" in data:
+            data = {**data, "stated": data["explanation"]}
+            del data["explanation"]
+        return data
 
 
 class Bottleneck(Frozen):
@@ -188,6 +214,28 @@ class Notice(Frozen):
         return {"kind": "stated", "text": data} if isinstance(data, str) else data
 
 
+class Tie(Frozen):
+    """How a tie within measurement noise was decided (`advisor.decide.reruns`), as data
+    (`advisor.report.verdicts` words it): trials `fast` and `slow` re-ran `runs` times each,
+    their medians `gap` apart (a share of the slower), each with its re-runs' spread; `kept`
+    changes fewer knobs from your baseline. `stated`: a study stored when this was a sentence
+    keeps its sentence."""
+
+    fast: int = 0
+    slow: int = 0
+    runs: int = 0
+    gap: float = 0.0
+    fast_spread: float = 0.0
+    slow_spread: float = 0.0
+    kept: int = 0
+    stated: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stored_sentence(cls, data: Any) -> Any:
+        return {"stated": data} if isinstance(data, str) else data
+
+
 class ThroughputPick(Frozen):
     """The configuration with the highest samples/s, when the race chose another."""
 
@@ -235,7 +283,7 @@ class Recommendation(Frozen):
     confirm_runs: tuple[float, ...] = Field(description="samples/s of each re-run after search")
     baseline_runs: tuple[float, ...] = Field(description="the baseline's re-runs, alongside")
     global_batch_changed: bool
-    close_call: str | None = Field(
+    close_call: Tie | None = Field(
         default=None, description="how a tie within measurement noise was decided"
     )
     objective: Objective = "throughput"

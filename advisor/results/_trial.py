@@ -15,6 +15,8 @@ from advisor.knobs import TrialConfig
 from advisor.results._convergence import GradientNorms, RaceCurve
 
 __all__ = [
+    "BUSY_CORES",
+    "BUSY_STEAL",
     "FailurePhase",
     "GpuInfo",
     "HardwareProfile",
@@ -113,6 +115,12 @@ class RankResult(Frozen):
     startup_s: float | None = None
 
 
+# Other programs using a quarter of a core, a hypervisor taking 5 % of the CPU time, or
+# another program on the GPU: the measurements may differ from run to run for that alone.
+BUSY_CORES = 0.25
+BUSY_STEAL = 0.05
+
+
 class MachineLoad(Frozen):
     """How busy the machine was during a trial, besides the trial and advisor
     (`advisor.trial.parent.load`)."""
@@ -128,6 +136,17 @@ class MachineLoad(Frozen):
     gpu_processes: int | None = Field(
         default=None, description="other programs computing on the trial's GPUs (NVML)"
     )
+
+    @property
+    def busy(self) -> bool:
+        """Whether the load alone may make runs disagree (`BUSY_CORES`, `BUSY_STEAL`, or
+        another program on the GPU)."""
+        return self.outside_cores >= BUSY_CORES or self.stolen or (self.gpu_processes or 0) > 0
+
+    @property
+    def stolen(self) -> bool:
+        """Whether a hypervisor took enough CPU time to matter (`BUSY_STEAL`)."""
+        return self.steal_share >= BUSY_STEAL
 
 
 class TrialResult(Frozen):

@@ -5,7 +5,7 @@ import pytest
 from advisor.decide.analysis import best_by_layout, knob_effects, rejected_values
 from advisor.decide.bottleneck import diagnose
 from advisor.knobs import TrialConfig
-from advisor.report.verdicts import bottleneck_text
+from advisor.report.verdicts import bottleneck_text, rejection_text
 from advisor.results import TrialRecord, TrialResult
 
 
@@ -129,7 +129,7 @@ def test_a_value_that_only_ever_failed_is_rejected_with_its_evidence():
     [amp] = rejected_values(trials)
     assert (amp.knob, amp.value, amp.trials, amp.failures) == ("amp", "bf16", (1, 3), "2 diverged")
     assert amp.counterparts == ((0, 1),)
-    assert amp.explanation == (
+    assert rejection_text(amp) == (
         "amp=bf16 rejected: trial 1 diverged (loss became nan at step 4) where trial 0, "
         "differing in amp alone, trained; every trial with it failed (2 diverged: trials 1, 3)"
     )
@@ -144,7 +144,7 @@ def test_one_failure_that_other_knobs_explain_as_well_is_not_blamed_on_a_value()
     assert rejected_values(trials) == ()  # one failure, no pair isolating either knob
     trials.append(_trial(3, 0, status="oom", batch_size=512, num_workers=1))
     [batch] = rejected_values(trials)  # two of a kind: stated, without a pair
-    assert batch.explanation == (
+    assert rejection_text(batch) == (
         "batch_size=512 rejected: every trial with it failed (2 oom: trials 1, 3); trial 1: oom; "
         "no usable trial differs from these in this knob alone"
     )

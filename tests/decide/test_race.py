@@ -45,6 +45,7 @@ from advisor.results import (
     RaceCurve,
     RacePoint,
     Racer,
+    Tie,
     TrialRecord,
     TrialResult,
     stop_index,
@@ -762,7 +763,7 @@ def test_without_a_race_a_tie_at_your_batch_goes_as_the_re_runs_broke_it():
         winner_runs=(100.0, 101.0),
         baseline_runs=(100.0, 101.0),
         confirmations=(),
-        close_call="trials 1 and 0 stayed within measurement noise",
+        close_call=Tie(fast=1, slow=0, runs=2, gap=0.01, kept=0),
         finalists=(baseline, bf16),
         confirmed_rates={0: 100.5, 1: 102.0},
     )

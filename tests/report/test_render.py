@@ -12,15 +12,19 @@ from advisor.report.render import effort_summary, render_html, render_markdown
 from advisor.report.verdicts import race_verdict
 from advisor.results import (
     BatchPrediction,
+    Confirmation,
     Efficiency,
     FixedKnob,
+    KnobEffect,
     LrPlan,
     NoiseScale,
     Racer,
     RaceSummary,
     RaceVerdict,
     Recommendation,
+    RejectedValue,
     ThroughputPick,
+    Tie,
     TrialRecord,
     TrialResult,
     TuneResult,
@@ -353,6 +357,67 @@ def test_a_stored_race_keeps_its_figures_and_is_worded_when_rendered():
     legacy = RaceSummary.model_validate(old)
     assert race_verdict(legacy) == "batch 64 won"
     assert legacy.first_race is not None and race_verdict(legacy.first_race) == "batch 32 won"
+
+
+def test_stored_explanations_are_data_worded_today_and_old_sentences_are_kept():
+    """A tie, a rejected value, compilation's pay-off and an unconfirmed claim are stored as
+    kinds and figures, worded when rendered; one stored when they were sentences keeps them."""
+    tie = Tie(fast=5, slow=4, runs=4, gap=0.012, fast_spread=0.02, slow_spread=0.01, kept=4)
+    rejected = RejectedValue(
+        knob="amp",
+        value="bf16",
+        trials=(1, 3),
+        failures="2 diverged",
+        counterparts=((0, 1),),
+        cited=1,
+        cited_kind="diverged",
+        cited_reason="loss became nan",
+    )
+    compiled = KnobEffect(
+        knob="compile",
+        from_value="off",
+        to_value="default",
+        ratio=1.2,
+        pairs=((0, 1),),
+        pair_ratios=(1.2,),
+        compile_extra_s=12.0,
+        compile_saved_s=0.004,
+    )
+    confirmation = Confirmation(
+        confirmed=False,
+        ratios=(1.2, 2.0, 1.5),
+        low=1.1,
+        high=2.1,
+        claimed_speedup=1.2,
+        unconfirmed="spread",
+        tolerance=0.15,
+    )
+    rec = _result().recommendation.model_copy(
+        update={
+            "close_call": tie,
+            "rejected_values": (rejected,),
+            "knob_effects": (compiled,),
+            "confirmation": confirmation,
+        }
+    )
+    stored = Recommendation.model_validate_json(rec.model_dump_json())
+    report = render_markdown(_result().model_copy(update={"recommendation": stored}))
+    assert "trials 5 and 4 stayed within measurement noise after 4 re-runs each" in report
+    assert "advisor recommends trial 4, which changes fewer knobs" in report
+    assert "amp=bf16 rejected: trial 1 diverged (loss became nan) where trial 0" in report
+    assert "it pays off after 3,000 steps" in report
+    assert "ranged from 1.20x to 2.00x over 3 rounds, more than ±15%" in report
+    assert "with nothing else seen running" in (stored.confirmation.why or "")
+
+    old = rec.model_dump(mode="json")
+    old["close_call"] = "trials 5 and 4 tied"
+    old["rejected_values"][0] = {**old["rejected_values"][0], "explanation": "bf16 failed"}
+    old["confirmation"] = {**old["confirmation"], "why": "two rounds"}
+    del old["confirmation"]["unconfirmed"]
+    legacy = Recommendation.model_validate(old)
+    report = render_markdown(_result().model_copy(update={"recommendation": legacy}))
+    assert "**A close call:** trials 5 and 4 tied." in report and "- bf16 failed." in report
+    assert legacy.confirmation is not None and legacy.confirmation.why == "two rounds"
 
 
 def test_a_knob_searched_over_fewer_values_is_named_limited_not_fixed():

@@ -10,6 +10,7 @@ import advisor
 from advisor.decide.reruns import failure_summary, select_winner
 from advisor.knobs import TrialConfig
 from advisor.memory import MemoryBudget
+from advisor.report.verdicts import tie_text
 from advisor.results import TrialRecord, TrialResult
 from advisor.search.checks import memory_problem
 from advisor.search.context import SearchContext
@@ -235,8 +236,10 @@ def test_a_tie_within_noise_is_re_run_then_goes_to_the_config_with_fewer_changes
     reruns = [c for c in selection.confirmations if c.number in (0, 1)]
     assert len(reruns) == 8  # 2 re-runs each, then 2 more each for the tie
     assert len(runner.orders) == 8 and all(o.whole_cycles for o in runner.orders)
-    assert "stayed within measurement noise after 4 re-runs each" in selection.close_call
-    assert "advisor recommends trial 0, which changes fewer knobs" in selection.close_call
+    tie = selection.close_call
+    assert tie is not None and (tie.fast, tie.slow, tie.kept, tie.runs) == (1, 0, 0, 4)
+    assert "stayed within measurement noise after 4 re-runs each" in tie_text(tie)
+    assert "advisor recommends trial 0, which changes fewer knobs" in tie_text(tie)
 
 
 def test_a_finalist_clearly_behind_after_its_first_re_run_is_not_re_run_again(tmp_path):
