@@ -179,9 +179,9 @@ def test_a_win_too_wide_to_inform_races_more_replicates_while_they_cost_less_tha
     """Seeds that take batch 256 0.7x-1.5x as far per sample as the first: the three
     replicates after the first claim a win too wide to plan with; where your loss levelled off
     (later replicates share its target and are cheap), the race adds replicates, each narrowing
-    it, up to six and while those added cost less than the first replicate; replicates that
-    agree stop where the claim counts three (above), and so does a race whose baseline trains
-    every replicate's whole race."""
+    it, up to six and while those added cost less than the first replicate (each racing the
+    winner and yours alone); replicates that agree stop where the claim counts three (above),
+    and so does a race whose baseline trains every replicate's whole race."""
     spread = (1.0, 1.5, 0.7, 1.3, 0.8, 1.1)
     runner = big_batch_wins()
     wins = runner.loss
@@ -201,6 +201,11 @@ def test_a_win_too_wide_to_inform_races_more_replicates_while_they_cost_less_tha
     first, added = wall(range(1)), range(MIN_REPLICATES, race.replicates)
     assert wall(range(MIN_REPLICATES, race.replicates - 1)) < first  # the last was affordable
     assert race.replicates == MAX_PRECISION_REPLICATES or wall(added) >= first or not too_wide(race)
+    # a replicate that only narrows the win races its claim's two, the winner and yours
+    winner = race.racers[race.winner]
+    narrowing = [r for r in race.racers if r.replicate > MIN_REPLICATES]
+    assert narrowing and {r.entrant for r in narrowing} == {race.racers[0].entrant, winner.entrant}
+    assert len({r.entrant for r in race.racers if r.replicate == MIN_REPLICATES}) == 3
     falling = big_batch_wins()  # still falling at the race's end: each baseline trains it all
     falling.seed = runner.seed
     (tmp_path / "falling").mkdir()

@@ -103,7 +103,8 @@ def race_in_replicates(
     race = decide_race(racers, seconds, rates)
     replicate = 1
     while _more(race, replicate):
-        later = later_plans(race, plans)
+        later = _claim_plans(race, plans) if _only_narrows(race, replicate) else None
+        later = later or later_plans(race, plans)
         if len(later) < 2:
             break
         context.progress.stage(Stage(kind="race-replicate", count=replicate + 1))
@@ -134,6 +135,29 @@ def _more(race: RaceSummary, done: int) -> bool:
     if shared_target(race.racers) is None:
         return False
     return _wall(race, range(MIN_REPLICATES, done)) < _wall(race, range(1))
+
+
+def _only_narrows(race: RaceSummary, done: int) -> bool:
+    """Whether another replicate after `done` would only narrow a win's claim: another global
+    batch won, by a claim that counts `MIN_REPLICATES` readings, and the race needs no more
+    of them to decide. A replicate then races that claim's two, the winner and your
+    configuration: the others' claims already lost to it, and the race does not go on after a
+    win. On examples/mlp.py three other batches raced every replicate, and a win too wide
+    to inform stopped at four readings, whose two replicates after the third cost more than
+    the first."""
+    if done < MIN_REPLICATES or _few_readings(race) or needs_replicates(race):
+        return False
+    winner = race.racers[race.winner] if race.winner is not None else None
+    return race.verdict.kind == "won" and winner is not None and winner.role == RacerRole.CANDIDATE
+
+
+def _claim_plans(race: RaceSummary, plans: Sequence[RacePlan]) -> list[RacePlan]:
+    """The plans of the winner's claim: the winner's and your configuration's."""
+    pair = [r for r in race.racers if r.replicate == 0 and r.role == RacerRole.BASELINE]
+    if race.winner is not None:
+        pair.append(race.racers[race.winner])
+    keep = {r.entrant for r in pair}
+    return [plan for plan in plans if (plan.role, plan.config, plan.lr) in keep]
 
 
 def settled_at_once(race: RaceSummary) -> bool:
