@@ -5,7 +5,7 @@ Replicates: on CPU a fixed seed makes a curve exactly repeatable, so one run per
 nothing of how much the answer depends on the initial weights and the data order. Every race
 runs `MIN_REPLICATES` replicates, each from a seed of its own (one where later ones could change
 nothing, `settled_at_once`), and more while the verdict is a close call, up to
-`MAX_REPLICATES`, or a win's claim too wide to inform, up to `MAX_PRECISION_REPLICATES`
+`MAX_REPLICATES`, or a win's claim wider than `NARROW_TO`, up to `MAX_PRECISION_REPLICATES`
 (`race_in_replicates`). Three is the fewest whose spread
 gives a usable interval (`advisor.decide.race.estimate`: Student's t for one degree of freedom
 is 2.41 at 75 %, for two 1.60).
@@ -38,7 +38,13 @@ import optuna
 from advisor.decide.race.estimate import RateBook, estimate, shared_target, timed
 from advisor.decide.race.plan import RacePlan
 from advisor.decide.race.run import WIN_SLACK, Heat, race_grid, race_replicate
-from advisor.decide.race.verdict import MARGIN, decide_race, needs_replicates, too_wide
+from advisor.decide.race.verdict import (
+    MARGIN,
+    NARROW_TO,
+    decide_race,
+    needs_replicates,
+    too_wide,
+)
 from advisor.progress import Stage
 from advisor.results import Racer, RacerRole, RaceSummary
 from advisor.search.context import SearchContext
@@ -118,8 +124,8 @@ def race_in_replicates(
 def _more(race: RaceSummary, done: int) -> bool:
     """Whether to race another replicate after `done`: up to `MIN_REPLICATES` (and until the
     deciding claim counts as many, `_few_readings`), then while the
-    verdict is a close call (up to `MAX_REPLICATES`) or a win's claim is too wide to inform
-    and a replicate can narrow it (not a twin's, `_twin_claim`; up to
+    verdict is a close call (up to `MAX_REPLICATES`) or a win's claim is wider than
+    `NARROW_TO` and a replicate can narrow it (not a twin's, `_twin_claim`; up to
     `MAX_PRECISION_REPLICATES`, where later baselines stop at a shared target, and
     while those added cost less than the first replicate did: cheap on examples/mlp.py; on
     teacher.py, whose baseline trains every replicate's whole race, six replicates made a tune
@@ -130,7 +136,7 @@ def _more(race: RaceSummary, done: int) -> bool:
         return True
     if needs_replicates(race):
         return done < MAX_REPLICATES
-    if not too_wide(race) or done >= MAX_PRECISION_REPLICATES or _twin_claim(race):
+    if not too_wide(race, NARROW_TO) or done >= MAX_PRECISION_REPLICATES or _twin_claim(race):
         return False
     if shared_target(race.racers) is None:
         return False

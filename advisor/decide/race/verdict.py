@@ -39,6 +39,7 @@ from advisor.results import (
 __all__ = [
     "INFORMATIVE",
     "MARGIN",
+    "NARROW_TO",
     "best_candidate",
     "decide_race",
     "needs_replicates",
@@ -53,6 +54,11 @@ MARGIN = 0.05
 # The widest claim (high end over low end) that still informs: three replicates of a 10-s race
 # of examples/mlp.py claimed 3.29x-6.51x and 2.08x-5.13x, a claim a user cannot plan with.
 INFORMATIVE = 1.6
+# How narrow the race makes a win's claim where replicates are cheap, below `INFORMATIVE`:
+# after the race the claim's samples/s part gains the rounds that confirm it
+# (`advisor.decide.claims`), which move its ends. On examples/mlp.py (724386d) a race stopped
+# with its claim within 1.6, and a fourth round made it 3.68x-5.98x (1.62).
+NARROW_TO = 1.5
 
 
 def decide_race(
@@ -213,11 +219,11 @@ def needs_replicates(race: RaceSummary) -> bool:
     return race.verdict.kind == "close-call"
 
 
-def too_wide(race: RaceSummary) -> bool:
+def too_wide(race: RaceSummary, limit: float = INFORMATIVE) -> bool:
     """Whether the winner's claim is too wide to tell a user much: its high end more than
-    `INFORMATIVE` times its low end (another replicate narrows it)."""
+    `limit` times its low end (another replicate narrows it)."""
     claim = race.time_to_loss
-    return claim is not None and claim.low > 0 and claim.high > INFORMATIVE * claim.low
+    return claim is not None and claim.low > 0 and claim.high > limit * claim.low
 
 
 def _against(
