@@ -40,6 +40,7 @@ __all__ = [
     "SearchEffort",
     "StudySetup",
     "ThroughputPick",
+    "Tie",
     "TuneResult",
     "shown_knobs",
 ]
