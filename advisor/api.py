@@ -22,7 +22,7 @@ from advisor.report.codegen import render_launch_script, render_training_script
 from advisor.report.exports import write_exports
 from advisor.report.render import render_html, render_markdown, render_trials_csv
 from advisor.results import Recommendation, StudySetup, TaskSummary, TrialResult, TuneResult
-from advisor.search.checks import NumericsCheck, preflight
+from advisor.search.checks import NumericsCheck
 from advisor.search.context import SearchContext
 from advisor.search.machine import resolve_device
 from advisor.search.pruning import make_pruner
@@ -35,6 +35,7 @@ from advisor.task import callable_to_spec, check_spec
 from advisor.trial.nodes import Rendezvous
 from advisor.trial.parent.hardware import probe_isolated
 from advisor.trial.parent.nodes import NodeHost, serve
+from advisor.trial.parent.preflight import preflight
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 
 __all__ = [

@@ -9,7 +9,6 @@
 - `ranking`, `noise`: what the search ranks by, and the noise trial it is measured from;
 - `storage`: opening the Optuna storage a study lives in;
 - `records`: what advisor stores in a study, and reading it back;
-- `checks`, `memory`: preflight of the task, memory headroom and budget, numerics of knobs that
-  change the maths;
+- `checks`, `memory`: memory headroom and budget, numerics of knobs that change the maths;
 - `context`: what the search and the decision share while a tune runs (the runner among it).
 """

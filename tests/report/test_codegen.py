@@ -29,12 +29,13 @@ from advisor.results import (
     ScheduleSummary,
     TrialResult,
 )
-from advisor.search.checks import ABSOLUTE, TOLERANCE, preflight
+from advisor.search.checks import ABSOLUTE, TOLERANCE
 from advisor.task import build_task
 from advisor.trial.child.hardware import probe
 from advisor.trial.child.loop import Trainer
 from advisor.trial.child.racing import enter_stage, held_out_split
 from advisor.trial.orders import HELD_OUT_MAX, ReferenceOrder
+from advisor.trial.parent.preflight import preflight
 from advisor.trial.parent.runner import ProcessRunner, TrialLaunch
 from tests.conftest import ROOT, TINY
 

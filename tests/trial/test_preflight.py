@@ -5,7 +5,7 @@ prints that line and exits 2: tests/test_cli.py)."""
 import pytest
 
 from advisor.errors import BadInputError
-from advisor.search.checks import preflight
+from advisor.trial.parent.preflight import preflight
 from tests.conftest import ROOT, TINY
 
 
