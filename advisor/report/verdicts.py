@@ -37,7 +37,7 @@ __all__ = [
 # What the reports call each racer's role.
 ROLE_WORDS = {
     RacerRole.BASELINE: "your configuration",
-    RacerRole.YOUR_BATCH: "fastest at your batch",
+    RacerRole.YOUR_BATCH: "at your batch",
     RacerRole.CANDIDATE: "another global batch",
     RacerRole.FIXED: "the fixed recommendation",
     RacerRole.SCHEDULE: "schedule",

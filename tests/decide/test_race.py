@@ -806,6 +806,63 @@ def test_at_each_batch_the_racer_is_the_one_with_fewer_changes_unless_clearly_fa
     assert chosen((180.0, 180.0)) == both
 
 
+def test_a_precision_change_at_your_batch_races_beside_the_loader_change_it_must_beat():
+    """bf16 with a loader worker re-ran clearly faster than fp32 with one: both race for your
+    batch, fp32's read from your curve, so that bf16 must beat it and not only yours; where
+    fp32 with the worker is the fastest, it races alone."""
+    from advisor.decide.race.plan import plan_racers
+
+    workers = TrialConfig(batch_size=8, num_workers=1)
+    both = TrialConfig(batch_size=8, num_workers=1, amp="bf16")
+
+    def at_your_batch(bf16_rates: tuple[float, float]) -> list[TrialConfig]:
+        records = [_record(0, 8, 100.0)]
+        for number, config in ((1, workers), (2, both)):
+            result = TrialResult(config=config, status="ok", samples_per_s=100.0)
+            records.append(TrialRecord(number=number, role="search", result=result))
+        rounds = _rounds({0: (100.0, 100.0), 1: (150.0, 150.0), 2: bf16_rates})
+        confirmations = tuple(
+            c.model_copy(update={"result": c.result.model_copy(update={"config": config})})
+            for c, config in zip(rounds, [SMALL, SMALL, workers, workers, both, both], strict=True)
+        )
+        selection = Selection(
+            winner=records[2], winner_runs=bf16_rates, baseline_runs=(100.0, 100.0),
+            confirmations=confirmations, finalists=tuple(records),
+            confirmed_rates={0: 100.0, 1: 150.0, 2: sum(bf16_rates) / 2},
+        )  # fmt: skip
+        plans = plan_racers(selection, (), SMALL, "SGD")
+        return [plan.config for plan in plans if plan.role == "your batch"]
+
+    assert at_your_batch((180.0, 180.0)) == [workers, both]
+    assert at_your_batch((153.0, 153.0)) == [workers]
+
+
+def test_a_precision_change_no_sooner_than_the_loader_change_leaves_the_loader_change(tmp_path):
+    """At your batch bf16 with two loader workers runs 4 % faster than fp32 with them and
+    learns alike: its interval against fp32's holds both a win by the margin and none, so fp32
+    with the workers stands (1.5x your samples/s, clear of yours), not your configuration."""
+    runner = big_batch_loses()
+    loader = TrialConfig(batch_size=8, num_workers=2)
+    both = TrialConfig(batch_size=8, num_workers=2, amp="bf16")
+    plans = [
+        RacePlan("baseline", 0, SMALL, LrPlan(), 1000.0),
+        RacePlan("your batch", 2, loader, LrPlan(), 1500.0),
+        RacePlan("your batch", 3, both, LrPlan(), 1560.0),
+    ]
+    context = _context(tmp_path, runner)
+    race = race_in_replicates(_study(tmp_path), context, plans, RateBook())
+    assert both in {o.config for o in runner.orders if isinstance(o, RaceOrder)}
+    assert race.verdict.kind == "close-call", race.verdict
+    assert race.racers[race.winner].config == loader
+    assert race.racers[race.verdict.best].config == both
+    assert race.time_to_loss is not None and race.time_to_loss.low >= 1 + MARGIN
+    said = race_verdict(race)
+    assert said.startswith("a close call: bs=8 acc=1 amp=bf16 workers=2") and said.endswith(
+        "bs=8 acc=1 amp=off workers=2, your lr (global batch 8), with fewer changes from yours, "
+        "stands"
+    )
+
+
 def test_a_loader_change_at_your_batch_is_read_from_your_curve_not_trained_again(tmp_path):
     """Loader workers change how batches arrive, not the steps: at your batch and lr the pick
     reaches every loss after your samples, so its time to your loss is your samples at its own

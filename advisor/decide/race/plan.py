@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from advisor.decide.claims import COVERAGE
 from advisor.decide.paired_ratio import paired_ratio
@@ -13,13 +13,23 @@ from advisor.decide.reruns import Selection, knob_changes, rerun_pairs
 from advisor.knobs import TrialConfig
 from advisor.results import BatchPrediction, LrPlan, Racer, RacerRole, TrialRecord
 
-__all__ = ["CLEARLY_FASTER", "RacePlan", "fastest_at", "lr_rule", "plan_racers"]
+__all__ = [
+    "CLEARLY_FASTER",
+    "FEED_FIELDS",
+    "RacePlan",
+    "fastest_at",
+    "lr_rule",
+    "plan_racers",
+    "steps_of",
+]
 
 LR_CAP = 8.0  # no rule scales the learning rate by more
 LINEAR_WARMUP_STEPS = 20  # the linear rule's warm-up (Goyal et al. 2017)
 # A configuration with more changes races for its global batch only where it re-ran this much
 # faster than one with fewer, at the low end of their paired interval: the race's margin.
 CLEARLY_FASTER = 0.05
+# The knobs that only change how batches arrive, not what a step computes (`steps_of`).
+FEED_FIELDS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 
 
 def lr_rule(optimizer_class: str | None, batch0: int, batch: int) -> LrPlan:
@@ -66,8 +76,9 @@ def plan_racers(
     plans = []
     if baseline_record is not None:
         plans.append(_plan(RacerRole.BASELINE, baseline_record, LrPlan(), rates))
-    if batch0 in by_batch and by_batch[batch0][1] is not baseline_record:
-        plans.append(_plan(RacerRole.YOUR_BATCH, by_batch[batch0][1], LrPlan(), rates))
+    for record in _at_batch0(selection, baseline, by_batch.get(batch0, (0.0, None))[1]):
+        if record is not baseline_record:
+            plans.append(_plan(RacerRole.YOUR_BATCH, record, LrPlan(), rates))
     for prediction in predictions:
         if not prediction.raced or prediction.global_batch not in by_batch:
             continue
@@ -76,6 +87,36 @@ def plan_racers(
         plans.append(_plan(RacerRole.CANDIDATE, record, LrPlan(), rates))
         plans.append(_plan(RacerRole.CANDIDATE, record, rule, rates))
     return plans
+
+
+def _at_batch0(
+    selection: Selection, baseline: TrialConfig, fastest: TrialRecord | None
+) -> list[TrialRecord]:
+    """What races at your global batch: its fastest (`fastest_at`) and, where that one changes
+    what a step computes (precision, layout), also the fastest that computes your steps (loader
+    knobs alone), read from your curve at no cost. The first must then beat the second, not
+    only yours: on examples/data_bound.py bf16 with 2 loader workers raced alone at your batch,
+    and where its interval was a close call against yours, yours stood though fp32 with the same
+    workers re-ran 1.3x-1.8x your samples/s in every other tune."""
+    if fastest is None or steps_of(fastest.result.config) == steps_of(baseline):
+        return [fastest] if fastest is not None else []
+    twins = replace(
+        selection,
+        finalists=tuple(
+            r
+            for r in selection.finalists
+            if r.result.config != baseline and steps_of(r.result.config) == steps_of(baseline)
+        ),
+    )
+    twin = fastest_at(twins, baseline).get(baseline.global_batch_size)
+    return [twin, fastest] if twin is not None else [fastest]
+
+
+def steps_of(config: TrialConfig) -> TrialConfig:
+    """`config` without the knobs that only change how batches arrive (`FEED_FIELDS`): two
+    with the same steps compute the same steps on the same samples."""
+    fields = TrialConfig.model_fields
+    return config.model_copy(update={name: fields[name].default for name in FEED_FIELDS})
 
 
 def fastest_at(selection: Selection, baseline: TrialConfig) -> dict[int, TrialRecord]:

@@ -46,8 +46,7 @@ import optuna
 
 from advisor.decide.race.estimate import samples_to_loss, target_in
 from advisor.decide.race.grid import sample_grid
-from advisor.decide.race.plan import RacePlan
-from advisor.knobs import TrialConfig
+from advisor.decide.race.plan import RacePlan, steps_of
 from advisor.progress import Stage
 from advisor.results import Racer, RacerRole, TrialResult, did_not_fall, reference_racer
 from advisor.search.context import SearchContext
@@ -62,8 +61,6 @@ HELD_OUT_MIN = 256  # samples: the slice is never cut below this
 SHORTEST_RACE = 0.05  # of the race time: the least a racer trains
 WIN_SLACK = 1.25  # a racer trains on past the samples at which it would merely tie by this
 CLOCK_SLACK = 1.5  # your configuration's clock may run this much longer than the race (`_bounds`)
-# The knobs that only change how batches arrive, not what a step computes (`_steps_of`).
-FEED_FIELDS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 
 
 @dataclass(frozen=True)
@@ -193,7 +190,7 @@ def _racer(plan: RacePlan, heat: Heat, result: TrialResult, state: str | None) -
 
 def _twin_of(plan: RacePlan, racers: Sequence[Racer]) -> Racer | None:
     """The heat's baseline racer where `plan` is the best at the user's batch and computes its
-    steps (it differs only in how batches arrive, `_steps_of`) with its learning
+    steps (it differs only in how batches arrive, `steps_of`) with its learning
     rate: it reaches every loss after the same samples, so it is not trained again."""
     if plan.role != RacerRole.YOUR_BATCH:
         return None
@@ -204,17 +201,10 @@ def _twin_of(plan: RacePlan, racers: Sequence[Racer]) -> Racer | None:
             if r.role == RacerRole.BASELINE
             and r.curve is not None
             and r.lr == plan.lr
-            and _steps_of(r.config) == _steps_of(plan.config)
+            and steps_of(r.config) == steps_of(plan.config)
         ),
         None,
     )
-
-
-def _steps_of(config: TrialConfig) -> TrialConfig:
-    """`config` without the knobs that only change how batches arrive (`FEED_FIELDS`): two
-    with the same steps compute the same steps on the same samples."""
-    fields = TrialConfig.model_fields
-    return config.model_copy(update={name: fields[name].default for name in FEED_FIELDS})
 
 
 def _as_twin(plan: RacePlan, twin: Racer, heat: Heat) -> Racer:

@@ -6,9 +6,10 @@ baseline's loss did not fall
 (`RaceCurve.fell`), nothing can be timed to it and your global batch is kept. Otherwise every
 racer is timed to the target in samples (`advisor.decide.race.estimate`), and:
 
-1. at your global batch, the fastest configuration stands against yours only where its interval
-   says it reaches the loss sooner by more than `MARGIN`; else yours stands (a precision or a
-   loader change that costs more in samples than it gains in speed loses here);
+1. at your global batch, a configuration stands against yours only where its interval says it
+   reaches the loss sooner by more than `MARGIN`, and the fastest there against the one that
+   computes your steps (loader knobs alone) where both raced; else the one with fewer changes
+   stands (a precision change that costs more in samples than it gains in speed loses here);
 2. another global batch wins only where its interval says it reaches the loss sooner than what
    stands at your batch by more than `MARGIN`; of several that do, the nearest your global
    batch, unless a farther one wins against it by the margin in turn;
@@ -26,6 +27,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from advisor.decide.race.estimate import RateBook, estimate, target_of, timed
+from advisor.decide.reruns import knob_changes
 from advisor.knobs import TrialConfig
 from advisor.results import (
     Racer,
@@ -103,7 +105,7 @@ def _summary(racers: Sequence[Racer], seconds: float, verdict: RaceVerdict) -> R
 def _verdict(racers: Sequence[Racer], rates: RateBook, seconds: float) -> RaceVerdict:
     """Replicate 0's racers stand for their entrants; indices are into `racers`."""
     baseline = _baseline(racers)
-    stand, pick, pick_vs_yours = stand_at_batch0(racers, rates, seconds)
+    stand, pick, close = stand_at_batch0(racers, rates, seconds)
     best = best_candidate(racers, stand, rates, seconds)
     versus = _against(racers, baseline, rates, seconds)
     decided = RaceVerdict(
@@ -116,30 +118,40 @@ def _verdict(racers: Sequence[Racer], rates: RateBook, seconds: float) -> RaceVe
             return decided.model_copy(update={"kind": "won"})
         if _close(against_stand):
             return decided.model_copy(update={"kind": "close-call"})
-    if pick is not None and pick != stand and _close(pick_vs_yours):
-        return decided.model_copy(
-            update={"kind": "close-call", "best": pick, "best_claim": pick_vs_yours}
-        )
+    if pick is not None and pick != stand and close is not None:
+        return decided.model_copy(update={"kind": "close-call", "best": pick, "best_claim": close})
     return decided
 
 
 def stand_at_batch0(
     racers: Sequence[Racer], rates: RateBook, seconds: float
 ) -> tuple[int, int | None, TimeToLoss | None]:
-    """What stands at your global batch (an index into `racers`): the fastest configuration
-    there where its interval reaches your loss sooner than yours by more than `MARGIN`, else
-    yours; with the fastest's index and its claim against yours."""
+    """What stands at your global batch (an index into `racers`): yours, replaced by each
+    configuration raced there, in order of fewer changes from yours (one computing your steps
+    before the fastest, `advisor.decide.race.plan`), whose interval reaches your loss sooner
+    than what stands by more than `MARGIN`; with the one that did not (the pick) and, where its
+    interval holds both a win by the margin and none, its claim against yours (a close call)."""
     first = [i for i, r in enumerate(racers) if r.replicate == 0]
     baseline = next((i for i in first if racers[i].role == "baseline"), None)
-    pick = next((i for i in first if racers[i].role == "your batch"), None)
+    raced = [i for i in first if racers[i].role == "your batch"]
     if baseline is None or racers[baseline].curve is None:
-        return (pick if pick is not None else first[0]), pick, None
-    if pick is None or racers[pick].curve is None:
-        return baseline, pick, None
-    claim = estimate(racers, racers[pick], racers[baseline], rates, seconds)
-    if claim is not None and claim.low >= 1 + MARGIN:
-        return pick, pick, claim
-    return baseline, pick, claim
+        return (raced[-1] if raced else first[0]), (raced[-1] if raced else None), None
+    mine = racers[baseline].config
+    stand, pick, close = baseline, None, None
+    for index in sorted(raced, key=lambda i: knob_changes(racers[i].config, mine)):
+        if racers[index].curve is None:
+            continue
+        claim = estimate(racers, racers[index], racers[stand], rates, seconds)
+        if claim is not None and claim.low >= 1 + MARGIN:
+            stand, pick, close = index, index, None
+            continue
+        pick = index
+        close = (
+            estimate(racers, racers[index], racers[baseline], rates, seconds)
+            if _close(claim)
+            else None
+        )
+    return stand, pick, close
 
 
 def best_candidate(
