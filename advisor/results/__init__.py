@@ -5,8 +5,9 @@
 - `_convergence`: the learning rate a racer trains with, its loss curve, gradient norms, the
   noise scale and what it predicts, a batch-size schedule;
 - `_confirmation`: whether the paired re-runs support the speed-up claimed;
-- `_recommendation`: the racers, the race and schedule summaries, the `Recommendation` and the
-  `TuneResult`.
+- `_race`: the racers, the race and schedule summaries and their verdicts;
+- `_effort`: where the search spent its trials, and the knob values it rejected;
+- `_recommendation`: the `Recommendation`, its findings, and the `TuneResult`.
 """
 
 from advisor.results._confirmation import (
@@ -29,6 +30,7 @@ from advisor.results._convergence import (
     ScheduleStage,
     stop_index,
 )
+from advisor.results._effort import BatchEffort, Rejected, SearchEffort
 from advisor.results._race import (
     Racer,
     RacerRole,
@@ -41,7 +43,6 @@ from advisor.results._race import (
     reference_racer,
 )
 from advisor.results._recommendation import (
-    BatchEffort,
     Bottleneck,
     Efficiency,
     FixedKnob,
@@ -49,9 +50,7 @@ from advisor.results._recommendation import (
     LayoutBest,
     Notice,
     Recommendation,
-    Rejected,
     RejectedValue,
-    SearchEffort,
     StudySetup,
     ThroughputPick,
     Tie,
