@@ -32,7 +32,7 @@ from advisor.decide.race.extend import (
 from advisor.decide.race.grid import sample_grid
 from advisor.decide.race.plan import RacePlan, lr_rule
 from advisor.decide.race.run import Heat, race_grid, race_replicate
-from advisor.decide.race.verdict import MARGIN, decide_race, too_wide
+from advisor.decide.race.verdict import MARGIN, decide_race, needs_replicates, too_wide
 from advisor.decide.reruns import Selection
 from advisor.knobs import TrialConfig
 from advisor.noise_scale import predict_batches, race_finalists
@@ -603,6 +603,27 @@ def test_replicates_that_disagree_widen_the_interval_to_a_close_call():
     # counted after the first (`estimate`): slow, fast, fast narrow it
     assert decide_race(agreeing, 5).verdict.best_claim.low > best.low
     assert "a close call" in race_verdict(race) and "fewer changes" in race_verdict(race)
+    assert needs_replicates(race, RateBook())  # 1.44x: replicates that agree could settle it
+
+
+def test_a_close_call_inside_the_part_no_replicate_narrows_races_no_more_replicates():
+    """One replicate 1.25x sooner in samples, the other 0.83x, at your samples/s: a close call
+    at 1.02x. However many replicates agreed on 1.02x, the samples/s part of its interval (the
+    drift between tunes) would still hold both a win by the margin and none: no replicate is
+    raced for it. At 1.25x it would not."""
+    sooner = [4, 3, 2, 1.5, 1.0, 0.9, 0.8, 0.7]  # 1.0 after 32 samples
+    later = [4, 3, 2, 1.5, 1.2, 1.1, 1.0, 0.9]  # 1.0 after 48 samples
+    racers = _replicates(
+        ("baseline", SMALL, 100.0, [YOURS, YOURS]),
+        ("candidate", BIG, 100.0, [sooner, later]),
+    )
+    race = decide_race(racers, 5)
+    claim = race.verdict.best_claim
+    assert race.verdict.kind == "close-call" and claim.speedup == pytest.approx(1.0206, rel=1e-3)
+    assert claim.speedup * math.exp(_z() * RATE_DRIFT_SD) > 1 + MARGIN  # the drift holds a win
+    assert not needs_replicates(race, RateBook())
+    faster = [_rated(r, 125.0, 1, r.replicate) if r.role == "candidate" else r for r in racers]
+    assert needs_replicates(decide_race(faster, 5), RateBook())
 
 
 def test_a_challenger_that_never_reaches_the_target_cannot_win():
@@ -853,6 +874,7 @@ def test_a_precision_change_no_sooner_than_the_loader_change_leaves_the_loader_c
     race = race_in_replicates(_study(tmp_path), context, plans, RateBook())
     assert both in {o.config for o in runner.orders if isinstance(o, RaceOrder)}
     assert race.verdict.kind == "close-call", race.verdict
+    assert race.replicates == MIN_REPLICATES  # 1.04x: no replicate could settle it
     assert race.racers[race.winner].config == loader
     assert race.racers[race.verdict.best].config == both
     assert race.time_to_loss is not None and race.time_to_loss.low >= 1 + MARGIN

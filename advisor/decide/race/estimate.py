@@ -97,6 +97,7 @@ __all__ = [
     "target_in",
     "target_of",
     "timed",
+    "unnarrowed",
 ]
 
 
@@ -333,10 +334,29 @@ def _interval(samples: Sequence[float], speed: PairedRatio, drift: float) -> tup
     if n > 1:
         t = t_quantile((1 + COVERAGE) / 2, n - 1)
         spread = t * statistics.stdev(logs) * math.sqrt(2 / n)
+    below, above = _rate_part(speed, drift)
+    low, high = centre - math.hypot(spread, below), centre + math.hypot(spread, above)
+    return math.exp(low), math.exp(high)
+
+
+def _rate_part(speed: PairedRatio, drift: float) -> tuple[float, float]:
+    """The half-widths below and above (log scale) of a claim's samples/s part: the paired
+    rounds' interval and the drift between tunes, in quadrature."""
     z = statistics.NormalDist().inv_cdf((1 + COVERAGE) / 2)
-    below = math.hypot(spread, math.log(speed.typical / speed.low), z * drift)
-    above = math.hypot(spread, math.log(speed.high / speed.typical), z * drift)
-    return math.exp(centre - below), math.exp(centre + above)
+    below = math.hypot(math.log(speed.typical / speed.low), z * drift)
+    above = math.hypot(math.log(speed.high / speed.typical), z * drift)
+    return below, above
+
+
+def unnarrowed(racer: Racer, rival: Racer, rates: RateBook) -> tuple[float, float] | None:
+    """The half-widths below and above (log scale) of `racer`'s claim against `rival` that no
+    replicate narrows: its samples/s part (the paired rounds, and the drift between tunes that
+    they cannot see). Around any estimate the interval is at least this wide, however many
+    replicates race; None where no samples/s ratio is known."""
+    speeds = rates.ratios(racer, rival)
+    if not speeds:
+        return None
+    return _rate_part(paired_ratio(speeds, COVERAGE), rate_drift(racer.config, rival.config))
 
 
 def _in_replicate(racers: Sequence[Racer], racer: Racer, replicate: int) -> Racer | None:

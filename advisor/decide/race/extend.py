@@ -4,11 +4,12 @@
 Replicates: on CPU a fixed seed makes a curve exactly repeatable, so one run per racer measures
 nothing of how much the answer depends on the initial weights and the data order. Every race
 runs `MIN_REPLICATES` replicates, each from a seed of its own (one where later ones could change
-nothing, `settled_at_once`), and more while the verdict is a close call, up to
-`MAX_REPLICATES`, or a win's claim wider than `NARROW_TO`, up to `MAX_PRECISION_REPLICATES`
-(`race_in_replicates`). Three is the fewest whose spread
-gives a usable interval (`advisor.decide.race.estimate`: Student's t for one degree of freedom
-is 2.41 at 75 %, for two 1.60).
+nothing, `settled_at_once`), and more while the verdict is a close call they could settle, up
+to `MAX_REPLICATES`, or a win's claim wider than `NARROW_TO` they could narrow, up to
+`MAX_PRECISION_REPLICATES` (`race_in_replicates`): never where the claim's samples/s part, which
+no replicate narrows (`advisor.decide.race.estimate.unnarrowed`), alone decides. Three is the
+fewest whose spread gives a usable interval (`advisor.decide.race.estimate`: Student's t for
+one degree of freedom is 2.41 at 75 %, for two 1.60).
 
 Going on: a race from initialisation judges the first seconds of training, where the gradient
 noise scale is smallest, and so is the global batch that reaches a loss soonest: phi grows as
@@ -42,6 +43,7 @@ from advisor.decide.race.verdict import (
     MARGIN,
     NARROW_TO,
     decide_race,
+    narrows_to,
     needs_replicates,
     too_wide,
 )
@@ -108,8 +110,8 @@ def race_in_replicates(
     racers = race_replicate(study, context, plans, Heat(0, seconds, grid, states))
     race = decide_race(racers, seconds, rates)
     replicate = 1
-    while _more(race, replicate):
-        later = _claim_plans(race, plans) if _only_narrows(race, replicate) else None
+    while _more(race, replicate, rates):
+        later = _claim_plans(race, plans) if _only_narrows(race, replicate, rates) else None
         later = later or later_plans(race, plans)
         if len(later) < 2:
             break
@@ -121,29 +123,29 @@ def race_in_replicates(
     return race
 
 
-def _more(race: RaceSummary, done: int) -> bool:
+def _more(race: RaceSummary, done: int, rates: RateBook) -> bool:
     """Whether to race another replicate after `done`: up to `MIN_REPLICATES` (and until the
-    deciding claim counts as many, `_few_readings`), then while the
-    verdict is a close call (up to `MAX_REPLICATES`) or a win's claim is wider than
-    `NARROW_TO` and a replicate can narrow it (not a twin's, `_twin_claim`; up to
-    `MAX_PRECISION_REPLICATES`, where later baselines stop at a shared target, and
-    while those added cost less than the first replicate did: cheap on examples/mlp.py; on
-    teacher.py, whose baseline trains every replicate's whole race, six replicates made a tune
-    226 s and five 287 s, and still claimed 5.50x-11.27x)."""
+    deciding claim counts as many, `_few_readings`), then while the verdict is a close call
+    that replicates could settle (`needs_replicates`; up to `MAX_REPLICATES`), or a win's claim
+    is wider than `NARROW_TO` and replicates could narrow it to that (`narrows_to`; up to
+    `MAX_PRECISION_REPLICATES`, where later baselines stop at a shared target, and while those
+    added cost less than the first replicate did: cheap on examples/mlp.py; on teacher.py,
+    whose baseline trains every replicate's whole race, six replicates made a tune 226 s and
+    five 287 s, and still claimed 5.50x-11.27x)."""
     if race.target_loss is None or (done == 1 and settled_at_once(race)):
         return False
     if done < MIN_REPLICATES or (_few_readings(race) and done < MAX_PRECISION_REPLICATES):
         return True
-    if needs_replicates(race):
+    if needs_replicates(race, rates):
         return done < MAX_REPLICATES
-    if not too_wide(race, NARROW_TO) or done >= MAX_PRECISION_REPLICATES or _twin_claim(race):
+    if not too_wide(race, NARROW_TO) or done >= MAX_PRECISION_REPLICATES:
         return False
-    if shared_target(race.racers) is None:
+    if not narrows_to(race, rates, NARROW_TO) or shared_target(race.racers) is None:
         return False
     return _wall(race, range(MIN_REPLICATES, done)) < _wall(race, range(1))
 
 
-def _only_narrows(race: RaceSummary, done: int) -> bool:
+def _only_narrows(race: RaceSummary, done: int, rates: RateBook) -> bool:
     """Whether another replicate after `done` would only narrow a win's claim: another global
     batch won, by a claim that counts `MIN_REPLICATES` readings, and the race needs no more
     of them to decide. A replicate then races that claim's two, the winner and your
@@ -151,7 +153,7 @@ def _only_narrows(race: RaceSummary, done: int) -> bool:
     win. On examples/mlp.py three other batches raced every replicate, and a win too wide
     to inform stopped at four readings, whose two replicates after the third cost more than
     the first."""
-    if done < MIN_REPLICATES or _few_readings(race) or needs_replicates(race):
+    if done < MIN_REPLICATES or _few_readings(race) or needs_replicates(race, rates):
         return False
     winner = race.racers[race.winner] if race.winner is not None else None
     return race.verdict.kind == "won" and winner is not None and winner.role == RacerRole.CANDIDATE
@@ -188,12 +190,6 @@ def _few_readings(race: RaceSummary) -> bool:
     if claim is None or claim.reached != claim.replicates:
         return False  # one that missed your loss has no low end: more readings cannot make it win
     return claim.replicates < MIN_REPLICATES
-
-
-def _twin_claim(race: RaceSummary) -> bool:
-    """Whether the claim is of a pick that computes your steps: its samples ratio is 1 in every
-    replicate, so its whole width is its samples/s ratio's, which no replicate narrows."""
-    return race.winner is not None and race.racers[race.winner].steps_of_baseline
 
 
 def _wall(race: RaceSummary, replicates: range) -> float:
