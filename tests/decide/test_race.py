@@ -232,6 +232,31 @@ def test_a_claim_too_wide_that_replicates_cannot_narrow_races_no_more_of_them(tm
     assert too_wide(race) and race.replicates == MIN_REPLICATES
 
 
+def test_a_close_call_no_replicate_could_settle_races_no_more_replicates(tmp_path):
+    """Batch 256 learns as much per sample as yours, its seeds within 6 % of each other: at 1.12x
+    your samples/s its claim (two readings after the one that chose it) is a close call at about
+    1.13x, inside the drift between tunes around the margin, which no replicate narrows, so the
+    race stops at three. At 1.2x it could settle: the race adds the replicate the claim needs
+    and the batch wins."""
+
+    def race_at(rate: float, folder: Path):
+        runner = big_batch_wins()
+        runner.loss = lambda config, lr, samples: 0.3 + 2.0 * math.exp(-samples / 3000.0)
+        runner.rate = lambda config: 1000.0 * (rate if config == BIG else 1.0)
+        spread = (1.0, 1.06, 0.97, 1.08, 0.95, 1.0)
+        runner.seed = lambda config, replicate: spread[replicate] if config == BIG else 1.0
+        folder.mkdir()
+        return _race(folder, runner)
+
+    close = race_at(1.12, tmp_path / "close")
+    claim = close.verdict.best_claim
+    assert close.verdict.kind == "close-call" and claim.replicates == claim.reached == 2
+    assert 1 + MARGIN < claim.speedup < (1 + MARGIN) * math.exp(_z() * RATE_DRIFT_SD)
+    assert close.replicates == MIN_REPLICATES
+    wins = race_at(1.2, tmp_path / "wins")
+    assert wins.verdict.kind == "won" and wins.replicates == MIN_REPLICATES + 1
+
+
 def test_every_racer_of_every_replicate_is_evaluated_on_one_grid_of_samples(tmp_path):
     """One grid for all: a coarser grid would read a later crossing for its racer. Each
     replicate trains from a seed of its own; later ones race each lr that reached the target in

@@ -231,9 +231,10 @@ def needs_replicates(race: RaceSummary, rates: RateBook) -> bool:
     """Whether another replicate could settle the verdict: it is a close call, and its estimate
     lies so far from the margin that the part of its interval no replicate narrows
     (`unnarrowed`) would not hold both a win by the margin and none. On examples/hf_gpt2.py
-    batch 32 claimed 0.97x (0.85x-1.11x) against yours over three replicates, 8 % below the
+    batch 32 claimed 0.97x (0.85x-1.11x) against yours after four replicates, 8 % below the
     1.05x margin, with a samples/s part (2 paired rounds, and 11 % drift between tunes) at
-    least 13 % either side; a fourth replicate changed nothing and cost 85 s of a 407-s tune."""
+    least 13 % either side; the fourth, raced for the claim's third reading, changed nothing
+    and cost 85 s of a 407-s tune."""
     verdict = race.verdict
     if verdict.kind != "close-call":
         return False
