@@ -127,21 +127,22 @@ def _more(race: RaceSummary, done: int, rates: RateBook) -> bool:
     """Whether to race another replicate after `done`: up to `MIN_REPLICATES`, and no more
     where the verdict is a close call that replicates could not settle (`needs_replicates`);
     else until the deciding claim counts as many (`_few_readings`), then while the verdict is
-    a close call (up to `MAX_REPLICATES`), or a win's claim
-    is wider than `NARROW_TO` and replicates could narrow it to that (`narrows_to`; up to
-    `MAX_PRECISION_REPLICATES`, where later baselines stop at a shared target, and while those
-    added cost less than the first replicate did: cheap on examples/mlp.py; on teacher.py,
-    whose baseline trains every replicate's whole race, six replicates made a tune 226 s and
-    five 287 s, and still claimed 5.50x-11.27x)."""
+    a close call (up to `MAX_REPLICATES`), or a win's claim is wider than `NARROW_TO` and
+    replicates could narrow it to that (`narrows_to`; up to `MAX_PRECISION_REPLICATES`, where
+    later baselines stop at a shared target, and while those added cost less than the first
+    replicate did: cheap on examples/mlp.py; on teacher.py, whose baseline trains every
+    replicate's whole race, six replicates made a tune 226 s and five 287 s, and still claimed
+    5.50x-11.27x)."""
     if race.target_loss is None or (done == 1 and settled_at_once(race)):
         return False
     if done < MIN_REPLICATES:
         return True
-    if race.verdict.kind == "close-call" and not needs_replicates(race, rates):
+    close_call = race.verdict.kind == "close-call"
+    if close_call and not needs_replicates(race, rates):
         return False  # nor would more readings of the claim settle it
     if _few_readings(race) and done < MAX_PRECISION_REPLICATES:
         return True
-    if needs_replicates(race, rates):
+    if close_call:
         return done < MAX_REPLICATES
     if not too_wide(race, NARROW_TO) or done >= MAX_PRECISION_REPLICATES:
         return False
