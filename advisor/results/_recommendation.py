@@ -86,7 +86,24 @@ class KnobEffect(Frozen):
         return bool(self.note) or self.compile_extra_s is not None
 
 
-class RejectedValue(Frozen):
+class _Explained(Frozen):
+    """A finding stored as data (`advisor.report.verdicts` words it); a study stored when it was
+    a sentence (its `explanation`) keeps that sentence in `stated`."""
+
+    stated: str | None = Field(
+        default=None, description="a study stored when this was a sentence keeps its sentence"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stored_sentence(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "explanation" in data:
+            data = {**data, "stated": data["explanation"]}
+            del data["explanation"]
+        return data
+
+
+class RejectedValue(_Explained):
     """A knob value none of whose trials could be used while other values of the knob could."""
 
     knob: str
@@ -102,20 +119,9 @@ class RejectedValue(Frozen):
     )
     cited_kind: str = Field(default="", description="how it failed, e.g. 'diverged'")
     cited_reason: str = Field(default="", description="the reason it recorded")
-    stated: str | None = Field(
-        default=None, description="a study stored when this was a sentence keeps its sentence"
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _stored_sentence(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "explanation" in data:
-            data = {**data, "stated": data["explanation"]}
-            del data["explanation"]
-        return data
 
 
-class Bottleneck(Frozen):
+class Bottleneck(_Explained):
     """What limits the winner, as its own measurements and its neighbours' show, as data
     (`advisor.report.verdicts` words it): the winner `trial` waited for data `wait` of its
     window; where a trial differing in batch size alone ran after it, the batch went from
@@ -128,17 +134,6 @@ class Bottleneck(Frozen):
     batch_from: str | None = None
     batch_to: str | None = None
     ratio: float | None = None
-    stated: str | None = Field(
-        default=None, description="a study stored when this was a sentence keeps its sentence"
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _stored_sentence(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "explanation" in data:
-            data = {**data, "stated": data["explanation"]}
-            del data["explanation"]
-        return data
 
 
 class Efficiency(Frozen):

@@ -823,6 +823,27 @@ def test_without_a_race_a_tie_at_your_batch_goes_as_the_re_runs_broke_it():
     assert race_choice(ahead, None, SMALL)[0] is bf16
 
 
+def _loader_and_bf16(
+    workers: TrialConfig, both: TrialConfig, bf16_rates: tuple[float, float]
+) -> Selection:
+    """Re-runs at your batch 8: yours at 100 samples/s, `workers` (a loader change) at 150,
+    `both` (it and bf16) at `bf16_rates`, each in two rounds."""
+    records = [_record(0, 8, 100.0)]
+    for number, config in ((1, workers), (2, both)):
+        result = TrialResult(config=config, status="ok", samples_per_s=100.0)
+        records.append(TrialRecord(number=number, role="search", result=result))
+    rounds = _rounds({0: (100.0, 100.0), 1: (150.0, 150.0), 2: bf16_rates})
+    confirmations = tuple(
+        c.model_copy(update={"result": c.result.model_copy(update={"config": config})})
+        for c, config in zip(rounds, [SMALL, SMALL, workers, workers, both, both], strict=True)
+    )
+    return Selection(
+        winner=records[2], winner_runs=bf16_rates, baseline_runs=(100.0, 100.0),
+        confirmations=confirmations, finalists=tuple(records),
+        confirmed_rates={0: 100.0, 1: 150.0, 2: sum(bf16_rates) / 2},
+    )  # fmt: skip
+
+
 def test_at_each_batch_the_racer_is_the_one_with_fewer_changes_unless_clearly_faster():
     """bf16 with a loader worker re-ran 2 % faster than fp32 with one, within the noise: fp32,
     one change from yours, races for your batch; 20 % faster, bf16 does."""
@@ -832,20 +853,7 @@ def test_at_each_batch_the_racer_is_the_one_with_fewer_changes_unless_clearly_fa
     both = TrialConfig(batch_size=8, num_workers=1, amp="bf16")
 
     def chosen(bf16_rates: tuple[float, float]) -> TrialConfig:
-        records = [_record(0, 8, 100.0)]
-        for number, config in ((1, workers), (2, both)):
-            result = TrialResult(config=config, status="ok", samples_per_s=100.0)
-            records.append(TrialRecord(number=number, role="search", result=result))
-        rounds = _rounds({0: (100.0, 100.0), 1: (150.0, 150.0), 2: bf16_rates})
-        confirmations = tuple(
-            c.model_copy(update={"result": c.result.model_copy(update={"config": config})})
-            for c, config in zip(rounds, [SMALL, SMALL, workers, workers, both, both], strict=True)
-        )
-        selection = Selection(
-            winner=records[2], winner_runs=bf16_rates, baseline_runs=(100.0, 100.0),
-            confirmations=confirmations, finalists=tuple(records),
-            confirmed_rates={0: 100.0, 1: 150.0, 2: sum(bf16_rates) / 2},
-        )  # fmt: skip
+        selection = _loader_and_bf16(workers, both, bf16_rates)
         return fastest_at(selection, SMALL)[8].result.config
 
     assert chosen((153.0, 153.0)) == workers
@@ -862,20 +870,7 @@ def test_a_precision_change_at_your_batch_races_beside_the_loader_change_it_must
     both = TrialConfig(batch_size=8, num_workers=1, amp="bf16")
 
     def at_your_batch(bf16_rates: tuple[float, float]) -> list[TrialConfig]:
-        records = [_record(0, 8, 100.0)]
-        for number, config in ((1, workers), (2, both)):
-            result = TrialResult(config=config, status="ok", samples_per_s=100.0)
-            records.append(TrialRecord(number=number, role="search", result=result))
-        rounds = _rounds({0: (100.0, 100.0), 1: (150.0, 150.0), 2: bf16_rates})
-        confirmations = tuple(
-            c.model_copy(update={"result": c.result.model_copy(update={"config": config})})
-            for c, config in zip(rounds, [SMALL, SMALL, workers, workers, both, both], strict=True)
-        )
-        selection = Selection(
-            winner=records[2], winner_runs=bf16_rates, baseline_runs=(100.0, 100.0),
-            confirmations=confirmations, finalists=tuple(records),
-            confirmed_rates={0: 100.0, 1: 150.0, 2: sum(bf16_rates) / 2},
-        )  # fmt: skip
+        selection = _loader_and_bf16(workers, both, bf16_rates)
         plans = plan_racers(selection, (), SMALL, "SGD")
         return [plan.config for plan in plans if plan.role == "your batch"]
 

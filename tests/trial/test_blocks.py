@@ -51,7 +51,10 @@ def test_checkpointing_changes_no_maths_and_takes_less_memory(tmp_path):
     """Dropout included: the recomputed forward draws the same masks, so a search trial's first
     losses (those the numerics check compares with the reference's) are the same."""
     off, on = _trial(tmp_path, "off"), _trial(tmp_path, "ResidualBlock")
-    assert len(on.early_losses) >= 2 and on.early_losses == off.early_losses
+    # the same to float32's rounding: under the suite's load one reading differed in its 7th
+    # digit (6,186,798 against 6,186,796); another dropout mask would differ in the first
+    assert len(on.early_losses) >= 2
+    assert on.early_losses == pytest.approx(off.early_losses, rel=1e-6)
     # 8 blocks x 128 samples x 65,536 floats kept without it, 256 MiB (measured: 720 MiB against
     # 500 MiB); with it, one block's at a time
     assert (off.peak_memory_bytes or 0) - (on.peak_memory_bytes or 0) > 128 * 2**20, (
