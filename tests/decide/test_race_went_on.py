@@ -238,3 +238,43 @@ def test_where_the_other_batch_is_no_sooner_in_the_first_replicate_no_other_goes
     assert [(o.config, o.replicate) for o in runner.orders] == [(SMALL, 0), (BIG, 0)]
     went_on = read_racers(study, StudyKey.RACERS_WENT_ON)
     assert [r.samples_to_target is not None for r in timed(went_on)] == [True, True]
+
+
+def test_of_batches_that_reached_nothing_later_replicates_race_only_the_one_that_would_go_on(
+    tmp_path,
+):
+    """Batch 64 reaches your loss in replicate 1, as soon as yours; batches 256 and 512 reach
+    nothing. What stands is at your batch, so the race may go on, and only batch 64 would (it is
+    the nearest to winning): 256 and 512 cannot win at the race's end nor go on, and race in
+    replicate 1 only."""
+    mid, big, bigger = (TrialConfig(batch_size=size) for size in (64, 256, 512))
+
+    def loss(config: TrialConfig, lr: LrPlan, samples: int) -> float:
+        if config in (SMALL, mid):
+            return 0.3 + 2.0 * math.exp(-samples / (1000 if config == SMALL else 900))
+        return 2.3 - samples / (20000 if config == big else 4000)
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/study.db", study_name="race")
+    scripted = ScriptedRunner(rate=lambda config: 1000.0, loss=loss)
+    context, runner = _context(tmp_path, _never_stop(), scripted)
+    plans = [
+        RacePlan("baseline", 0, SMALL, LrPlan(), 1000.0),
+        RacePlan("candidate", 1, mid, LrPlan(), 900.0),
+        RacePlan("candidate", 2, big, LrPlan(), 1000.0),
+        RacePlan("candidate", 3, bigger, LrPlan(), 1000.0),
+    ]
+    race = race_in_replicates(study, context, plans, RateBook(), tmp_path / "states")
+    assert race.replicates >= 2 and why_not_go_on(race, 2.0) is None
+    later = {o.config for o in runner.orders if isinstance(o, RaceOrder) and o.replicate}
+    assert later == {SMALL, mid}
+
+    # Where no other batch reached it, the one that ended lowest would go on, and races on
+    # (bf16 at your batch, which learns as yours does, keeps the race going).
+    amp = TrialConfig(batch_size=8, amp="bf16")
+    (tmp_path / "none").mkdir()
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/none/study.db", study_name="race")
+    context, runner = _context(tmp_path / "none", _never_stop(), scripted)
+    plans = [plans[0], RacePlan("your batch", 4, amp, LrPlan(), 1500.0), *plans[2:]]
+    race_in_replicates(study, context, plans, RateBook(), tmp_path / "none" / "states")
+    later = {o.config for o in runner.orders if isinstance(o, RaceOrder) and o.replicate}
+    assert later == {SMALL, amp, bigger}
