@@ -213,11 +213,12 @@ def test_a_win_too_wide_to_inform_races_more_replicates_while_they_cost_less_tha
     assert too_wide(dear) and dear.replicates == MIN_REPLICATES + 1  # its claim counts three
 
 
-def test_a_claim_too_wide_that_replicates_cannot_narrow_races_no_more_of_them(tmp_path):
+def test_where_the_first_replicate_leaves_nothing_to_decide_the_race_stops_there(tmp_path):
     """Two loader workers at your batch (2x your samples/s) compute your steps: their claim is
     their samples/s ratio alone, too wide to inform (a ratio between different numbers of
-    processes drifts between tunes) and the same in every replicate. Batch 256 reaches your
-    loss, later than they do: past three replicates, more would narrow nothing."""
+    processes drifts between tunes) and the same in every replicate, so no replicate narrows
+    it. Batch 256 reaches your loss, later than they do by more than its later replicates could
+    make up (`LIFT`): the first replicate settles the race."""
     runner = big_batch_wins()
     wins = runner.loss
     runner.loss = lambda config, lr, samples: max(2.0, wins(config, lr, samples))  # levels off
@@ -229,15 +230,15 @@ def test_a_claim_too_wide_that_replicates_cannot_narrow_races_no_more_of_them(tm
     stands = race.racers[race.winner]
     assert race.verdict.kind == "kept" and stands.steps_of_baseline, race.verdict
     assert any(r.role == "candidate" and r.samples_to_target for r in race.racers)
-    assert too_wide(race) and race.replicates == MIN_REPLICATES
+    assert too_wide(race) and race.replicates == 1
 
 
 def test_a_close_call_no_replicate_could_settle_races_no_more_replicates(tmp_path):
     """Batch 256 learns as much per sample as yours, its seeds within 6 % of each other: at 1.12x
-    your samples/s its claim (two readings after the one that chose it) is a close call at about
-    1.13x, inside the drift between tunes around the margin, which no replicate narrows, so the
-    race stops at three. At 1.2x it could settle: the race adds the replicate the claim needs
-    and the batch wins."""
+    your samples/s its claim is a close call at about 1.13x after two replicates, inside the
+    drift between tunes around the margin, which no replicate narrows, so the race stops there.
+    At 1.2x it could settle: the race adds the replicates the claim needs (three readings after
+    the one that chose it) and the batch wins."""
 
     def race_at(rate: float, folder: Path):
         runner = big_batch_wins()
@@ -252,7 +253,7 @@ def test_a_close_call_no_replicate_could_settle_races_no_more_replicates(tmp_pat
     claim = close.verdict.best_claim
     assert close.verdict.kind == "close-call" and claim.replicates == claim.reached == 2
     assert 1 + MARGIN < claim.speedup < (1 + MARGIN) * math.exp(_z() * RATE_DRIFT_SD)
-    assert close.replicates == MIN_REPLICATES
+    assert close.replicates == 2
     wins = race_at(1.2, tmp_path / "wins")
     assert wins.verdict.kind == "won" and wins.replicates == MIN_REPLICATES + 1
 
@@ -323,7 +324,9 @@ def test_where_your_loss_levelled_off_later_replicates_share_its_target_and_stop
     def levels_off(config: TrialConfig, lr: LrPlan, samples: int) -> float:
         return max(0.5, 0.3 + 2.0 * math.exp(-samples / 300))  # 0.5 from 700 samples on
 
-    runner = ScriptedRunner(rate=lambda config: 2000.0, loss=levels_off)
+    runner = ScriptedRunner(
+        rate=lambda config: 2000.0 if config == SMALL else 2600.0, loss=levels_off
+    )
     race = _race(tmp_path, runner)
     first, *later = [o for o in runner.orders if isinstance(o, RaceOrder) and o.config == SMALL]
     assert first.target is None and later and all(o.target == race.target_loss for o in later)
@@ -892,7 +895,7 @@ def test_a_precision_change_no_sooner_than_the_loader_change_leaves_the_loader_c
     race = race_in_replicates(_study(tmp_path), context, plans, RateBook())
     assert both in {o.config for o in runner.orders if isinstance(o, RaceOrder)}
     assert race.verdict.kind == "close-call", race.verdict
-    assert race.replicates == MIN_REPLICATES  # 1.04x: no replicate could settle it
+    assert race.replicates == 2  # 1.04x: no replicate could settle it
     assert race.racers[race.winner].config == loader
     assert race.racers[race.verdict.best].config == both
     assert race.time_to_loss is not None and race.time_to_loss.low >= 1 + MARGIN

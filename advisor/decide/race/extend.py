@@ -3,13 +3,14 @@
 
 Replicates: on CPU a fixed seed makes a curve exactly repeatable, so one run per racer measures
 nothing of how much the answer depends on the initial weights and the data order. Every race
-runs `MIN_REPLICATES` replicates, each from a seed of its own (one where later ones could change
-nothing, `settled_at_once`), and more while the verdict is a close call they could settle, up
-to `MAX_REPLICATES`, or a win's claim wider than `NARROW_TO` they could narrow, up to
-`MAX_PRECISION_REPLICATES` (`race_in_replicates`): never where the claim's samples/s part, which
-no replicate narrows (`advisor.decide.race.estimate.unnarrowed`), alone decides. Three is the
-fewest whose spread gives a usable interval (`advisor.decide.race.estimate`: Student's t for
-one degree of freedom is 2.41 at 75 %, for two 1.60).
+runs `MIN_REPLICATES` replicates, each from a seed of its own, and more while the verdict is a
+close call they could settle, up to `MAX_REPLICATES`, or a win's claim wider than `NARROW_TO`
+they could narrow, up to `MAX_PRECISION_REPLICATES` (`race_in_replicates`); fewer where they
+could change nothing: one where no other global batch could still win after the first
+(`settled_at_once`), two where the verdict is a close call whose samples/s part, which no
+replicate narrows (`advisor.decide.race.estimate.unnarrowed`), alone holds the margin. Three is
+the fewest whose spread gives a usable interval (`advisor.decide.race.estimate`: Student's t
+for one degree of freedom is 2.41 at 75 %, for two 1.60).
 
 Going on: a race from initialisation judges the first seconds of training, where the gradient
 noise scale is smallest, and so is the global batch that reaches a loss soonest: phi grows as
@@ -21,10 +22,10 @@ user's batch, and the other global batch nearest to winning. Each loads the trai
 saved (`advisor.trial.child.racer_state`), so only the added seconds cost, and each stops as
 soon as it can no longer win (`advisor.decide.race.run`). The verdict is then decided again
 over the longer horizon, with the same grid (extended) and the same statistics. The racers
-that did not go on keep their curves. Replicate 0 goes on first: where its candidate does not
-reach the longer target, or reaches it no sooner than what stands at your batch and the other
-replicates could not lift its interval's low end above 1 whatever they read, the others do
-not go on; where they do and the race ran one replicate, the others race first.
+that did not go on keep their curves. Replicate 0 goes on first, then one replicate after
+another by the race's own rule (`_more`): where after the first its candidate could not win
+(`settled_at_once`), the others do not go on and the race's verdict stands; a replicate the race
+did not run races first.
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ from typing import Literal
 
 import optuna
 
-from advisor.decide.race.estimate import RateBook, estimate, shared_target, timed
+from advisor.decide.race.estimate import RateBook, shared_target
 from advisor.decide.race.plan import RacePlan
 from advisor.decide.race.run import WIN_SLACK, Heat, race_grid, race_replicate
 from advisor.decide.race.verdict import (
     MARGIN,
     NARROW_TO,
     decide_race,
+    may_win_later,
     narrows_to,
     needs_replicates,
     too_wide,
@@ -124,8 +126,10 @@ def race_in_replicates(
 
 
 def _more(race: RaceSummary, done: int, rates: RateBook) -> bool:
-    """Whether to race another replicate after `done`: up to `MIN_REPLICATES`, and no more
-    where the verdict is a close call that replicates could not settle (`needs_replicates`);
+    """Whether to race another replicate after `done`: none where the first leaves nothing to
+    decide (`settled_at_once`), or the verdict is a close call that replicates could not settle
+    (`needs_replicates`: on examples/hf_gpt2.py 1.12x (0.91x-1.38x) after two replicates, and
+    after three 1.09x-1.22x, each holding 1.05x, in 4 of 5 tunes); up to `MIN_REPLICATES`;
     else until the deciding claim counts as many (`_few_readings`), then while the verdict is
     a close call (up to `MAX_REPLICATES`), or a win's claim is wider than `NARROW_TO` and
     replicates could narrow it to that (`narrows_to`; up to `MAX_PRECISION_REPLICATES`, where
@@ -133,13 +137,13 @@ def _more(race: RaceSummary, done: int, rates: RateBook) -> bool:
     replicate did: cheap on examples/mlp.py; on teacher.py, whose baseline trains every
     replicate's whole race, six replicates made a tune 226 s and five 287 s, and still claimed
     5.50x-11.27x)."""
-    if race.target_loss is None or (done == 1 and settled_at_once(race)):
+    if race.target_loss is None or (done == 1 and settled_at_once(race, rates)):
         return False
+    close_call = race.verdict.kind == "close-call"
+    if close_call and done > 1 and not needs_replicates(race, rates):
+        return False  # nor would more readings of the claim settle it
     if done < MIN_REPLICATES:
         return True
-    close_call = race.verdict.kind == "close-call"
-    if close_call and not needs_replicates(race, rates):
-        return False  # nor would more readings of the claim settle it
     if _few_readings(race) and done < MAX_PRECISION_REPLICATES:
         return True
     if close_call:
@@ -174,16 +178,17 @@ def _claim_plans(race: RaceSummary, plans: Sequence[RacePlan]) -> list[RacePlan]
     return [plan for plan in plans if (plan.role, plan.config, plan.lr) in keep]
 
 
-def settled_at_once(race: RaceSummary) -> bool:
+def settled_at_once(race: RaceSummary, rates: RateBook) -> bool:
     """Whether no later replicate can change the verdict or its claim: at your batch only your
     configuration raced, or a pick that computes your steps (its samples ratio is 1 in every
-    replicate), and no other global batch reached the target (a claim needs every replicate to
-    reach it). On examples/data_bound.py two more replicates cost 50 s of a 253-s tune and
-    changed nothing. Where the race then goes on, `go_on` races the replicates it needs."""
+    replicate), and no other global batch could still win (`may_win_later`; one that did not
+    reach the target cannot: a claim needs every replicate to reach it). On
+    examples/data_bound.py two more replicates cost 50 s of a 253-s tune and changed nothing.
+    Where the race then goes on, `go_on` races the replicates it needs."""
     first = [r for r in race.racers if r.replicate == 0]
     if any(r.role == RacerRole.YOUR_BATCH and not r.steps_of_baseline for r in first):
         return False
-    return not any(r.role == RacerRole.CANDIDATE and r.samples_to_target is not None for r in first)
+    return not may_win_later(race, rates)
 
 
 def _few_readings(race: RaceSummary) -> bool:
@@ -283,8 +288,10 @@ def going_on(race: RaceSummary, replicate: int = 0) -> tuple[Racer, ...]:
 def go_on(
     study: optuna.Study, context: SearchContext, race: RaceSummary, rates: RateBook
 ) -> RaceSummary:
-    """The race after its finalists went on to `race_continue` race lengths, in every
-    replicate (see the module's doc); the race as it was where it does not go on."""
+    """The race after its finalists went on to `race_continue` race lengths, one replicate
+    after another while another could change what is said (`_more`, as for the race; see the
+    module's doc); the race as it was where it does not go on, or where what went on in the
+    first replicate cannot win."""
     factor = context.settings.race_continue
     why = why_not_go_on(race, factor)
     if why is not None:
@@ -298,20 +305,29 @@ def go_on(
     context.progress.stage(Stage(kind="race-goes-on", count=len(going_on(race)), seconds=horizon))
     key = StudyKey.RACERS_WENT_ON
     went_on = _went_on_in(study, context, race, Heat(0, horizon, grid, key=key))
-    if not _can_still_win(race, went_on, rates):
+    decided, done = _gone_on(race, went_on, horizon, rates), 1
+    while _more(decided, done, rates):
+        race = _with_replicate(study, context, race, rates, done)
+        target = shared_target(went_on)  # replicate 0's, gone on
+        heat = Heat(done, horizon, grid, key=key, target=target)
+        went_on += _went_on_in(study, context, race, heat)
+        decided, done = _gone_on(race, went_on, horizon, rates), done + 1
+    if done == 1:
         context.progress.stage(
             Stage(kind="race-went-on-alone", seconds=race.seconds, until_s=horizon)
         )
         return race
-    race = _fill_replicates(study, context, race, rates)
-    for replicate in sorted({r.replicate for r in race.racers} - {0}):
-        target = shared_target(went_on)  # replicate 0's, gone on
-        went_on += _went_on_in(
-            study, context, race, Heat(replicate, horizon, grid, key=key, target=target)
-        )
-    merged = [_after(racer, went_on) for racer in race.racers]
-    decided = decide_race(merged, horizon, rates)
     return decided.model_copy(update={"went_on_from": race.seconds, "first_race": race})
+
+
+def _gone_on(
+    race: RaceSummary, went_on: Sequence[Racer], horizon: float, rates: RateBook
+) -> RaceSummary:
+    """The race decided at the longer horizon over the replicates that went on; in each, a racer
+    that did not go on keeps its curve."""
+    replicates = {r.replicate for r in went_on}
+    merged = [_after(r, went_on) for r in race.racers if r.replicate in replicates]
+    return decide_race(merged, horizon, rates)
 
 
 def _went_on_in(
@@ -323,42 +339,23 @@ def _went_on_in(
     return race_replicate(study, context, plans, heat)
 
 
-def _fill_replicates(
-    study: optuna.Study, context: SearchContext, race: RaceSummary, rates: RateBook
+def _with_replicate(
+    study: optuna.Study, context: SearchContext, race: RaceSummary, rates: RateBook, replicate: int
 ) -> RaceSummary:
-    """The race in `MIN_REPLICATES` replicates where it stopped at one (`settled_at_once`) and
-    going on needs the others: the racers that go on race them first, as replicate 0 did,
-    saving their states."""
-    if race.replicates >= MIN_REPLICATES:
+    """The race with `replicate` raced, where it stopped before it (`settled_at_once`) and going
+    on needs it: the racers that go on race it first, as replicate 0 did, saving their states."""
+    if race.replicates > replicate:
         return race
     first = [r for r in race.racers if r.replicate == 0]
     plans = [RacePlan(r.role, r.trial, r.config, r.lr, r.samples_per_s) for r in first]
-    grid = race_grid(plans, race.seconds)  # the race's own
     going = {r.entrant for r in going_on(race)}
     later = [plan for plan, racer in zip(plans, first, strict=True) if racer.entrant in going]
+    context.progress.stage(Stage(kind="race-replicate", count=replicate + 1))
     states = context.settings.out_dir / RACE_STATES
-    racers = list(race.racers)
-    for replicate in range(race.replicates, MIN_REPLICATES):
-        context.progress.stage(Stage(kind="race-replicate", count=replicate + 1))
-        heat = Heat(replicate, race.seconds, grid, states, target=shared_target(racers))
-        racers += race_replicate(study, context, later, heat)
+    grid = race_grid(plans, race.seconds)  # the race's own
+    heat = Heat(replicate, race.seconds, grid, states, target=shared_target(race.racers))
+    racers = [*race.racers, *race_replicate(study, context, later, heat)]
     return decide_race(racers, race.seconds, rates)
-
-
-def _can_still_win(race: RaceSummary, went_on: Sequence[Racer], rates: RateBook) -> bool:
-    """Whether the candidate that went on in replicate 0 can still win over the race's
-    replicates: where it reached the longer target there (a claim with a replicate that never
-    reached it has no low end) sooner than what stands at your batch. Replicate 0 chooses what
-    races on; its claim counts the replicates after it (`advisor.decide.race.estimate`)."""
-    racers = timed(went_on)
-    candidate = next((r for r in racers if r.role == RacerRole.CANDIDATE), None)
-    if candidate is None or candidate.samples_to_target is None:
-        return False
-    kept = race.racers[race.verdict.kept] if race.verdict.kept is not None else None
-    stand = next((r for r in racers if kept is not None and r.entrant == kept.entrant), None)
-    stand = stand or next((r for r in racers if r.role == RacerRole.BASELINE), None)
-    claim = estimate(racers, candidate, stand, rates, race.seconds) if stand else None
-    return claim is None or claim.speedup > 1
 
 
 def _nearest_candidate(racers: Sequence[Racer]) -> Racer | None:

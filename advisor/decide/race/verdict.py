@@ -40,10 +40,12 @@ from advisor.results import (
 
 __all__ = [
     "INFORMATIVE",
+    "LIFT",
     "MARGIN",
     "NARROW_TO",
     "best_candidate",
     "decide_race",
+    "may_win_later",
     "narrows_to",
     "needs_replicates",
     "redecided",
@@ -62,6 +64,12 @@ INFORMATIVE = 1.6
 # (`advisor.decide.claims`), which move its ends. On examples/mlp.py (724386d) a race stopped
 # with its claim within 1.6, and a fourth round made it 3.68x-5.98x (1.62).
 NARROW_TO = 1.5
+# How far above its first reading a candidate's later replicates may read, on the log scale,
+# where it did not win the first (`may_win_later`): over 13 such entrants of 11 tunes of
+# examples/mlp.py, data_bound.py and hf_gpt2.py, the geometric mean of the later readings was
+# 0.10 above the first at most (0.06 on data_bound.py, 0.08 on mlp.py); half that again is room
+# for the entrants not seen.
+LIFT = 0.15
 
 
 def decide_race(
@@ -249,6 +257,27 @@ def needs_replicates(race: RaceSummary, rates: RateBook) -> bool:
     bar = math.log(1 + MARGIN)
     centre = math.log(claim.speedup)
     return centre - below >= bar or centre + above < bar
+
+
+def may_win_later(race: RaceSummary, rates: RateBook) -> bool:
+    """Whether, after one replicate, another global batch could still win against what stands
+    at your batch: one of them reached the target, and its first reading raised by `LIFT`, with
+    the part of its interval no replicate narrows (`unnarrowed`), would clear the margin. Where
+    none could, later replicates would only confirm that none wins: on examples/data_bound.py
+    batch 128 read 0.87x against 2 loader workers at your batch in the first, and 0.88x over two
+    more that cost 78 s of a 244-s tune."""
+    if race.verdict.kept is None:
+        return True
+    rival = race.racers[race.verdict.kept]
+    bar = math.log(1 + MARGIN)
+    for racer in race.racers:
+        if racer.replicate or racer.role != "candidate" or racer.samples_to_target is None:
+            continue
+        claim = estimate(race.racers, racer, rival, rates, race.seconds)
+        part = unnarrowed(racer, rival, rates)
+        if claim is None or part is None or math.log(claim.speedup) + LIFT - part[0] >= bar:
+            return True
+    return False
 
 
 def too_wide(race: RaceSummary, limit: float = INFORMATIVE) -> bool:
