@@ -918,9 +918,12 @@ def test_a_loader_change_at_your_batch_is_read_from_your_curve_not_trained_again
         RacePlan("your batch", 2, loader, LrPlan(), 1600.0),
         *_plans(runner)[1:],
     ]
-    context = _context(tmp_path, runner)
+    progress = StopAfterFirstRacer()
+    progress.started.append("(never stop)")
+    context = _context(tmp_path, runner, progress)
     race = race_in_replicates(_study(tmp_path), context, plans, RateBook())
     assert loader not in {o.config for o in runner.orders if isinstance(o, RaceOrder)}
+    assert "race 2/4, your steps: read from your curve" in progress.started  # not yours again
     for replicate in range(race.replicates):
         yours, twin = (r for r in race.racers if r.replicate == replicate and r.trial in (0, 2))
         assert twin.steps_of_baseline and twin.config == loader

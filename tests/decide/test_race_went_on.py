@@ -210,14 +210,21 @@ def test_the_race_goes_on_only_where_it_kept_your_batch_against_another(tmp_path
 
 def test_a_racer_trains_until_it_can_no_longer_win():
     """The baseline reached its loss after 40 samples at 8 samples/s (5 s): a candidate at 32
-    samples/s stops once it would take `WIN_SLACK` times that, 200 samples; the baseline, which
-    sets the target, trains on."""
+    samples/s stops once it would take `WIN_SLACK` times that, 200 samples, or `WIN_SLACK` times
+    what its configuration took with another lr; the baseline, which sets the target, trains
+    on."""
     baseline = _racer("baseline", SMALL, [4, 3, 2, 1.5, 1.2, 1.0], None)
     candidate = RacePlan("candidate", 1, BIG, LrPlan(), 32.0)
     assert _most_samples(candidate, [baseline], 1.0, 10) == int(5 * WIN_SLACK * 32)
     assert _most_samples(candidate, [baseline], None, 10) is None  # no target yet
     yours = RacePlan("baseline", 0, SMALL, LrPlan(), 8.0)
     assert _most_samples(yours, [baseline], 1.0, 10) is None
+    # The same configuration with another lr reached it after 32 samples: past `WIN_SLACK`
+    # times that, this lr would neither ship nor race on. Another configuration's says nothing.
+    sibling = _racer("candidate", BIG, [4, 3, 2, 1.5, 1.0], None)
+    assert _most_samples(candidate, [baseline, sibling], 1.0, 10) == int(32 * WIN_SLACK)
+    other = sibling.model_copy(update={"config": TrialConfig(batch_size=64)})
+    assert _most_samples(candidate, [baseline, other], 1.0, 10) == int(5 * WIN_SLACK * 32)
 
 
 def test_where_the_other_batch_is_no_sooner_in_the_first_replicate_no_other_goes_on(tmp_path):

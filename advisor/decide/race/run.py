@@ -116,11 +116,12 @@ def race_replicate(
             continue
         count = f"{index + 1}/{len(plans)}"
         twin = _twin_of(plan, racers)
-        racer = (
-            _as_twin(plan, twin, heat)
-            if twin is not None
-            else _race_one(context, plan, racers, heat, (held_out, count))
-        )
+        if twin is not None:
+            label = f"race {count}{_replicate_label(heat)}, your steps: read from your curve"
+            context.progress.trial_started(label, plan.config)
+            racer = _as_twin(plan, twin, heat)
+        else:
+            racer = _race_one(context, plan, racers, heat, (held_out, count))
         write_racer(study, racer, heat.key)  # at once: an interrupt keeps every finished racer
         context.progress.racer_finished(racer)
         racers.append(racer)
@@ -258,19 +259,25 @@ def _most_samples(
     plan: RacePlan, racers: Sequence[Racer], target: float | None, seconds: float
 ) -> int | None:
     """Samples past which a racer can no longer win: where, at its samples/s, it would take
-    `WIN_SLACK` times as long as the soonest racer at the user's batch took to the target
-    (each curve read as stopped, `samples_to_loss`); never fewer than `SHORTEST_RACE` of the
-    race time's worth. None until the target is set."""
+    `WIN_SLACK` times as long as the soonest racer at the user's batch took to the target, or
+    `WIN_SLACK` times the samples the same configuration took with another learning rate (it
+    would ship that one, and race on only within `WIN_SLACK` of it: on examples/teacher.py the
+    linear rule's 4x and 8x trained the whole race after your lr had reached the target at a
+    fifth of it); each curve read as stopped (`samples_to_loss`); never fewer than
+    `SHORTEST_RACE` of the race time's worth. None until the target is set."""
     rate = plan.samples_per_s
     if target is None or not rate or plan.role == RacerRole.BASELINE:
         return None
-    times = []
+    times, siblings = [], []
     for racer in racers:
-        if racer.role not in (RacerRole.BASELINE, RacerRole.YOUR_BATCH) or racer.curve is None:
+        samples = samples_to_loss(racer.curve, target) if racer.curve is not None else None
+        if samples is None:
             continue
-        samples = samples_to_loss(racer.curve, target)
-        if samples is not None and racer.samples_per_s:
+        if racer.role in (RacerRole.BASELINE, RacerRole.YOUR_BATCH) and racer.samples_per_s:
             times.append(samples / racer.samples_per_s)
+        if racer.role == plan.role and racer.config == plan.config:
+            siblings.append(samples / rate)
     if not times:
         return None
-    return int(max(min(times) * WIN_SLACK, SHORTEST_RACE * seconds) * rate)
+    most = min([min(times), *siblings]) * WIN_SLACK
+    return int(max(most, SHORTEST_RACE * seconds) * rate)
