@@ -392,8 +392,8 @@ def test_a_baseline_that_trained_on_is_read_as_if_it_had_stopped_at_the_target()
 
 def test_the_sample_grid_grows_geometrically_in_whole_smallest_batches():
     grid = sample_grid(32, baseline_samples=32_000, most_samples=100_000)
-    assert grid[0] == 4000 and grid[-1] >= 400_000 and all(c % 32 == 0 for c in grid)
-    assert 20 < sum(count <= 32_000 for count in grid) < 25  # the baseline's evaluations
+    assert grid[0] == 1024 and grid[-1] >= 400_000 and all(c % 32 == 0 for c in grid)
+    assert 30 < sum(count <= 32_000 for count in grid) < 45  # the baseline's evaluations
     assert sample_grid(1000, 10, 10)[0] == 1000
 
 
