@@ -14,7 +14,7 @@ from advisor.decide.race.plan import RacePlan, lr_rule
 from advisor.decide.race.run import WIN_SLACK, _most_samples
 from advisor.decide.race.verdict import MARGIN, decide_race
 from advisor.knobs import TrialConfig
-from advisor.results import LrPlan, RaceCurve, RacePoint, Racer, TrialResult
+from advisor.results import LrPlan, RaceCurve, RacePoint, Racer, RaceSummary, TrialResult
 from advisor.search.context import SearchContext
 from advisor.search.records import StudyKey, read_racers
 from advisor.settings import TuneSettings
@@ -231,15 +231,7 @@ def test_where_the_other_batch_is_no_sooner_in_the_first_replicate_no_other_goes
     """Batch 256 starts late (`late_big_batch`) and its re-runs measured it at 0.65x your
     samples/s: it reaches your 3-s loss after 2,100 samples against your 3,000, 0.93x as soon.
     Replicate 1 chooses what goes on: only it goes on, and the race's verdict stands."""
-    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/study.db", study_name="race")
-    context, runner = _context(tmp_path, _never_stop())
-    plans = [
-        RacePlan("baseline", 0, SMALL, LrPlan(), 1000.0),
-        RacePlan("candidate", 1, BIG, LrPlan(), 650.0),
-    ]
-    race = race_in_replicates(study, context, plans, RateBook(), tmp_path / "states")
-    assert race.replicates == 1 and why_not_go_on(race, 2.0) is None  # 256 reached nothing
-    runner.orders.clear()
+    study, context, runner, race = _late_big_batch_raced(tmp_path, 650.0)
 
     assert go_on(study, context, race, RateBook()) == race  # judged as three replicates would be
     assert [(o.config, o.replicate) for o in runner.orders] == [(SMALL, 0), (BIG, 0)]
@@ -292,17 +284,26 @@ def test_going_on_adds_replicates_only_while_they_could_change_the_verdict(tmp_p
     samples/s: gone on in replicate 1 it reaches your 3-s loss 1.05x as soon as yours. It could
     still win, so replicate 2 races and goes on; it reads the same, a close call inside the
     samples/s part no replicate narrows: the race goes on in no third replicate."""
-    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/study.db", study_name="race")
-    context, runner = _context(tmp_path, _never_stop())
-    plans = [
-        RacePlan("baseline", 0, SMALL, LrPlan(), 1000.0),
-        RacePlan("candidate", 1, BIG, LrPlan(), 770.0),
-    ]
-    race = race_in_replicates(study, context, plans, RateBook(), tmp_path / "states")
-    assert race.replicates == 1 and why_not_go_on(race, 2.0) is None
-    runner.orders.clear()
+    study, context, runner, race = _late_big_batch_raced(tmp_path, 770.0)
 
     went = go_on(study, context, race, RateBook())
     assert went.verdict.kind == "close-call" and went.replicates == 2, went.verdict
     assert 1 < went.verdict.best_claim.speedup < 1 + 2 * MARGIN
     assert {o.replicate for o in runner.orders} == {0, 1}
+
+
+def _late_big_batch_raced(
+    tmp_path: Path, big_rate: float
+) -> tuple[optuna.Study, SearchContext, SavingRunner, RaceSummary]:
+    """`late_big_batch` raced, batch 256 at `big_rate` samples/s against your 1,000: one
+    replicate (256 reached nothing), kept, and the race may go on; the runner's orders cleared."""
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/study.db", study_name="race")
+    context, runner = _context(tmp_path, _never_stop())
+    plans = [
+        RacePlan("baseline", 0, SMALL, LrPlan(), 1000.0),
+        RacePlan("candidate", 1, BIG, LrPlan(), big_rate),
+    ]
+    race = race_in_replicates(study, context, plans, RateBook(), tmp_path / "states")
+    assert race.replicates == 1 and why_not_go_on(race, 2.0) is None
+    runner.orders.clear()
+    return study, context, runner, race
