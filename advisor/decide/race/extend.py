@@ -128,8 +128,9 @@ def race_in_replicates(
 def _more(race: RaceSummary, done: int, rates: RateBook) -> bool:
     """Whether to race another replicate after `done`: none where the first leaves nothing to
     decide (`settled_at_once`), or the verdict is a close call that replicates could not settle
-    (`needs_replicates`: on examples/hf_gpt2.py 1.12x (0.91x-1.38x) after two replicates, and
-    after three 1.09x-1.22x, each holding 1.05x, in 4 of 5 tunes); up to `MIN_REPLICATES`;
+    (`needs_replicates`: on examples/hf_gpt2.py four tunes' close calls read 0.93x-1.22x after
+    three replicates, each interval holding 1.05x, 2026-12-07), from the second on; up to
+    `MIN_REPLICATES`;
     else until the deciding claim counts as many (`_few_readings`), then while the verdict is
     a close call (up to `MAX_REPLICATES`), or a win's claim is wider than `NARROW_TO` and
     replicates could narrow it to that (`narrows_to`; up to `MAX_PRECISION_REPLICATES`, where
