@@ -7,6 +7,7 @@ the speed-up compares measurements taken the same way, and the winner is never s
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -101,15 +102,12 @@ def select_winner(
     measured = [r for r in records if r.role != "duplicate"]
     baseline = next((r for r in measured if r.role == "baseline"), None)
     finalists = _finalists(measured, baseline, extra_finalists or [], context.settings.confirm_top)
-    # A race may recommend any of its entrants, and the best at your global batch: each entrant
-    # keeps every round of re-runs, and so does a finalist at your batch while it can still be
-    # the best there.
-    entrants = extra_finalists or []
-    batch0 = baseline.result.config.global_batch_size if baseline is not None else None
-    keep = frozenset(r.number for r in finalists if racing and r in entrants)
-    reruns = _confirm_adaptively(
-        finalists, baseline, context, keep, batch0=batch0 if racing else None
-    )
+    # A race may recommend the best re-run at each of its global batches (and at yours): a
+    # finalist there keeps every round of re-runs while it can still be the best at its batch.
+    raced = {r.result.config.global_batch_size for r in extra_finalists or []}
+    if baseline is not None:
+        raced.add(baseline.result.config.global_batch_size)
+    reruns = _confirm_adaptively(finalists, baseline, context, frozenset(raced if racing else ()))
     confirmed = [r for r in finalists if all(c.eligible for c in reruns[r.number])]
     if not confirmed:
         failed = [c for runs in reruns.values() for c in runs if not c.eligible]
@@ -120,7 +118,7 @@ def select_winner(
     # out, even if the others' later re-runs came in lower.
     rounds = max(len(reruns[r.number]) for r in confirmed)
     contenders = [r for r in confirmed if len(reruns[r.number]) == rounds]
-    winner, close_call = _decide(contenders, reruns, baseline, context)
+    winner, close_call = _decide(contenders, reruns, baseline, context, tie_break=not racing)
     baseline_runs: tuple[float, ...] = ()
     if baseline is not None and baseline in confirmed:
         baseline_runs = _rates(reruns[baseline.number])
@@ -173,32 +171,35 @@ def _confirm_adaptively(
     finalists: list[TrialRecord],
     baseline: TrialRecord | None,
     context: SearchContext,
-    keep: frozenset[int] = frozenset(),
-    batch0: int | None = None,
+    raced: frozenset[int] = frozenset(),
 ) -> dict[int, list[TrialRecord]]:
     """Re-run every finalist once, then for the remaining `confirm_repeats - 1` rounds only
-    those that can still win, overall or, with `batch0`, among the finalists at that global
-    batch (the race's pick there); the baseline (the reference for the speed-up) and those
-    `keep` names (the race's entrants)."""
+    the baseline (the reference for the speed-up) and those that can still win, overall or
+    among the finalists at their global batch where it is one of those that race (`raced`: the
+    race's pick there, `advisor.decide.race.plan.fastest_at`)."""
     repeats = context.settings.confirm_repeats
     reruns = _confirm(finalists, context, 1, label=f"re-run round 1/{repeats},")
     for round_index in range(1, repeats):
         usable = [r for r in finalists if all(c.eligible for c in reruns[r.number])]
         leader = _leader(usable, reruns)
-        at_batch0 = [r for r in usable if r.result.config.global_batch_size == batch0]
-        leader0 = _leader(at_batch0, reruns)
+        leaders = {
+            batch: _leader([r for r in usable if _batch(r) == batch], reruns) for batch in raced
+        }
         contenders = [
             r
             for r in finalists
             if r is baseline
-            or r.number in keep
             or _can_win(reruns[r.number], leader)
-            or (r in at_batch0 and _can_win(reruns[r.number], leader0))
+            or _can_win(reruns[r.number], leaders.get(_batch(r), math.inf))
         ]
         label = f"re-run round {round_index + 1}/{repeats},"
         for number, runs in _confirm(contenders, context, 1, round_index, label).items():
             reruns[number].extend(runs)
     return reruns
+
+
+def _batch(record: TrialRecord) -> int:
+    return record.result.config.global_batch_size
 
 
 def _leader(finalists: list[TrialRecord], reruns: dict[int, list[TrialRecord]]) -> float:
@@ -214,12 +215,15 @@ def _decide(
     reruns: dict[int, list[TrialRecord]],
     baseline: TrialRecord | None,
     context: SearchContext,
+    tie_break: bool = True,
 ) -> tuple[TrialRecord, Tie | None]:
     """The fastest finalist by the median of its re-runs. When the runner-up is within the
-    noise, both are re-run again; if they are still within it, the one that changes fewer
-    knobs from the baseline wins, and the returned `Tie` says so."""
+    noise, both are re-run again (unless not `tie_break`: under a race, which decides, the
+    fastest is only reported, and on examples/mlp.py the tie-break of batch 512 against 1024
+    cost four re-runs, 9 s of a 70-s tune); if they are still within it, the one that changes
+    fewer knobs from the baseline wins, and the returned `Tie` says so."""
     ranked = sorted(confirmed, key=lambda r: _median(reruns[r.number]), reverse=True)
-    if len(ranked) < 2 or not _within_noise(ranked[0], ranked[1], reruns):
+    if len(ranked) < 2 or not tie_break or not _within_noise(ranked[0], ranked[1], reruns):
         return ranked[0], None
     first, second = ranked[0], ranked[1]
     rounds = context.settings.confirm_repeats
