@@ -74,9 +74,14 @@ def claim_text(claim: TimeToLoss | None) -> str:
     """A time-to-loss claim with its interval: "2.60x (2.31x-2.94x, 3 replicates)"."""
     if claim is None:
         return "as soon as yours"
-    spread = f"{claim.low:.2f}x-{claim.high:.2f}x"
     replicates = f"{claim.replicates} replicate{'s' if claim.replicates != 1 else ''}"
-    return f"{claim.speedup:.2f}x ({spread}, {replicates})"
+    if claim.low <= 0:  # one reading, or one that missed your loss: no low end
+        missed = claim.replicates - (
+            claim.reached if claim.reached is not None else claim.replicates
+        )
+        why = f", {missed} not reaching your loss" if missed else ""
+        return f"{claim.speedup:.2f}x ({replicates}{why}: no interval)"
+    return f"{claim.speedup:.2f}x ({claim.low:.2f}x-{claim.high:.2f}x, {replicates})"
 
 
 def _no_fall(race: RaceSummary) -> str:
@@ -131,9 +136,13 @@ def _kept(race: RaceSummary, kept: int, best: int | None) -> str:
     if best is None:
         return text + "; no other global batch reached it"
     other = race.racers[best]
+    alone = race.replicates == 1 and verdict.best_claim is not None
+    why = (
+        f", too far below {1 + verdict.margin:.2f}x for more replicates to lift it" if alone else ""
+    )
     return (
         f"{text}; no other global batch can be {verdict.margin:.0%} sooner (best: {other.label}, "
-        f"{claim_text(verdict.best_claim)} against yours)"
+        f"{claim_text(verdict.best_claim)} against yours{why})"
     )
 
 

@@ -258,6 +258,28 @@ def test_a_close_call_no_replicate_could_settle_races_no_more_replicates(tmp_pat
     assert wins.verdict.kind == "won" and wins.replicates == MIN_REPLICATES + 1
 
 
+def test_a_batch_too_far_behind_after_one_replicate_is_no_close_call(tmp_path):
+    """Your loss levels off early; batch 256 needs 1.6x your samples to it at 1.5x your
+    samples/s: its one reading, about 0.94x, has no interval, so it cannot rule out a win, but
+    no later replicate could lift it past the margin (`LIFT`). The race stops at one replicate
+    and says yours stands, not a close call."""
+    runner = big_batch_wins()
+
+    def loss(config: TrialConfig, lr: LrPlan, samples: int) -> float:
+        return max(0.5, 0.3 + 2.0 * math.exp(-samples / (300.0 * (1.6 if config == BIG else 1))))
+
+    runner.loss = loss
+    runner.rate = lambda config: 1700.0 if config == BIG else 1000.0
+    race = _race(tmp_path, runner)
+    claim = race.verdict.best_claim
+    assert race.replicates == 1 and claim is not None and claim.low == 0
+    assert 0.85 < claim.speedup < 1.0 and claim.reached == 1
+    assert race.verdict.kind == "kept" and race.racers[race.winner].role == "baseline"
+    said = race_verdict(race)
+    assert f"{claim.speedup:.2f}x (1 replicate: no interval) against yours" in said, said
+    assert "too far below 1.05x for more replicates to lift it" in said, said
+
+
 def test_every_racer_of_every_replicate_is_evaluated_on_one_grid_of_samples(tmp_path):
     """One grid for all: a coarser grid would read a later crossing for its racer. Each
     replicate trains from a seed of its own; later ones race each lr that reached the target in

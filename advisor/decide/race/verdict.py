@@ -125,7 +125,7 @@ def _verdict(racers: Sequence[Racer], rates: RateBook, seconds: float) -> RaceVe
         decided = decided.model_copy(update={"best_claim": versus(best)})
         if against_stand is not None and against_stand.low >= 1 + MARGIN:
             return decided.model_copy(update={"kind": "won"})
-        if _close(against_stand):
+        if _close(against_stand) and _may_win_later(racers, stand, rates, seconds):
             return decided.model_copy(update={"kind": "close-call"})
     if pick is not None and pick != stand and close is not None:
         return decided.model_copy(update={"kind": "close-call", "best": pick, "best_claim": close})
@@ -183,9 +183,11 @@ def _by_batch(
 ) -> dict[int, TimeToLoss]:
     """Each other global batch's racer (of replicate 0) with the learning rate whose claim
     against `stand` is the strongest: one with a low end (it reached the target in every
-    replicate, and raced in more than one) before one without, then the one measured in more
-    replicates (a bound from one replicate is not a measurement of three), then the higher
-    speed-up; where none of a batch's learning rates has a claim, none."""
+    replicate, and raced in more than one) before one without, then one that reached it (one
+    that did not is timed by the samples it trained on: a bound, not a measurement), then the
+    one measured in more replicates (a bound from one replicate is not a measurement of
+    three), then the higher speed-up; where none of a batch's learning rates has a claim,
+    none."""
     best: dict[TrialConfig, tuple[int, TimeToLoss]] = {}
     for index, racer in enumerate(racers):
         if racer.role != "candidate" or racer.replicate != 0 or racer.curve is None:
@@ -197,8 +199,8 @@ def _by_batch(
     return dict(best.values())
 
 
-def _strength(claim: TimeToLoss) -> tuple[bool, int, float]:
-    return (claim.low > 0, claim.replicates, claim.speedup)
+def _strength(claim: TimeToLoss) -> tuple[bool, bool, int, float]:
+    return (claim.low > 0, claim.reached == claim.replicates, claim.replicates, claim.speedup)
 
 
 def _fewest_changes(
@@ -268,12 +270,20 @@ def may_win_later(race: RaceSummary, rates: RateBook) -> bool:
     more that cost 78 s of a 244-s tune."""
     if race.verdict.kept is None:
         return True
-    rival = race.racers[race.verdict.kept]
+    return _may_win_later(race.racers, race.verdict.kept, rates, race.seconds)
+
+
+def _may_win_later(racers: Sequence[Racer], stand: int, rates: RateBook, seconds: float) -> bool:
+    """`may_win_later` against `racers[stand]`; where later replicates raced, any candidate
+    still may (their readings decide)."""
+    if any(r.replicate for r in racers):
+        return True
+    rival = racers[stand]
     bar = math.log(1 + MARGIN)
-    for racer in race.racers:
-        if racer.replicate or racer.role != "candidate" or racer.samples_to_target is None:
+    for racer in racers:
+        if racer.role != "candidate" or racer.samples_to_target is None:
             continue
-        claim = estimate(race.racers, racer, rival, rates, race.seconds)
+        claim = estimate(racers, racer, rival, rates, seconds)
         part = unnarrowed(racer, rival, rates)
         if claim is None or part is None or math.log(claim.speedup) + LIFT - part[0] >= bar:
             return True
