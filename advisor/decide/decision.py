@@ -156,7 +156,7 @@ def _race_entrants(
     baseline = search.space.baseline
     noise = measure_noise_scale(study, search, baseline)  # the search measured it, as a rule
     predictions, extra = race_finalists(
-        predict_batches(noise, records, baseline), noise, records, baseline
+        predict_batches(noise, records, baseline), noise, records, baseline, search.space.probe_amp
     )
     if noise is not None:
         noise = noise.model_copy(update={"predictions": predictions})

@@ -83,12 +83,16 @@ def race_finalists(
     noise: NoiseScale | None,
     records: Sequence[TrialRecord],
     baseline: TrialConfig,
+    probe_amp: str | None = None,
 ) -> tuple[tuple[BatchPrediction, ...], list[TrialRecord]]:
     """The predictions marked with the global batches that race, and the search records that
-    must be re-measured for it: the best of each precision at each raced batch and at the
-    user's. Which of a batch's precisions races is then read from re-runs (`fastest_at`), not
-    from one search window: on examples/mlp.py batch 512 in bf16 read 57,538 samples/s in one
-    tune's search (108,000-114,000 in five others) and raced in fp32 (74,465), which lost.
+    must be re-measured for it: the best at each raced batch and at the user's, and at a raced
+    batch whose best is not in `probe_amp` (the autocast whose matmuls ran fastest here,
+    `advisor.search.space.SearchSpace`), its best in `probe_amp` too: which of the two races is
+    then read from re-runs (`fastest_at`), not from one search window against the machine's
+    own measurement. On examples/mlp.py batch 512 in bf16 read 57,538 samples/s in one tune's
+    search (108,000-114,000 in five others) and raced in fp32 (74,465), which lost; re-running
+    every precision at every raced batch instead cost 8 s of a 78-s tune.
 
     A batch races when its predicted time to the loss beats the user's batch at the optimistic
     end of phi's 95 % interval; the `MAX_RACE_BATCHES` best predictions race. When none is
@@ -105,12 +109,12 @@ def race_finalists(
     faster = [p for _, p in hopeful if p.samples_per_s > _rate(predictions, batch0)]
     raced = {p.global_batch for p in (predicted or faster[:1])[:MAX_RACE_BATCHES]}
     marked = tuple(p.model_copy(update={"raced": p.global_batch in raced}) for p in predictions)
-    batches = raced | ({batch0} if batch0 in best else set())
-    finalists = [
-        record
-        for (batch, _), record in sorted(_best_by_precision(records).items())
-        if batch in batches
-    ]
+    by_precision = _best_by_precision(records)
+    finalists = [best[b] for b in sorted(raced | ({batch0} if batch0 in best else set()))]
+    for batch in sorted(raced):
+        other = by_precision.get((batch, probe_amp)) if probe_amp is not None else None
+        if other is not None and other is not best[batch]:
+            finalists.append(other)
     return marked, finalists
 
 

@@ -293,30 +293,32 @@ def test_the_precision_at_your_batch_is_chosen_on_re_runs_not_a_search_window(tm
 
 
 def test_the_precision_a_batch_races_in_is_chosen_on_re_runs_not_a_search_window(tmp_path):
-    """As on examples/mlp.py in one tune: batch 512 in bf16 read half its usual samples/s in its
-    one search window, below fp32 there. Both re-run; bf16 is clearly faster and races, fp32
-    (clearly behind at its batch after one re-run) is not re-run again, and the race decides,
-    so the two within noise at the top (512 and 1024 in bf16) get no tie-break re-runs."""
+    """As on examples/mlp.py in one tune: batch 512 in bf16 (the precision whose matmuls ran
+    fastest here) read half its usual samples/s in its one search window, below fp32 there.
+    Both re-run; bf16 is clearly faster and races, fp32 (clearly behind at its batch after one
+    re-run) is not re-run again. At 1024, where bf16 read faster, fp32 is not re-run. The race
+    decides, so the two within noise at the top (512 and 1024 in bf16) get no tie-break."""
     big, big_bf16 = TrialConfig(batch_size=512), TrialConfig(batch_size=512, amp="bf16")
-    bigger = TrialConfig(batch_size=1024, amp="bf16")
+    bigger, bigger_bf16 = TrialConfig(batch_size=1024), TrialConfig(batch_size=1024, amp="bf16")
     runner = _Reruns(
-        runs={BASELINE: (1000.0,), big: (7000.0,), big_bf16: (10000.0,), bigger: (10100.0,)}
+        runs={BASELINE: (1000.0,), big: (7000.0,), big_bf16: (10000.0,), bigger_bf16: (10100.0,)}
     )
     context = _selection_context(runner, 3, tmp_path, top=1)
     records = [
         TrialRecord(number=0, role="baseline", result=_measured(BASELINE, 1000.0)),
         TrialRecord(number=1, role="search", result=_measured(big, 7400.0)),
         TrialRecord(number=2, role="search", result=_measured(big_bf16, 5700.0)),
-        TrialRecord(number=3, role="search", result=_measured(bigger, 10000.0)),
+        TrialRecord(number=3, role="search", result=_measured(bigger_bf16, 10000.0)),
+        TrialRecord(number=4, role="search", result=_measured(bigger, 7600.0)),
     ]
     predictions, extra = race_finalists(
-        predict_batches(None, records, BASELINE), None, records, BASELINE
+        predict_batches(None, records, BASELINE), None, records, BASELINE, probe_amp="bf16"
     )
     assert {p.global_batch for p in predictions if p.raced} == {512, 1024}
-    assert {r.number for r in extra} == {0, 1, 2, 3}  # both precisions at 512
+    assert {r.number for r in extra} == {0, 1, 2, 3}  # bf16 at 512 too; not fp32 at 1024
     selection = select_winner(records, context, extra, racing=True)
-    runs = {n: sum(c.number == n for c in selection.confirmations) for n in range(4)}
-    assert runs == {0: 3, 1: 1, 2: 3, 3: 3}
+    runs = {n: sum(c.number == n for c in selection.confirmations) for n in range(5)}
+    assert runs == {0: 3, 1: 1, 2: 3, 3: 3, 4: 0}
     assert fastest_at(selection, BASELINE)[512].number == 2
     assert selection.close_call is None
 

@@ -6,13 +6,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from advisor.decide.race.estimate import samples_to_loss
 from advisor.decide.race.run import held_out_size
 from advisor.knobs import TrialConfig
 from advisor.noise_scale import NoiseScaleEstimate, estimate_noise_scale, noise_track
-from advisor.results import LrPlan, TrialResult
+from advisor.results import LrPlan, RaceCurve, TrialResult
 from advisor.task import build_task
 from advisor.trial.child.loop import Trainer, apply_lr
 from advisor.trial.child.racing import (
+    FAR_ABOVE,
     TRACK_POINTS,
     held_out_split,
     time_evaluation,
@@ -137,6 +139,36 @@ def test_a_race_evaluates_at_the_grid_s_sample_counts_until_its_time():
     assert [point.seconds for point in curve.points] == [
         steps * STEP_S for steps in (0, 2, 4, 6, 13)
     ]
+
+
+def test_a_racer_skips_the_counts_far_above_its_target_and_reads_the_same_crossing():
+    """Told the target, a racer evaluates none of the grid's counts while its training loss is
+    more than halfway from its first held-out loss down to it: the same training, the same
+    points from there on, so the same crossing, at fewer evaluations."""
+
+    def race(target: float | None) -> RaceCurve:
+        torch.manual_seed(0)
+        task, _ = build_task(f"{TINY}:factory")
+        task, held_out = held_out_split(task)
+        trainer = Trainer(task, TrialConfig(batch_size=16), torch.device("cpu"))
+        grid = tuple(range(16, 4000, 16))
+        order = RaceOrder(config=trainer.config, seconds=120 * STEP_S, grid=grid, target=target)
+        curve = train_racer(trainer, task, held_out, order, clock=steps_on(trainer, STEP_S))
+        trainer.close()
+        return curve
+
+    whole = race(None)
+    start = whole.points[0].loss
+    target = whole.points[90].loss
+    assert target < start - 0.1  # it fell
+    told = race(target)
+    first = told.points[1]
+    assert told.points[0] == whole.points[0] and first.samples > 16
+    assert target < first.loss and first in whole.points  # evaluated before it got there
+    assert all(p in whole.points for p in told.points)
+    assert samples_to_loss(told, target) == samples_to_loss(whole, target) is not None
+    skipped = [p for p in whole.points[1:] if p.samples < first.samples]
+    assert len(skipped) > 5 and skipped[-1].loss > target + FAR_ABOVE * (start - target) / 2
 
 
 def test_a_race_stops_past_the_samples_it_may_train_on():
