@@ -6,12 +6,11 @@ on reach a count of the race's grid (`RaceOrder.grid`, shared by every racer, so
 judged at the same sample counts; one with a target skips the counts while its training loss
 is still far above it, `_RaceRun.far_above`); it stops after `RaceOrder.seconds` of training,
 or once it reaches a target loss (`RaceOrder.target`) or can no longer win
-(`RaceOrder.max_samples`). The
-clock counts training only: it starts as the first step begins, so torch.compile's compilation
-and cuDNN's autotuning count against the racer, and it stops while the loss is evaluated. For a
-map-style dataset the loss is the mean over a fixed held-out slice that no racer trains on,
-evaluated in fp32 with the model in eval mode; for an IterableDataset it is the mean training
-loss between evaluations.
+(`RaceOrder.max_samples`). The clock counts training only: it starts as the first step begins,
+so torch.compile's compilation and cuDNN's autotuning count against the racer, and it stops
+while the loss is evaluated. For a map-style dataset the loss is the mean over a fixed held-out
+slice that no racer trains on, evaluated in fp32 with the model in eval mode; for an
+IterableDataset it is the mean training loss between evaluations.
 
 A noise trial's gradient norms, and the probes of phi along a tracked race, are
 `advisor.trial.child.gradient_noise`'s.
